@@ -1,0 +1,1 @@
+"""ml_collections configs (installed as specdec_jax.configs)."""

@@ -1,0 +1,1 @@
+"""Checkpoint converters (installed as specdec_jax.converters)."""

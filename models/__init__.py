@@ -1,0 +1,1 @@
+"""Flax model implementations (installed as specdec_jax.models)."""

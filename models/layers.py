@@ -1,0 +1,202 @@
+"""Transformer building blocks shared by LlamaGen, Chameleon, Janus-Pro and drafters.
+
+Flax Linen modules with an explicit cache argument: a module call takes the
+cache and returns the updated one, so `model.apply` stays a pure function the
+decoding engine can run inside `lax.while_loop`.
+
+Legend: B batch rows, T new tokens, E model width, H query heads, K key/value
+heads, D head dim, F feed-forward width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import attention
+from specdec_jax import kv_cache as kv
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm as in Llama/LlamaGen: normalise in float32, cast back, scale.
+
+  `x.float() * rsqrt(mean(x^2) + eps)` -> cast to the input dtype -> * weight.
+  """
+
+  eps: float = 1e-5
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    weight = self.param('weight', nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return normed.astype(x.dtype) * weight.astype(x.dtype)
+
+
+class SwiGLU(nn.Module):
+  """down(silu(gate(x)) * up(x)); LlamaGen names these w1 (gate), w3 (up), w2 (down)."""
+
+  hidden_dim: int
+  use_bias: bool = False
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    dense = lambda features, name: nn.Dense(
+        features, use_bias=self.use_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype, name=name)
+    gate = dense(self.hidden_dim, 'gate')(x)
+    up = dense(self.hidden_dim, 'up')(x)
+    return dense(x.shape[-1], 'down')(jax.nn.silu(gate) * up)
+
+
+def rope_1d_angles(positions: jax.Array, head_dim: int, theta: float = 10000.0) -> jax.Array:
+  """Standard Llama rotary angles.
+
+  Args:
+    positions: int32[B, T] position ids.
+    head_dim: D (even).
+    theta: rotary base.
+  Returns:
+    float32[B, T, D/2], angle of frequency j = position * theta^(-2j/D).
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  return positions.astype(jnp.float32)[..., None] * inv_freq
+
+
+def apply_rope_interleaved(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotates pairs (x[2j], x[2j+1]) (LlamaGen / Meta layout).
+
+  Args:
+    x: [B, T, H, D].
+    cos, sin: float32[B, T, D/2].
+  """
+  x32 = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, 2)
+  x0, x1 = x32[..., 0], x32[..., 1]
+  c, s = cos[:, :, None, :], sin[:, :, None, :]
+  out = jnp.stack([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
+  return out.reshape(x.shape).astype(x.dtype)
+
+
+def apply_rope_half(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotates halves (x[j], x[j+D/2]) (Hugging Face `rotate_half` layout).
+
+  Args:
+    x: [B, T, H, D].
+    cos, sin: float32[B, T, D/2].
+  HF computes cos/sin in float32 and casts them to the activation dtype before
+  the product; we follow that order.
+  """
+  half = x.shape[-1] // 2
+  c = jnp.concatenate([cos, cos], axis=-1)[:, :, None, :].astype(x.dtype)
+  s = jnp.concatenate([sin, sin], axis=-1)[:, :, None, :].astype(x.dtype)
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * c + rotated * s
+
+
+class HeadLayerNorm(nn.Module):
+  """Chameleon's per-head q/k LayerNorm: normalise over D, then per-head affine.
+
+  Parameters are stored as [H, D] (the HF layout); converters broadcast the
+  (1, D) layout of early checkpoints to every head.
+  """
+
+  num_heads: int
+  eps: float = 1e-5
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    shape = (self.num_heads, x.shape[-1])
+    weight = self.param('weight', nn.initializers.ones, shape, self.param_dtype)
+    bias = self.param('bias', nn.initializers.zeros, shape, self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    normed = ((x32 - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
+    return normed * weight.astype(x.dtype) + bias.astype(x.dtype)
+
+
+class CachedSelfAttention(nn.Module):
+  """Multi-head attention writing to and reading from a `KVCache`.
+
+  rope: 'interleaved' (LlamaGen) or 'half' (HF Llama/Chameleon/Janus).
+  qk_norm: Chameleon's per-head LayerNorm on q and k before the rotation.
+  """
+
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope: str = 'interleaved'
+  qk_norm: bool = False
+  qk_norm_eps: float = 1e-5
+  use_bias: bool = False
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, cos, sin, cache: kv.KVCache, layer: int, window_mask=None):
+    """x [B, T, E]; cos/sin float32[B, T, D/2] -> ([B, T, E], cache)."""
+    batch, num_new, _ = x.shape
+    dense = lambda features, name: nn.Dense(
+        features, use_bias=self.use_bias, dtype=self.dtype,
+        param_dtype=self.param_dtype, name=name)
+    q = dense(self.num_heads * self.head_dim, 'q_proj')(x)
+    k = dense(self.num_kv_heads * self.head_dim, 'k_proj')(x)
+    v = dense(self.num_kv_heads * self.head_dim, 'v_proj')(x)
+    q = q.reshape(batch, num_new, self.num_heads, self.head_dim)
+    k = k.reshape(batch, num_new, self.num_kv_heads, self.head_dim)
+    v = v.reshape(batch, num_new, self.num_kv_heads, self.head_dim)
+    if self.qk_norm:
+      q = HeadLayerNorm(self.num_heads, self.qk_norm_eps, self.param_dtype, name='q_norm')(q)
+      k = HeadLayerNorm(self.num_kv_heads, self.qk_norm_eps, self.param_dtype, name='k_norm')(k)
+    rotate = {'interleaved': apply_rope_interleaved, 'half': apply_rope_half}[self.rope]
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    out, cache = attention.cached_attention(q, k, v, cache, layer, window_mask)
+    out = out.reshape(batch, num_new, self.num_heads * self.head_dim)
+    return dense(x.shape[-1], 'o_proj')(out), cache
+
+
+class DecoderLayer(nn.Module):
+  """Pre-norm Llama block (optionally Chameleon's swin-norm ordering).
+
+  pre-norm:  h = x + attn(input_norm(x));  out = h + mlp(post_attention_norm(h))
+  swin-norm: h = x + input_norm(attn(x));  out = h + post_attention_norm(mlp(h))
+  input_norm=False drops the first norm (EAGLE-1 drafter layer 0).
+  """
+
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  ffn_dim: int
+  norm_eps: float = 1e-5
+  rope: str = 'interleaved'
+  qk_norm: bool = False
+  swin_norm: bool = False
+  input_norm: bool = True
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, cos, sin, cache: kv.KVCache, layer: int, window_mask=None):
+    """x [B, T, E] -> ([B, T, E], cache)."""
+    attn = CachedSelfAttention(
+        self.num_heads, self.num_kv_heads, self.head_dim, rope=self.rope,
+        qk_norm=self.qk_norm, dtype=self.dtype, param_dtype=self.param_dtype,
+        name='self_attn')
+    mlp = SwiGLU(self.ffn_dim, dtype=self.dtype, param_dtype=self.param_dtype, name='mlp')
+    post_norm = RMSNorm(self.norm_eps, self.param_dtype, name='post_attention_layernorm')
+    norm_in = (RMSNorm(self.norm_eps, self.param_dtype, name='input_layernorm')
+               if self.input_norm else (lambda y: y))
+    if self.swin_norm:
+      attn_out, cache = attn(x, cos, sin, cache, layer, window_mask)
+      h = x + norm_in(attn_out)
+      return h + post_norm(mlp(h)), cache
+    attn_out, cache = attn(norm_in(x), cos, sin, cache, layer, window_mask)
+    h = x + attn_out
+    return h + mlp(post_norm(h)), cache

@@ -1,0 +1,77 @@
+"""The model protocol the decoding engine needs.
+
+Toy models, LlamaGen, Lumina-mGPT (Chameleon), Janus-Pro and drafters all
+implement it, so every decoding mode runs on every model.
+
+Legend: B batch rows (with CFG: 2 x images, conditional rows first), T new
+tokens, P prefix (condition) length, V vocabulary, E hidden width, S cache
+capacity.
+
+A model object is a frozen, hashable description (its config); parameters
+are a separate pytree passed to every call, so the object can be a static jit
+argument and the parameters can be sharded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import flax.struct
+import jax
+
+from specdec_jax import kv_cache as kv
+
+
+@flax.struct.dataclass
+class ForwardOutput:
+  """What one forward returns.
+
+  Attributes:
+    logits: float32[B, T, V], raw (before CFG or any processing).
+    hidden: [B, T, E], the last hidden state after the final norm (the LM
+      head's input; EAGLE drafters consume it).
+    cache: the cache with the T new tokens written and `lengths` advanced by T.
+  """
+
+  logits: jax.Array
+  hidden: jax.Array
+  cache: kv.KVCache
+
+
+class DecodeModel(Protocol):
+  """What the engine calls. Implementations are frozen dataclasses."""
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of logits per position (V)."""
+
+  @property
+  def hidden_size(self) -> int:
+    """Width E of `ForwardOutput.hidden`."""
+
+  def prefix_length(self, cond: Any) -> int:
+    """Static number of cache slots the condition occupies (P)."""
+
+  def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
+    """An empty cache for B rows and S slots, in the model's compute dtype."""
+
+  def prefill(self, params: Any, cache: kv.KVCache, cond: Any) -> ForwardOutput:
+    """Runs the condition (class ids, caption features, prompt tokens).
+
+    Returns logits [B, P, V]; the last position predicts the first generated
+    token. Conditioning shapes are model-specific and validated here.
+    """
+
+  def forward(
+      self,
+      params: Any,
+      cache: kv.KVCache,
+      tokens: jax.Array,
+      window_mask: jax.Array | None = None,
+      depths: jax.Array | None = None,
+  ) -> ForwardOutput:
+    """Runs T >= 1 new tokens int32[B, T] at each row's cache length.
+
+    window_mask bool[T, T] and depths int32[T] describe a token tree (default:
+    a causal chain with depths arange(T)); positions are row length + depth.
+    """
