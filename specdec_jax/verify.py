@@ -1,0 +1,296 @@
+"""Verification: the exact one-step law, chain verification and EAGLE-1 static trees.
+
+Legend: V vocabulary, k number of drafted tokens, N tree nodes (node 0 is the
+root: the last committed token), D tree depth.
+
+All functions act on one row; `jax.vmap` them over a batch with split keys
+(rows then accept different numbers of tokens). Inputs are validated at the
+public boundary: shapes always (they are static under jit), values (NaN,
+negative or unnormalised probabilities) only when concrete. Inside `jit` the
+values are tracers and are not checked: NaN probabilities then propagate to
+NaN acceptance tests, which never accept, and the resampled token is
+unspecified. Validate logits before decoding (the engine does) or wrap the
+call with `jax.experimental.checkify`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import rules as rules_lib
+
+_PROB_SUM_TOLERANCE = 1e-3
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def check_probs(name: str, probs, vocab_size: int | None = None) -> None:
+  """Raises ValueError naming `name` if probs [..., V] are not distributions."""
+  shape = jnp.shape(probs)
+  if len(shape) < 1:
+    raise ValueError(f'{name} must have a vocabulary axis [..., V], got shape {shape}.')
+  if vocab_size is not None and shape[-1] != vocab_size:
+    raise ValueError(f'{name} has vocabulary size {shape[-1]} but {vocab_size} was '
+                     'expected: draft and target must share one vocabulary.')
+  if not _is_concrete(probs):
+    return
+  values = np.asarray(probs, dtype=np.float64)
+  if not np.all(np.isfinite(values)):
+    raise ValueError(f'{name} contains NaN or inf; check the logits that produced it.')
+  if np.any(values < 0):
+    raise ValueError(f'{name} has negative entries (min {values.min():.3g}); pass '
+                     'probabilities, not logits.')
+  sums = values.sum(-1)
+  if np.any(np.abs(sums - 1) > _PROB_SUM_TOLERANCE):
+    worst = float(sums.reshape(-1)[np.argmax(np.abs(sums - 1))])
+    raise ValueError(f'{name} rows must sum to 1 (found a row summing to {worst:.6g}); '
+                     'pass probabilities, e.g. from logits.process_logits.')
+
+
+def _check_rank(name: str, x, rank: int, what: str) -> None:
+  if jnp.ndim(x) != rank:
+    raise ValueError(f'{name} must be {what} (rank {rank}), got shape {jnp.shape(x)}.')
+
+
+def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
+  """The exact law of the token one verification step emits, f32[V].
+
+  out(y) = d(y) f(y) + sum_x d(x) (1 - f(x)) G_x(y); for rules whose residual
+  does not depend on the rejected token x this is d f + (1 - beta) G.
+  """
+  check_probs('draft_probs', draft_probs)
+  check_probs('target_probs', target_probs, jnp.shape(draft_probs)[-1])
+  _check_rank('draft_probs', draft_probs, 1, 'a distribution [V]')
+  accept = rule.accept_prob(draft_probs, target_probs, position)
+  accepted = draft_probs * accept
+  if not rule.residual_depends_on_token:
+    rejected_mass = 1.0 - jnp.sum(accepted)
+    return accepted + rejected_mass * rule.residual(draft_probs, target_probs, position)
+  tokens = jnp.arange(draft_probs.shape[-1])
+  residuals = jax.vmap(lambda x: rule.residual(draft_probs, target_probs, position, x))(tokens)
+  return accepted + jnp.einsum('x,xy->y', draft_probs * (1.0 - accept), residuals)
+
+
+def tv_distance(p, q) -> jax.Array:
+  """Total variation 0.5 * sum |p - q| over the last axis."""
+  return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+
+
+def excess_acceptance(rule, draft_probs, target_probs, position=1) -> jax.Array:
+  """sum_x [d(x) f(x) - t(x)]_+: TV(out, t) under G*, and a lower bound for any G."""
+  accept = rule.accept_prob(draft_probs, target_probs, position)
+  return jnp.sum(jnp.maximum(draft_probs * accept - target_probs, 0.0), axis=-1)
+
+
+def _sample(key, probs) -> jax.Array:
+  """One token from a distribution [V] (zero-probability tokens are never drawn)."""
+  return jax.random.categorical(key, jnp.log(jnp.maximum(probs, 0.0))).astype(jnp.int32)
+
+
+def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
+  """Verifies k chained drafts for one row.
+
+  Args:
+    rule: an acceptance rule from `specdec_jax.rules`.
+    key: PRNG key.
+    draft_tokens: int32[k], drafted tokens x_1..x_k.
+    draft_probs: f32[k, V], d_i: the distribution x_i was sampled from.
+    target_probs: f32[k+1, V], t_i: the target's distribution at each draft
+      position, plus the one after the last draft (for the bonus token).
+  Returns:
+    (num_accepted int32[] in [0, k], next_token int32[]): drafts x_1..x_n are
+    accepted; next_token is drawn from the rule's residual at position n+1,
+    or from target_probs[k] (the bonus) when n == k.
+  """
+  _check_rank('draft_tokens', draft_tokens, 1, 'int [k]')
+  _check_rank('draft_probs', draft_probs, 2, '[k, V]')
+  _check_rank('target_probs', target_probs, 2, '[k+1, V]')
+  num_drafts, vocab = draft_probs.shape
+  if draft_tokens.shape[0] != num_drafts or target_probs.shape[0] != num_drafts + 1:
+    raise ValueError(
+        f'verify_chain: draft_tokens {draft_tokens.shape}, draft_probs {draft_probs.shape} '
+        f'and target_probs {target_probs.shape} must be [k], [k, V] and [k+1, V].')
+  check_probs('draft_probs', draft_probs)
+  check_probs('target_probs', target_probs, vocab)
+  if _is_concrete(draft_tokens):
+    tokens = np.asarray(draft_tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+      raise ValueError(f'draft_tokens must be in [0, {vocab}), got {tokens.tolist()}.')
+
+  accept_key, sample_key = jax.random.split(key)
+  positions = jnp.arange(1, num_drafts + 1)
+  accept = jax.vmap(rule.accept_prob_at)(
+      draft_probs, target_probs[:num_drafts], positions, draft_tokens)
+  uniforms = jax.random.uniform(accept_key, (num_drafts,))
+  accepted = uniforms < accept
+  num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32))).astype(jnp.int32)
+
+  stop = jnp.minimum(num_accepted, num_drafts - 1)
+  residual = rule.residual(draft_probs[stop], target_probs[stop], stop + 1, draft_tokens[stop])
+  next_probs = jnp.where(num_accepted == num_drafts, target_probs[num_drafts], residual)
+  return num_accepted, _sample(sample_key, next_probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticTree:
+  """An EAGLE-1 static draft tree, built from choice paths.
+
+  A path (i_1, ..., i_d) names the node reached by taking the i_1-th sampled
+  child of the root, then its i_2-th sampled child, ...; EAGLE's
+  `mc_sim_7b_63` is such a list. Every prefix of a path must be a path too.
+  Node 0 is the root (the last committed token); nodes are ordered by depth,
+  then by path, so siblings appear in sampling order.
+
+  Attributes:
+    paths: the choice paths, sorted.
+    parents: int32[N], parents[0] = -1.
+    depths: int32[N], depths[0] = 0.
+    sibling_index: int32[N], which sample of its parent a node is.
+    children: int32[N, max_children] child ids in sibling order, -1 padded.
+    ancestor_mask: bool[N, N], [i, j] = j is i or an ancestor of i (the
+      attention mask of one tree-verification forward).
+  """
+
+  paths: tuple
+
+  @classmethod
+  def from_paths(cls, paths) -> 'StaticTree':
+    normalized = tuple(sorted({tuple(int(i) for i in p) for p in paths},
+                              key=lambda p: (len(p), p)))
+    if not normalized:
+      raise ValueError('StaticTree.from_paths: give at least one path, e.g. ((0,),).')
+    known = set(normalized)
+    for path in normalized:
+      if not path or min(path) < 0:
+        raise ValueError(f'StaticTree: bad path {path}; paths are non-empty tuples of '
+                         'sibling indices >= 0.')
+      if len(path) > 1 and path[:-1] not in known:
+        raise ValueError(f'StaticTree: path {path} has no parent path {path[:-1]}.')
+      if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in known:
+        raise ValueError(f'StaticTree: path {path} skips sibling {path[-1] - 1}; '
+                         'siblings must be numbered 0, 1, ... without gaps.')
+    return cls(normalized)
+
+  @property
+  def num_nodes(self) -> int:
+    return len(self.paths) + 1
+
+  @property
+  def max_depth(self) -> int:
+    return max(len(p) for p in self.paths)
+
+  def _index(self):
+    return {p: i + 1 for i, p in enumerate(self.paths)} | {(): 0}
+
+  @property
+  def parents(self) -> np.ndarray:
+    index = self._index()
+    return np.array([-1] + [index[p[:-1]] for p in self.paths], np.int32)
+
+  @property
+  def depths(self) -> np.ndarray:
+    return np.array([0] + [len(p) for p in self.paths], np.int32)
+
+  @property
+  def sibling_index(self) -> np.ndarray:
+    return np.array([0] + [p[-1] for p in self.paths], np.int32)
+
+  @property
+  def max_children(self) -> int:
+    return int(max(self.sibling_index)) + 1
+
+  @property
+  def children(self) -> np.ndarray:
+    table = -np.ones((self.num_nodes, self.max_children), np.int32)
+    for node, (parent, sibling) in enumerate(zip(self.parents, self.sibling_index)):
+      if node:
+        table[parent, sibling] = node
+    return table
+
+  @property
+  def ancestor_mask(self) -> np.ndarray:
+    parents = self.parents
+    mask = np.eye(self.num_nodes, dtype=bool)
+    for node in range(1, self.num_nodes):
+      mask[node] |= mask[parents[node]]
+    return mask
+
+
+def verify_tree(rule, key, tree: StaticTree, node_tokens, draft_probs, target_probs):
+  """EAGLE-1 multi-candidate verification of a static tree, for one row.
+
+  At the current node (starting at the root) its children x_1, x_2, ... were
+  sampled without replacement from the drafter distribution q at the node.
+  Sibling s is tested against q_s = q with earlier siblings removed and
+  renormalised (so q_s is the law x_s was drawn from), with acceptance
+  f = rule.accept_prob_at(q_s, p, depth, x_s); on rejection the target side
+  becomes the rule's residual p <- residual(q_s, p, depth, x_s) for the next
+  sibling. Accepting descends into that child with its own target and draft
+  distributions; when every sibling is rejected the next token is drawn from
+  the current residual; at a leaf it is the bonus from the leaf's target.
+  Siblings with no draft mass left (the drafter's support ran out) are skipped.
+
+  Args:
+    rule: acceptance rule; `position` is the child's depth (1-based).
+    key: PRNG key.
+    tree: the static tree.
+    node_tokens: int32[N]; node_tokens[0] is the root's (committed) token.
+    draft_probs: f32[N, V], the drafter distribution at each node (its
+      children were sampled from it).
+    target_probs: f32[N, V], the target distribution at each node.
+  Returns:
+    (path int32[D+1]: accepted node ids starting with the root 0, -1 padded;
+     num_accepted int32[]; next_token int32[]).
+  """
+  _check_rank('node_tokens', node_tokens, 1, 'int [N]')
+  _check_rank('draft_probs', draft_probs, 2, '[N, V]')
+  _check_rank('target_probs', target_probs, 2, '[N, V]')
+  num_nodes = tree.num_nodes
+  if (node_tokens.shape[0], draft_probs.shape[0], target_probs.shape[0]) != (num_nodes,) * 3:
+    raise ValueError(f'verify_tree: the tree has {num_nodes} nodes (root included) but got '
+                     f'node_tokens {node_tokens.shape}, draft_probs {draft_probs.shape}, '
+                     f'target_probs {target_probs.shape}.')
+  check_probs('draft_probs', draft_probs)
+  check_probs('target_probs', target_probs, draft_probs.shape[-1])
+
+  children = jnp.asarray(tree.children)  # [N, C]
+  max_depth = tree.max_depth
+  keys = jax.random.split(key, max_depth * tree.max_children + 1)
+
+  node = jnp.int32(0)
+  target = target_probs[0]
+  stopped = jnp.bool_(False)
+  path = -jnp.ones((max_depth + 1,), jnp.int32).at[0].set(0)
+  for depth in range(1, max_depth + 1):
+    draft = draft_probs[node]
+    removed = jnp.zeros_like(draft)  # mass of earlier siblings
+    accepted_child = jnp.int32(-1)
+    for sibling in range(tree.max_children):
+      child = children[node, sibling]
+      token = node_tokens[jnp.maximum(child, 0)]
+      remaining = 1.0 - jnp.sum(removed)
+      sibling_draft = jnp.where(remaining > 0, (draft - removed) / jnp.maximum(remaining, 1e-30),
+                                0.0)
+      sibling_draft = jnp.maximum(sibling_draft, 0.0)
+      live = (~stopped) & (accepted_child < 0) & (child >= 0) & (sibling_draft[token] > 0)
+      accept_prob = rule.accept_prob_at(sibling_draft, target, depth, token)
+      uniform = jax.random.uniform(keys[(depth - 1) * tree.max_children + sibling])
+      accept = live & (uniform < accept_prob)
+      reject = live & ~accept
+      residual = rule.residual(sibling_draft, target, depth, token)
+      target = jnp.where(reject, residual, target)
+      accepted_child = jnp.where(accept, child, accepted_child)
+      removed = jnp.where(live, removed.at[token].set(draft[token]), removed)
+    descend = (~stopped) & (accepted_child >= 0)
+    node = jnp.where(descend, accepted_child, node)
+    target = jnp.where(descend, target_probs[jnp.maximum(accepted_child, 0)], target)
+    path = path.at[depth].set(jnp.where(descend, accepted_child, -1))
+    stopped = stopped | ~descend
+  num_accepted = jnp.sum(path[1:] >= 0).astype(jnp.int32)
+  return path, num_accepted, _sample(keys[-1], target)

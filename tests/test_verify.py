@@ -1,0 +1,257 @@
+"""Monte Carlo checks of verify_chain / verify_tree against exact laws.
+
+Power: n = 2^16 samples, 6 sigma per bin (+5 counts slack): a bin of mass 0.1
+detects a deviation of ~0.7 percentage points; every zero-mass bin must be
+exactly empty. Each test has a negative control (a broken verifier) that must
+fail the same criterion.
+"""
+
+import functools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import rules
+from specdec_jax import testing
+from specdec_jax import verify
+from tests.test_rules import dirichlet_pair, relaxed_rules
+
+NUM_SAMPLES = 2 ** 16
+
+
+@flax.struct.dataclass
+class AcceptEverything(rules.Rule):
+  """Negative control: f = 1 (what a verifier that skips the test does)."""
+
+  def accept_prob(self, draft_probs, target_probs, position=1):
+    return jnp.ones_like(draft_probs)
+
+
+@flax.struct.dataclass
+class TargetAsResidual(rules.Lossless):
+  """Negative control: resample from t instead of Norm([t - d]_+)."""
+
+  def residual(self, draft_probs, target_probs, position=1, rejected_token=None):
+    return target_probs
+
+
+def sample_chain(rule, draft_probs, target_probs, seed=0, num_samples=NUM_SAMPLES):
+  """Runs verify_chain on num_samples independent drafts; returns
+  (draft_tokens [n, k], num_accepted [n], next_token [n])."""
+  k = draft_probs.shape[0]
+  key_draft, key_verify = jax.random.split(jax.random.key(seed))
+  drafts = jax.random.categorical(key_draft, jnp.log(draft_probs), shape=(num_samples, k))
+  keys = jax.random.split(key_verify, num_samples)
+  run = jax.jit(jax.vmap(functools.partial(verify.verify_chain, rule),
+                         in_axes=(0, 0, None, None)))
+  num_accepted, next_token = run(keys, drafts.astype(jnp.int32), draft_probs, target_probs)
+  return np.asarray(drafts), np.asarray(num_accepted), np.asarray(next_token)
+
+
+def first_tokens(drafts, num_accepted, next_token):
+  return np.where(num_accepted > 0, drafts[:, 0], next_token)
+
+
+class ChainMonteCarloTest(parameterized.TestCase):
+
+  @parameterized.product(
+      name=['lossless', 'uniform', 'coolsd', 'lantern', 'lanternpp', 'csd', 'gsd',
+            'lantern_published'],
+      vocab=[8, 32])
+  def test_first_token_follows_output_law(self, name, vocab):
+    if name == 'lossless':
+      rule = rules.Lossless()
+    elif name == 'lantern_published':
+      rule = relaxed_rules(vocab)['lanternpp'].replace(residual_mode='published_llamagen')
+    else:
+      rule = relaxed_rules(vocab)[name]
+    draft, target = dirichlet_pair(1, vocab)
+    target = jnp.where(jnp.arange(vocab) == 0, 0.0, target)  # one zero-mass bin
+    target = target / target.sum()
+    out = sample_chain(rule, draft[None], jnp.stack([target, target]))
+    law = verify.output_law(rule, draft, target, 1)
+    report = testing.bins_match(testing.histogram(first_tokens(*out), vocab), law)
+    self.assertTrue(report.ok, report.message)
+
+  @parameterized.parameters(('accept_all', AcceptEverything()),
+                            ('target_residual', TargetAsResidual()))
+  def test_negative_controls_fail(self, name, broken):
+    vocab = 16
+    draft, target = dirichlet_pair(1, vocab)
+    out = sample_chain(broken, draft[None], jnp.stack([target, target]))
+    report = testing.bins_match(testing.histogram(first_tokens(*out), vocab), target)
+    self.assertFalse(report.ok, f'{name} should have been detected: {report.message}')
+
+  @parameterized.parameters(('lossless',), ('coolsd',), ('csd',))
+  def test_accepted_length_and_conditional_next_token(self, name):
+    """P(N = n) = prod_{j<=n} a_j (1 - a_{n+1}) for independent positions, and
+    the token after a stop at n follows that position's residual (or the bonus)."""
+    vocab, k = 16, 4
+    rule = (rules.Lossless() if name == 'lossless' else relaxed_rules(vocab)[name])
+    rule = rule.for_window(k)
+    pairs = [dirichlet_pair(20 + i, vocab, concentration=1.0) for i in range(k + 1)]
+    draft_probs = jnp.stack([d for d, _ in pairs[:k]])
+    target_probs = jnp.stack([t for _, t in pairs])
+    drafts, num_accepted, next_token = sample_chain(rule, draft_probs, target_probs, seed=3)
+
+    rates = [float(rule.acceptance_rate(draft_probs[i], target_probs[i], i + 1))
+             for i in range(k)]
+    survive = np.cumprod([1.0] + rates)  # P(N >= n)
+    length_law = np.append(survive[:-1] * (1 - np.array(rates)), survive[-1])
+    report = testing.bins_match(testing.histogram(num_accepted, k + 1), length_law)
+    self.assertTrue(report.ok, report.message)
+
+    for stop in range(k + 1):
+      rows = num_accepted == stop
+      if stop == k:
+        law = target_probs[k]
+      else:  # rejected at position stop+1: law of the residual mixture
+        d, t = draft_probs[stop], target_probs[stop]
+        accept = rule.accept_prob(d, t, stop + 1)
+        law = (verify.output_law(rule, d, t, stop + 1) - d * accept) / (1 - jnp.sum(d * accept))
+      report = testing.bins_match(testing.histogram(next_token[rows], vocab), law)
+      self.assertTrue(report.ok, f'stop {stop}: {report.message}')
+
+  def test_accepted_length_negative_control(self):
+    vocab, k = 16, 3
+    pairs = [dirichlet_pair(30 + i, vocab, concentration=1.0) for i in range(k + 1)]
+    draft_probs = jnp.stack([d for d, _ in pairs[:k]])
+    target_probs = jnp.stack([t for _, t in pairs])
+    _, num_accepted, _ = sample_chain(AcceptEverything(), draft_probs, target_probs)
+    rates = [float(rules.Lossless().acceptance_rate(draft_probs[i], target_probs[i]))
+             for i in range(k)]
+    survive = np.cumprod([1.0] + rates)
+    length_law = np.append(survive[:-1] * (1 - np.array(rates)), survive[-1])
+    self.assertFalse(testing.bins_match(testing.histogram(num_accepted, k + 1), length_law).ok)
+
+
+def sample_tree(rule, tree, draft_probs, target_probs, seed=0, num_samples=NUM_SAMPLES):
+  """Drafts each node's children without replacement (Gumbel top-k) from the
+  node's draft distribution, then verifies; returns (node_tokens, path, next)."""
+  children = tree.children
+  key_draft, key_verify = jax.random.split(jax.random.key(seed))
+
+  def draft_tree(key):
+    tokens = jnp.zeros((tree.num_nodes,), jnp.int32)
+    keys = jax.random.split(key, tree.num_nodes)
+    for node in range(tree.num_nodes):
+      kids = [c for c in children[node] if c >= 0]
+      if not kids:
+        continue
+      gumbel = jax.random.gumbel(keys[node], draft_probs[node].shape)
+      ranked = jnp.argsort(-(jnp.log(draft_probs[node]) + gumbel))
+      for sibling, child in enumerate(kids):
+        tokens = tokens.at[child].set(ranked[sibling])
+    return tokens
+
+  node_tokens = jax.vmap(draft_tree)(jax.random.split(key_draft, num_samples))
+  run = jax.jit(jax.vmap(lambda k, toks: verify.verify_tree(
+      rule, k, tree, toks, draft_probs, target_probs)))
+  path, num_accepted, next_token = run(jax.random.split(key_verify, num_samples), node_tokens)
+  return np.asarray(node_tokens), np.asarray(path), np.asarray(num_accepted), np.asarray(next_token)
+
+
+class TreeMonteCarloTest(parameterized.TestCase):
+
+  def _setup(self, vocab=8):
+    tree = verify.StaticTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
+    depth_targets = [dirichlet_pair(40 + i, vocab, concentration=0.7) for i in range(3)]
+    # Context-free per depth: each node's distributions depend only on its depth.
+    draft_probs = jnp.stack([depth_targets[d][0] for d in tree.depths])
+    target_probs = jnp.stack([depth_targets[d][1] for d in tree.depths])
+    return tree, draft_probs, target_probs, depth_targets
+
+  def _emitted(self, node_tokens, path, num_accepted, next_token):
+    rows = np.arange(len(path))
+    first = np.where(num_accepted > 0, node_tokens[rows, np.maximum(path[:, 1], 0)], next_token)
+    second = np.where(num_accepted > 1, node_tokens[rows, np.maximum(path[:, 2], 0)], next_token)
+    return first, second
+
+  def test_lossless_tree_emits_target_law(self):
+    vocab = 8
+    tree, draft_probs, target_probs, depth_targets = self._setup(vocab)
+    out = sample_tree(rules.Lossless(), tree, draft_probs, target_probs)
+    first, second = self._emitted(*out)
+    report = testing.bins_match(testing.histogram(first, vocab), depth_targets[0][1])
+    self.assertTrue(report.ok, report.message)
+    has_second = out[2] >= 1
+    report = testing.bins_match(testing.histogram(second[has_second], vocab),
+                                depth_targets[1][1])
+    self.assertTrue(report.ok, report.message)
+    self.assertGreater(out[2].mean(), 0.3)  # the tree does accept
+
+  def test_tree_negative_control(self):
+    vocab = 8
+    tree, draft_probs, target_probs, depth_targets = self._setup(vocab)
+    out = sample_tree(AcceptEverything(), tree, draft_probs, target_probs)
+    first, _ = self._emitted(*out)
+    self.assertFalse(testing.bins_match(testing.histogram(first, vocab),
+                                        depth_targets[0][1]).ok)
+
+  def test_tree_structure(self):
+    tree = verify.StaticTree.from_paths([(1,), (0,), (0, 0)])
+    np.testing.assert_array_equal(tree.parents, [-1, 0, 0, 1])
+    np.testing.assert_array_equal(tree.depths, [0, 1, 1, 2])
+    np.testing.assert_array_equal(tree.children, [[1, 2], [3, -1], [-1, -1], [-1, -1]])
+    self.assertTrue(tree.ancestor_mask[3, 1] and tree.ancestor_mask[3, 0])
+    self.assertFalse(tree.ancestor_mask[3, 2])
+    with self.assertRaisesRegex(ValueError, 'parent'):
+      verify.StaticTree.from_paths([(0, 0)])
+    with self.assertRaisesRegex(ValueError, 'skips sibling'):
+      verify.StaticTree.from_paths([(0,), (2,)])
+
+
+class JitVmapTest(parameterized.TestCase):
+
+  def test_no_retrace_and_batched_rows_match_single_rows(self):
+    vocab, k, batch = 16, 3, 6
+    pairs = [dirichlet_pair(i, vocab) for i in range(batch * (k + 1))]
+    draft_probs = jnp.stack([d for d, _ in pairs]).reshape(batch, k + 1, vocab)[:, :k]
+    target_probs = jnp.stack([t for _, t in pairs]).reshape(batch, k + 1, vocab)
+    drafts = jax.random.categorical(jax.random.key(0), jnp.log(draft_probs)).astype(jnp.int32)
+    keys = jax.random.split(jax.random.key(1), batch)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def batched(keys, drafts, draft_probs, target_probs):
+      return jax.vmap(functools.partial(verify.verify_chain, rules.CoolSD(delta=2.0, window=k)))(
+          keys, drafts, draft_probs, target_probs)
+
+    num_accepted, next_token = batched(keys, drafts, draft_probs, target_probs)
+    batched(keys, drafts, draft_probs * 1.0, target_probs)  # same shapes: no retrace
+    single = jax.jit(functools.partial(verify.verify_chain, rules.CoolSD(delta=2.0, window=k)))
+    for row in range(batch):
+      n, token = single(keys[row], drafts[row], draft_probs[row], target_probs[row])
+      self.assertEqual(int(n), int(num_accepted[row]))
+      self.assertEqual(int(token), int(next_token[row]))
+
+
+class ValidationTest(parameterized.TestCase):
+
+  def test_bad_inputs_name_the_argument(self):
+    draft, target = dirichlet_pair(0, 8)
+    tokens = jnp.array([1, 2], jnp.int32)
+    d2, t3 = jnp.stack([draft, draft]), jnp.stack([target] * 3)
+    cases = [
+        ((tokens, d2, jnp.stack([target] * 2)), 'k\\+1'),
+        ((tokens, jnp.stack([draft[:7] / draft[:7].sum()] * 2), t3), 'vocabulary'),
+        ((tokens[None], d2, t3), 'draft_tokens'),
+        ((tokens, d2 * 2, t3), 'draft_probs rows must sum to 1'),
+        ((tokens, d2.at[0, 0].set(jnp.nan), t3), 'NaN'),
+        ((tokens, d2, t3 - 0.5), 'negative'),
+        ((jnp.array([1, 9], jnp.int32), d2, t3), 'draft_tokens must be in'),
+    ]
+    for args, message in cases:
+      with self.assertRaisesRegex(ValueError, message):
+        verify.verify_chain(rules.Lossless(), jax.random.key(0), *args)
+    with self.assertRaisesRegex(ValueError, 'vocabulary'):
+      verify.output_law(rules.Lossless(), draft, target[:4] / target[:4].sum())
+
+
+if __name__ == '__main__':
+  absltest.main()
