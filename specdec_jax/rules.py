@@ -405,13 +405,18 @@ class Grouped(Rule):
     """min(1, t(A)/d(A)) for tokens int32[...]."""
     vocab = target_probs.shape[-1]
     order = jnp.argsort(target_probs, stable=True)  # ascending rank -> token
-    rank = jnp.argsort(order)  # token -> rank
+    rank = jnp.zeros_like(order).at[order].set(jnp.arange(vocab))  # token -> rank
     offsets = jnp.arange(-self.below, self.above + 1)
     member_rank = rank[tokens][..., None] + offsets  # [..., G]
     in_range = (member_rank >= 0) & (member_rank < vocab)
     members = order[jnp.clip(member_rank, 0, vocab - 1)]
-    keep = in_range & (jnp.abs(target_probs[members] - target_probs[tokens][..., None])
-                       < self.prob_threshold)
+    return self._ratio_over(draft_probs, target_probs, tokens, members, in_range,
+                            rank[tokens] >= self.below)
+
+  def _ratio_over(self, draft_probs, target_probs, tokens, members, valid, has_below):
+    """Applies the probability/embedding filters to candidate members [..., G]."""
+    keep = valid & (jnp.abs(target_probs[members] - target_probs[tokens][..., None])
+                    < self.prob_threshold)
     if self.embeddings is not None:
       diff = self.embeddings[members] - self.embeddings[tokens][..., None, :]
       keep &= jnp.sum(diff * diff, axis=-1) < self.dist_threshold
@@ -419,7 +424,27 @@ class Grouped(Rule):
     group_draft = jnp.sum(jnp.where(keep, draft_probs[members], 0.0), axis=-1)
     grouped = ratio_accept(group_draft, group_target)
     lossless = ratio_accept(draft_probs[tokens], target_probs[tokens])
-    return jnp.where(rank[tokens] >= self.below, grouped, lossless)
+    return jnp.where(has_below, grouped, lossless)
+
+  def _group_ratio_one(self, draft_probs, target_probs, token):
+    """Same as `_group_ratio` for one token in O(V) (no sort): the members
+    below are the `below` lexicographically largest (prob, id) pairs under x's,
+    the members above the `above` smallest pairs over it."""
+    vocab = target_probs.shape[-1]
+    ids = jnp.arange(vocab)
+    value = target_probs[token]
+    is_below = (target_probs < value) | ((target_probs == value) & (ids < token))
+    is_above = (target_probs > value) | ((target_probs == value) & (ids > token))
+    # lax.top_k prefers the lower index among ties; reversing the array makes
+    # it prefer the higher id, i.e. the larger (prob, id) pair.
+    below_vals, below_rev = jax.lax.top_k(jnp.where(is_below, target_probs, -1.0)[::-1],
+                                          self.below)
+    above_vals, above_ids = jax.lax.top_k(jnp.where(is_above, -target_probs, -2.0),
+                                          self.above)
+    members = jnp.concatenate([vocab - 1 - below_rev, token[None], above_ids])
+    valid = jnp.concatenate([below_vals >= 0, jnp.array([True]), above_vals > -2.0])
+    has_below = jnp.sum(is_below) >= self.below
+    return self._ratio_over(draft_probs, target_probs, token, members, valid, has_below)
 
   def accept_prob(self, draft_probs, target_probs, position=1):
     del position
@@ -427,7 +452,7 @@ class Grouped(Rule):
 
   def accept_prob_at(self, draft_probs, target_probs, position, token):
     del position
-    return self._group_ratio(draft_probs, target_probs, jnp.asarray(token))
+    return self._group_ratio_one(draft_probs, target_probs, jnp.asarray(token, jnp.int32))
 
   def residual(self, draft_probs, target_probs, position=1, rejected_token=None):
     if self.residual_mode == 'standard':

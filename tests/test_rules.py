@@ -273,6 +273,20 @@ class ClosedFormTest(parameterized.TestCase):
       expected.append(min(1, t[group].sum() / d[group].sum()))
     np.testing.assert_allclose(rule.accept_prob(draft, target), expected, rtol=1e-5)
 
+  @parameterized.parameters((0,), (1,))
+  def test_grouped_single_token_path_matches_full_vocab_path_with_ties(self, seed):
+    """accept_prob_at (no sort) and accept_prob (argsort) agree, including the
+    many zero-probability ties outside a top-k support."""
+    vocab = 40
+    draft, target = dirichlet_pair(seed, vocab, concentration=1.0)
+    target = jnp.where(jnp.arange(vocab) % 3 == 0, 0.0, target)
+    target = (target / target.sum()).at[5].set(target[7] / target.sum())  # a nonzero tie
+    target = target / target.sum()
+    rule = rules.Grouped(below=4, above=3, prob_threshold=0.2)
+    full = rule.accept_prob(draft, target)
+    single = jax.vmap(lambda x: rule.accept_prob_at(draft, target, 1, x))(jnp.arange(vocab))
+    np.testing.assert_allclose(single, full, rtol=1e-6)
+
 
 class ValidationTest(parameterized.TestCase):
 

@@ -1,0 +1,117 @@
+"""Overhead of verification next to a model forward, for every rule.
+
+Times the jitted, batched `verify_chain` for V = 16384 (LlamaGen's codebook),
+k in {4, 8} drafts and batch in {1, 16} rows, for every acceptance rule, and
+one forward over k+1 tokens of a small transformer (12 layers, width 512,
+~40M parameters, 256 cached tokens) measured in the same run. Prints a table
+and writes JSON.
+
+  python bench/verify_overhead.py --out results/verify_overhead.json
+"""
+
+import functools
+import json
+import os
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import kv_cache as kv
+from specdec_jax import logits as logits_lib
+from specdec_jax import rules
+from specdec_jax import verify
+from specdec_jax.models import layers
+
+FLAGS = flags.DEFINE_string('out', 'results/verify_overhead.json', 'Where to write JSON.')
+_REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per configuration.')
+_VOCAB = flags.DEFINE_integer('vocab', 16384, 'Vocabulary size.')
+
+WIDTH, NUM_LAYERS, HEADS, CACHED = 512, 12, 8, 256
+
+
+def time_call(fn, *args, repeats):
+  """Median wall time in ms of fn(*args) after one warm-up (compile) call."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append((time.perf_counter() - start) * 1e3)
+  return float(np.median(times))
+
+
+def make_rules(vocab, key):
+  neighbors = jax.random.randint(key, (vocab, 1000), 0, vocab, dtype=jnp.int32)
+  embeddings = jax.random.normal(key, (vocab, 8))
+  return {
+      'Lossless': rules.Lossless(),
+      'UniformRelaxed': rules.UniformRelaxed(omega=2.0),
+      'CoolSD': rules.CoolSD(delta=2.0),
+      'Lantern(k=1000)': rules.Lantern(neighbors=neighbors, k=1000, delta=0.1),
+      'LanternPP(k=10)': rules.LanternPP(neighbors=neighbors, k=10, lam=5.0),
+      'ContentAware': rules.ContentAware(lam=0.2, tv_threshold=0.5),
+      'Grouped': rules.Grouped(embeddings=embeddings),
+  }
+
+
+def transformer_forward_ms(batch, num_new, repeats):
+  """One forward of T = num_new tokens for `batch` rows with a 256-token cache."""
+  block = layers.DecoderLayer(num_heads=HEADS, num_kv_heads=HEADS, head_dim=WIDTH // HEADS,
+                              ffn_dim=4 * WIDTH)
+  cache = kv.init_cache(num_layers=NUM_LAYERS, batch_size=batch, capacity=CACHED + 16,
+                        num_kv_heads=HEADS, head_dim=WIDTH // HEADS)
+  cache = kv.set_lengths(cache, jnp.full((batch,), CACHED, jnp.int32))
+  x = jnp.ones((batch, num_new, WIDTH))
+  angles = layers.rope_1d_angles(kv.window_positions(cache, num_new), WIDTH // HEADS)
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  keys = jax.random.split(jax.random.key(0), NUM_LAYERS)
+  params = [block.init(k, x, cos, sin, cache, i) for i, k in enumerate(keys)]
+  num_params = sum(p.size for p in jax.tree.leaves(params))
+
+  @jax.jit
+  def forward(params, x, cache):
+    for i, p in enumerate(params):
+      x, cache = block.apply(p, x, cos, sin, cache, i)
+    return x, cache
+
+  return time_call(forward, params, x, cache, repeats=repeats), num_params
+
+
+def main(argv):
+  del argv
+  vocab, repeats = _VOCAB.value, _REPEATS.value
+  key = jax.random.key(0)
+  all_rules = make_rules(vocab, key)
+  rows = []
+  print(f'backend: {jax.default_backend()}, devices: {jax.devices()}')
+  for k in (4, 8):
+    for batch in (1, 16):
+      forward_ms, num_params = transformer_forward_ms(batch, k + 1, repeats)
+      logits = jax.random.normal(key, (batch, k + 1, vocab)) * 3
+      target_probs = logits_lib.process_logits(logits, top_k=2000)
+      draft_probs = logits_lib.process_logits(logits[:, :k] + jax.random.normal(key, (batch, k, vocab)),
+                                              top_k=2000)
+      drafts = jax.random.categorical(key, jnp.log(draft_probs)).astype(jnp.int32)
+      keys = jax.random.split(key, batch)
+      for name, rule in all_rules.items():
+        rule = rule.for_window(k)
+        run = jax.jit(jax.vmap(functools.partial(verify.verify_chain, rule)))
+        verify_ms = time_call(run, keys, drafts, draft_probs, target_probs, repeats=repeats)
+        rows.append(dict(rule=name, k=k, batch=batch, vocab=vocab, verify_ms=verify_ms,
+                         forward_ms=forward_ms, ratio=verify_ms / forward_ms,
+                         forward_params=num_params, backend=jax.default_backend()))
+        print(f'{name:18s} k={k} B={batch:2d}  verify {verify_ms:8.3f} ms  '
+              f'forward {forward_ms:8.3f} ms  ratio {verify_ms / forward_ms:6.3f}', flush=True)
+  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.value)), exist_ok=True)
+  with open(FLAGS.value, 'w') as f:
+    json.dump(dict(rows=rows, forward_model=dict(layers=NUM_LAYERS, width=WIDTH, heads=HEADS,
+                                                 cached_tokens=CACHED)), f, indent=1)
+  print(f'wrote {FLAGS.value}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,46 @@
+"""The wheel installs only `specdec_jax` at the top level and works outside the repo."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+from absl.testing import absltest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+class PackagingTest(absltest.TestCase):
+
+  def test_wheel_has_no_generic_top_level_names_and_imports_outside_repo(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      tmp = pathlib.Path(tmp)
+      subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation',
+                      '-q', '-w', str(tmp / 'dist'), str(REPO)], check=True)
+      wheel = next((tmp / 'dist').glob('specdec_jax-*.whl'))
+      names = zipfile.ZipFile(wheel).namelist()
+      top_level = {n.split('/')[0] for n in names if not n.split('/')[0].endswith('.dist-info')}
+      self.assertEqual(top_level, {'specdec_jax'})
+      for sub in ('models', 'converters', 'configs'):
+        self.assertIn(f'specdec_jax/{sub}/__init__.py', names)
+
+      # Install the wheel alone into a fresh target folder; dependencies come
+      # from this environment. Import from a folder outside the repository.
+      target = tmp / 'site'
+      subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', '-q', '--target',
+                      str(target), str(wheel)], check=True)
+      self.assertFalse((target / 'models').exists())
+      code = ('import specdec_jax, specdec_jax.rules, specdec_jax.verify, specdec_jax.models, '
+              'specdec_jax.converters, specdec_jax.configs; '
+              'print(specdec_jax.__file__)')
+      env = dict(os.environ, PYTHONPATH=str(target))
+      out = subprocess.run([sys.executable, '-I', '-c',
+                            f'import sys; sys.path.insert(0, {str(target)!r}); {code}'],
+                           cwd=tmp, env=env, check=True, capture_output=True, text=True)
+      self.assertTrue(out.stdout.strip().startswith(str(target)), out.stdout)
+
+
+if __name__ == '__main__':
+  absltest.main()
