@@ -1,0 +1,52 @@
+"""Quality measures for generated images: Frechet distance, class accuracy, NLL.
+
+Legend: N samples, F feature width, L tokens per image, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def feature_statistics(features) -> tuple[np.ndarray, np.ndarray]:
+  """(mean [F], covariance [F, F]) of features [N, F] in float64."""
+  features = np.asarray(features, np.float64)
+  if features.ndim != 2 or features.shape[0] < 2:
+    raise ValueError(f'features must be [N >= 2, F], got {features.shape}.')
+  return features.mean(0), np.cov(features, rowvar=False)
+
+
+def _sqrtm_psd(matrix: np.ndarray) -> np.ndarray:
+  values, vectors = np.linalg.eigh((matrix + matrix.T) / 2)
+  return (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
+
+
+def frechet_distance(mean1, cov1, mean2, cov2) -> float:
+  """||m1 - m2||^2 + tr(C1 + C2 - 2 (C1^1/2 C2 C1^1/2)^1/2), the FID formula.
+
+  Uses the symmetric form, so the square roots are of positive semidefinite
+  matrices (eigendecomposition, no complex parts).
+  """
+  mean1, mean2 = np.asarray(mean1, np.float64), np.asarray(mean2, np.float64)
+  cov1, cov2 = np.asarray(cov1, np.float64), np.asarray(cov2, np.float64)
+  if mean1.shape != mean2.shape or cov1.shape != cov2.shape or cov1.shape != mean1.shape * 2:
+    raise ValueError(f'frechet_distance: shapes disagree: means {mean1.shape}, {mean2.shape}; '
+                     f'covariances {cov1.shape}, {cov2.shape}.')
+  root1 = _sqrtm_psd(cov1)
+  cross = _sqrtm_psd(root1 @ cov2 @ root1)
+  value = np.sum((mean1 - mean2) ** 2) + np.trace(cov1) + np.trace(cov2) - 2 * np.trace(cross)
+  return float(max(value, 0.0))
+
+
+def class_accuracy(predicted_logits, labels) -> float:
+  """Fraction of images whose argmax class equals the requested label."""
+  predicted = np.argmax(np.asarray(predicted_logits), axis=-1)
+  labels = np.asarray(labels)
+  if predicted.shape != labels.shape:
+    raise ValueError(f'{predicted.shape[0]} predictions for {labels.shape[0]} labels.')
+  return float(np.mean(predicted == labels))
+
+
+def mean_token_nll(token_log_probs) -> float:
+  """Mean per-token negative log-likelihood from log p(token) [N, L]."""
+  return float(-np.mean(np.asarray(token_log_probs, np.float64)))

@@ -1,0 +1,106 @@
+"""Closed-form checks of the quality measures and the Fashion-MNIST loader."""
+
+import gzip
+import os
+import pathlib
+import tempfile
+
+from absl.testing import absltest
+import jax
+import numpy as np
+
+from specdec_jax import evaluation
+from specdec_jax import fashion_mnist
+from specdec_jax.models import classifier
+
+
+class FrechetTest(absltest.TestCase):
+
+  def test_gaussians_closed_form(self):
+    # Diagonal covariances: FD = |m1 - m2|^2 + sum (s1 - s2)^2.
+    m1, m2 = np.array([0.0, 1.0, -2.0]), np.array([0.5, 1.0, 0.0])
+    s1, s2 = np.array([1.0, 2.0, 0.5]), np.array([3.0, 1.0, 0.5])
+    expected = np.sum((m1 - m2) ** 2) + np.sum((s1 - s2) ** 2)
+    got = evaluation.frechet_distance(m1, np.diag(s1 ** 2), m2, np.diag(s2 ** 2))
+    self.assertAlmostEqual(got, expected, places=8)
+    # Rotating both distributions by the same orthogonal matrix changes nothing.
+    q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))
+    rotated = evaluation.frechet_distance(q @ m1, q @ np.diag(s1 ** 2) @ q.T,
+                                          q @ m2, q @ np.diag(s2 ** 2) @ q.T)
+    self.assertAlmostEqual(rotated, expected, places=8)
+
+  def test_identical_samples_give_zero_and_shift_gives_squared_norm(self):
+    features = np.random.default_rng(1).normal(size=(500, 8))
+    mean, cov = evaluation.feature_statistics(features)
+    self.assertAlmostEqual(evaluation.frechet_distance(mean, cov, mean, cov), 0.0, places=6)
+    shifted = evaluation.feature_statistics(features + 2.0)
+    self.assertAlmostEqual(evaluation.frechet_distance(mean, cov, *shifted), 4.0 * 8, places=6)
+
+  def test_bad_shapes(self):
+    with self.assertRaisesRegex(ValueError, 'shapes'):
+      evaluation.frechet_distance(np.zeros(2), np.eye(2), np.zeros(3), np.eye(3))
+    with self.assertRaisesRegex(ValueError, 'features'):
+      evaluation.feature_statistics(np.zeros((1, 4)))
+
+  def test_accuracy_and_nll(self):
+    logits = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
+    self.assertAlmostEqual(evaluation.class_accuracy(logits, [1, 1, 1]), 2 / 3)
+    self.assertAlmostEqual(evaluation.mean_token_nll(np.log([[0.5, 0.25]])),
+                           (np.log(2) + np.log(4)) / 2)
+
+  def test_classifier_shapes(self):
+    model = classifier.Classifier()
+    images = np.zeros((2, 32, 32, 1), np.uint8)
+    params = model.init(jax.random.key(0), images)
+    logits, features = model.apply(params, images)
+    self.assertEqual(logits.shape, (2, 10))
+    self.assertEqual(features.shape, (2, 128))
+
+
+def write_idx(path, array):
+  header = bytes([0, 0, 8, array.ndim]) + b''.join(
+      int(n).to_bytes(4, 'big') for n in array.shape)
+  with gzip.open(path, 'wb') as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+class FashionMnistTest(absltest.TestCase):
+
+  def test_reads_idx_and_rejects_truncated_or_wrong_hash(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      tmp = pathlib.Path(tmp)
+      images = np.random.default_rng(0).integers(0, 255, (5, 28, 28))
+      labels = np.arange(5)
+      for split in ('train', 'test'):
+        write_idx(tmp / fashion_mnist.FILES[f'{split}_images'][0], images)
+        write_idx(tmp / fashion_mnist.FILES[f'{split}_labels'][0], labels)
+      got_images, got_labels = fashion_mnist.load('train', str(tmp), verify_hash=False)
+      np.testing.assert_array_equal(got_images, images)
+      np.testing.assert_array_equal(got_labels, labels)
+      with self.assertRaisesRegex(ValueError, 'SHA-256'):
+        fashion_mnist.load('test', str(tmp))
+      with gzip.open(tmp / fashion_mnist.FILES['test_images'][0], 'wb') as f:
+        f.write(bytes([0, 0, 8, 3]) + (5).to_bytes(4, 'big') + (28).to_bytes(4, 'big') * 2
+                + b'\x00' * 100)
+      with self.assertRaisesRegex(ValueError, 'truncated'):
+        fashion_mnist.load('test', str(tmp), verify_hash=False)
+      padded = fashion_mnist.pad_to_32(got_images)
+      self.assertEqual(padded.shape, (5, 32, 32, 1))
+      np.testing.assert_array_equal(padded[:, 2:30, 2:30, 0], images)
+      self.assertEqual(int(padded[:, :2].max()), 0)
+
+  def test_missing_data_says_how_to_install(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      with self.assertRaisesRegex(FileNotFoundError, 'apt-get install -y dataset-fashion-mnist'):
+        fashion_mnist.load('train', tmp)
+
+  def test_installed_package_matches_official_hashes(self):
+    if not os.path.isdir(fashion_mnist.DEFAULT_DIR):
+      self.skipTest('dataset-fashion-mnist is not installed (.ci/run installs it).')
+    images, labels = fashion_mnist.load('test')
+    self.assertEqual(images.shape, (10000, 28, 28))
+    np.testing.assert_array_equal(np.bincount(labels), [1000] * 10)
+
+
+if __name__ == '__main__':
+  absltest.main()
