@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 
 class Classifier(nn.Module):
-  """conv(32) -> pool -> conv(64) -> pool -> conv(128) -> global mean -> F -> classes.
+  """2x conv(32) -> pool -> 2x conv(64) -> pool -> flatten -> F -> classes.
 
   `__call__` returns (logits [B, num_classes], features [B, F]); the features
   (the penultimate layer) are the space the Frechet distance is computed in.
@@ -30,7 +30,6 @@ class Classifier(nn.Module):
       x = nn.relu(nn.Conv(width, (3, 3))(x))
       x = nn.relu(nn.Conv(width, (3, 3))(x))
       x = nn.max_pool(x, (2, 2), (2, 2))
-    x = nn.relu(nn.Conv(128, (3, 3))(x))
-    x = jnp.mean(x, axis=(1, 2))
+    x = x.reshape(x.shape[0], -1)
     features = nn.relu(nn.Dense(self.feature_dim)(x))
     return nn.Dense(self.num_classes)(features), features

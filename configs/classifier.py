@@ -1,0 +1,20 @@
+"""Evaluation classifier on Fashion-MNIST (32x32, official train/test split).
+
+  python -m specdec_jax.train.classifier --config configs/classifier.py --workdir runs/classifier
+"""
+
+import ml_collections
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+  config.batch_size = 128
+  config.num_steps = 3000
+  config.learning_rate = 2e-3
+  config.warmup_steps = 100
+  config.weight_decay = 1e-4
+  config.log_every = 100
+  config.save_every = 1000
+  config.data_dir = ''  # '' = $FASHION_MNIST_DIR or Debian's dataset-fashion-mnist
+  return config

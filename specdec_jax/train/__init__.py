@@ -1,0 +1,1 @@
+"""Training entry points (absl apps with ml_collections configs)."""

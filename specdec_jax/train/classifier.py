@@ -1,0 +1,98 @@
+"""Trains the evaluation classifier and writes its test accuracy and feature statistics.
+
+  python -m specdec_jax.train.classifier --config configs/classifier.py --workdir runs/classifier
+
+Outputs in --workdir: Orbax checkpoints, `classifier_history.json`, and
+`classifier_eval.json` (test accuracy) plus `test_features.npz` (mean and
+covariance of the test split's features: the reference for Frechet distances).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import numpy as np
+import optax
+
+from specdec_jax import evaluation
+from specdec_jax import fashion_mnist
+from specdec_jax import training
+from specdec_jax.models import classifier
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Output folder.')
+
+
+def make_step(model, optimizer):
+  @jax.jit
+  def step(state, batch, key):
+    del key
+    images, labels = batch
+
+    def loss_fn(params):
+      logits, _ = model.apply(params, images)
+      loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+      return loss, jnp.mean(jnp.argmax(logits, -1) == labels)
+
+    (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), dict(
+        loss=loss, accuracy=accuracy)
+
+  return step
+
+
+def predict(model, params, images, batch_size=500):
+  """(logits [N, 10], features [N, F]) in batches."""
+  apply = jax.jit(functools.partial(model.apply, params))
+  outs = [apply(images[i:i + batch_size]) for i in range(0, len(images), batch_size)]
+  return (np.concatenate([np.asarray(o[0]) for o in outs]),
+          np.concatenate([np.asarray(o[1]) for o in outs]))
+
+
+def train(config, workdir, train_data, test_data):
+  """Trains on (images uint8[N,32,32,1], labels) and evaluates on the test split."""
+  model = classifier.Classifier()
+  key = jax.random.key(config.seed)
+  params = model.init(key, train_data[0][:1])
+  optimizer = training.adamw(config.learning_rate, total_steps=config.num_steps,
+                             warmup_steps=config.warmup_steps, weight_decay=config.weight_decay)
+  state = training.init_state(params, optimizer)
+  state, history = training.fit(
+      make_step(model, optimizer), state,
+      training.epoch_batches(train_data, config.batch_size, config.seed),
+      num_steps=config.num_steps, workdir=workdir, key=key, log_every=config.log_every,
+      save_every=config.save_every, name='classifier')
+  logits, features = predict(model, state.params, test_data[0])
+  accuracy = evaluation.class_accuracy(logits, test_data[1])
+  mean, cov = evaluation.feature_statistics(features)
+  np.savez(os.path.join(workdir, 'test_features.npz'), mean=mean, cov=cov)
+  with open(os.path.join(workdir, 'classifier_eval.json'), 'w') as f:
+    json.dump(dict(test_accuracy=accuracy, steps=config.num_steps), f, indent=1)
+  logging.info('classifier: test accuracy %.4f', accuracy)
+  return state, accuracy
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  directory = config.data_dir or None
+  train_images, train_labels = fashion_mnist.load('train', directory)
+  test_images, test_labels = fashion_mnist.load('test', directory)
+  train(config, _WORKDIR.value,
+        (fashion_mnist.pad_to_32(train_images), train_labels),
+        (fashion_mnist.pad_to_32(test_images), test_labels))
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'workdir'])
+  app.run(main)
