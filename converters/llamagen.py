@@ -1,0 +1,279 @@
+r"""Converts LlamaGen GPT checkpoints (c2i, t2i) to a specdec Orbax checkpoint.
+
+Usage:
+  python -m specdec_jax.converters.llamagen --input c2i_B_256.pt \
+      --output ckpts/llamagen_c2i_B_256 --config GPT-B --model_type c2i \
+      --image_size 256 --dtype float32
+
+Reads `.pt` training dicts (`model`, optionally `ema` with --use_ema),
+raw FSDP state dicts (`consolidated.pth`) and `.safetensors`. Drops what is not
+a weight (`freqs_cis`, `*kv_cache*`), checks every key and shape against the
+chosen config, and writes atomically (see `converters/common.py`).
+
+Key mapping (torch name -> Flax path in `models/llamagen.GPTModule`; Linear
+weights [out, in] are transposed to Dense kernels [in, out]):
+  tok_embeddings.weight                    tok_embeddings/embedding
+  cls_embedding.embedding_table.weight     cls_embedding/embedding_table/embedding  (c2i)
+  cls_embedding.cap_proj.fc{1,2}.weight    cls_embedding/cap_proj/fc{1,2}/kernel    (t2i, .T)
+  cls_embedding.uncond_embedding           cls_embedding/uncond_embedding           (t2i)
+  layers.{i}.attention.wqkv.weight         layers_{i}/self_attn/{q,k,v}_proj/kernel (rows
+                                           [q | k | v] split, each .T; no permutation:
+                                           both sides rotate interleaved pairs)
+  layers.{i}.attention.wo.weight           layers_{i}/self_attn/o_proj/kernel       (.T)
+  layers.{i}.feed_forward.w1/w3/w2.weight  layers_{i}/mlp/gate/up/down/kernel       (.T)
+  layers.{i}.attention_norm.weight         layers_{i}/input_layernorm/weight
+  layers.{i}.ffn_norm.weight               layers_{i}/post_attention_layernorm/weight
+  norm.weight                              norm/weight
+  output.weight                            output/kernel                            (.T)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import MutableMapping, Mapping
+from typing import Any
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+from specdec_jax.converters import common
+from specdec_jax.models import llamagen
+
+NON_WEIGHT_KEYS = ('freqs_cis', 'kv_cache')
+CONVERTER_NAME = 'specdec_jax.converters.llamagen'
+
+
+def describe(config: llamagen.GPTConfig) -> str:
+  """The config in words, for error messages."""
+  preset = next((name for name, dims in llamagen.PRESETS.items()
+                 if dims == (config.n_layer, config.n_head, config.dim)), 'custom')
+  return (f'LlamaGen {preset} {config.model_type} ({config.n_layer} layers, dim '
+          f'{config.dim}, {config.n_head} heads, ffn {config.ffn_dim}, vocab '
+          f'{config.vocab_size}, {config.block_size} image tokens, '
+          f'{config.cls_token_num} condition tokens)')
+
+
+def expected_shapes(config: llamagen.GPTConfig) -> dict[str, tuple[int, ...]]:
+  """`{torch key: shape}` of an original state dict for `config`."""
+  c = config
+  d, f, hd = c.dim, c.ffn_dim, c.head_dim
+  shapes = {'tok_embeddings.weight': (c.vocab_size, d), 'norm.weight': (d,),
+            'output.weight': (c.vocab_size, d)}
+  if c.model_type == 'c2i':
+    shapes['cls_embedding.embedding_table.weight'] = (c.num_classes + 1, d)
+  else:
+    shapes['cls_embedding.uncond_embedding'] = (c.cls_token_num, c.caption_dim)
+    shapes['cls_embedding.cap_proj.fc1.weight'] = (d, c.caption_dim)
+    shapes['cls_embedding.cap_proj.fc2.weight'] = (d, d)
+  for i in range(c.n_layer):
+    p = f'layers.{i}.'
+    shapes[p + 'attention.wqkv.weight'] = ((c.n_head + 2 * c.n_kv_head) * hd, d)
+    shapes[p + 'attention.wo.weight'] = (d, c.n_head * hd)
+    shapes[p + 'feed_forward.w1.weight'] = (f, d)
+    shapes[p + 'feed_forward.w3.weight'] = (f, d)
+    shapes[p + 'feed_forward.w2.weight'] = (d, f)
+    shapes[p + 'attention_norm.weight'] = (d,)
+    shapes[p + 'ffn_norm.weight'] = (d,)
+  return shapes
+
+
+def guess_dims(shapes: Mapping[str, tuple[int, ...]]) -> str:
+  """A hint naming the preset whose dims match the checkpoint, if any."""
+  layer_ids = {int(m.group(1)) for k in shapes if (m := re.match(r'layers\.(\d+)\.', k))}
+  dim = shapes.get('tok_embeddings.weight', (None, None))[1]
+  kind = ('t2i' if any('cap_proj' in k for k in shapes) else
+          'c2i' if any('embedding_table' in k for k in shapes) else 'unknown')
+  n_layer = max(layer_ids) + 1 if layer_ids else 0
+  match = [name for name, (layers_, _, dim_) in llamagen.PRESETS.items()
+           if layers_ == n_layer and dim_ == dim]
+  looks = f' ({match[0]})' if match else ''
+  return (f'The checkpoint looks like a {kind} model with {n_layer} layers and dim '
+          f'{dim}{looks}. Pass the matching --config and --model_type (and '
+          '--set field=value for non-preset sizes).')
+
+
+def prepare_state_dict(state: Mapping[str, Any]) -> dict[str, Any]:
+  """Drops `freqs_cis` and kv-cache buffers."""
+  return common.drop_keys(state, NON_WEIGHT_KEYS)
+
+
+def convert_llamagen_gpt(
+    state_dict: MutableMapping[str, Any],
+    config: llamagen.GPTConfig,
+    *,
+    consume: bool = False,
+) -> dict[str, Any]:
+  """Maps an original LlamaGen state dict to the Flax param tree.
+
+  Args:
+    state_dict: `{torch key: array}` (numpy or torch), buffers already
+      dropped or not.
+    config: the config the checkpoint is expected to match.
+    consume: pop entries from `state_dict` as they are converted, so a large
+      checkpoint is not held twice.
+  Returns:
+    Nested params of numpy arrays in `config.dtype`.
+  Raises:
+    common.CheckpointMismatchError: a key is missing, unexpected or
+      mis-shaped; the message lists them and the config assumed.
+  """
+  if not consume:
+    state_dict = dict(state_dict)
+  for key in [k for k in state_dict if any(s in k for s in NON_WEIGHT_KEYS)]:
+    del state_dict[key]
+  found = common.shapes_of(state_dict)
+  common.validate_keys(found, expected_shapes(config), what=describe(config),
+                       hint=guess_dims(found))
+  dtype = config.compute_dtype
+  progress = common.Progress(len(found))
+
+  def take(key: str, transpose: bool = False) -> np.ndarray:
+    value = common.to_numpy(state_dict.pop(key), upcast_bf16=False)
+    progress.step(key)
+    value = value.T if transpose else value
+    return np.ascontiguousarray(value, dtype=dtype)
+
+  c = config
+  params: dict[str, Any] = {
+      'tok_embeddings': {'embedding': take('tok_embeddings.weight')},
+  }
+  if c.model_type == 'c2i':
+    params['cls_embedding'] = {'embedding_table': {
+        'embedding': take('cls_embedding.embedding_table.weight')}}
+  else:
+    params['cls_embedding'] = {
+        'uncond_embedding': take('cls_embedding.uncond_embedding'),
+        'cap_proj': {'fc1': {'kernel': take('cls_embedding.cap_proj.fc1.weight', True)},
+                     'fc2': {'kernel': take('cls_embedding.cap_proj.fc2.weight', True)}},
+    }
+  q_rows, kv_rows = c.n_head * c.head_dim, c.n_kv_head * c.head_dim
+  for i in range(c.n_layer):
+    p = f'layers.{i}.'
+    wqkv = common.to_numpy(state_dict.pop(p + 'attention.wqkv.weight'), upcast_bf16=False)
+    progress.step(p + 'attention.wqkv.weight')
+    def split(lo: int, hi: int, wqkv=wqkv) -> np.ndarray:
+      return np.ascontiguousarray(wqkv[lo:hi].T, dtype=dtype)
+    params[f'layers_{i}'] = {
+        'self_attn': {
+            'q_proj': {'kernel': split(0, q_rows)},
+            'k_proj': {'kernel': split(q_rows, q_rows + kv_rows)},
+            'v_proj': {'kernel': split(q_rows + kv_rows, q_rows + 2 * kv_rows)},
+            'o_proj': {'kernel': take(p + 'attention.wo.weight', True)},
+        },
+        'mlp': {
+            'gate': {'kernel': take(p + 'feed_forward.w1.weight', True)},
+            'up': {'kernel': take(p + 'feed_forward.w3.weight', True)},
+            'down': {'kernel': take(p + 'feed_forward.w2.weight', True)},
+        },
+        'input_layernorm': {'weight': take(p + 'attention_norm.weight')},
+        'post_attention_layernorm': {'weight': take(p + 'ffn_norm.weight')},
+    }
+    del wqkv
+  params['norm'] = {'weight': take('norm.weight')}
+  params['output'] = {'kernel': take('output.weight', True)}
+  return params
+
+
+def convert_file(
+    input_path: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    config: llamagen.GPTConfig,
+    *,
+    use_ema: bool = False,
+    overwrite: bool = False,
+    trust_pickle: bool = False,
+) -> str:
+  """Reads, validates, converts and writes one checkpoint; returns the output dir.
+
+  Nothing is written if reading or validation fails, and a failure while
+  writing leaves no partial output folder.
+  """
+  state = common.load_state_dict(
+      input_path, use_ema=use_ema, trust_pickle=trust_pickle,
+      upcast_bf16=False)  # bf16 stays bf16 until the one cast to config.dtype
+  params = convert_llamagen_gpt(state, config, consume=True)
+  out = common.write_params_atomic(
+      output_dir, params, config=dataclasses.asdict(config), source_files=[input_path],
+      converter=CONVERTER_NAME, extra_meta={'model': 'llamagen_gpt', 'use_ema': use_ema},
+      overwrite=overwrite)
+  return str(out)
+
+
+def load_llamagen(out_dir: str | os.PathLike, dtype: str | None = None):
+  """Loads a converted checkpoint: (LlamaGenGPT, params) ready for the engine.
+
+  Args:
+    out_dir: folder written by this converter.
+    dtype: compute/param dtype override ('float32', 'bfloat16'); default as
+      converted.
+  """
+  meta = common.read_meta(out_dir)
+  if meta.get('model') != 'llamagen_gpt':
+    raise common.CheckpointReadError(
+        f'{str(out_dir)!r} holds a {meta.get("model")!r} checkpoint, not a '
+        'LlamaGen GPT; convert with specdec_jax.converters.llamagen.')
+  fields = dict(meta['config'])
+  if dtype is not None:
+    fields['dtype'] = dtype
+  config = llamagen.GPTConfig(**fields)
+  params, _ = common.load_params(out_dir, dtype=config.dtype)
+  return llamagen.LlamaGenGPT(config), params
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+  """`['dim=64', 'rope_base=1e4']` -> typed GPTConfig overrides."""
+  types = {f.name: f.type for f in dataclasses.fields(llamagen.GPTConfig)}
+  out = {}
+  for item in items:
+    name, sep, value = item.partition('=')
+    if not sep or name not in types:
+      raise ValueError(f'--set {item!r}: expected field=value with field one of '
+                       f'{sorted(types)}.')
+    kind = str(types[name])
+    out[name] = (float(value) if 'float' in kind else
+                 int(value) if 'int' in kind else value)
+  return out
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the command-line flags (only when run as a program, so importing
+  several converters in one process does not define `--input` twice)."""
+  fv = dict(flag_values=flag_values)
+  flags.DEFINE_string('input', None, 'Checkpoint file (.pt/.pth/.bin/.safetensors).', **fv)
+  flags.DEFINE_string('output', None, 'Output folder (must not exist).', **fv)
+  flags.DEFINE_string('config', 'GPT-B', 'Preset: GPT-B, GPT-L, GPT-XL, GPT-XXL, '
+                      'GPT-XXXL, GPT-1B, GPT-3B, GPT-7B.', **fv)
+  flags.DEFINE_enum('model_type', 'c2i', list(llamagen.MODEL_TYPES),
+                    'Class- or text-conditional.', **fv)
+  flags.DEFINE_integer('image_size', 256, 'Training resolution (sets the 2D RoPE '
+                       'grid: (image_size/16)^2 tokens).', **fv)
+  flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Output dtype.', **fv)
+  flags.DEFINE_bool('use_ema', False, 'Convert the "ema" weights.', **fv)
+  flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.', **fv)
+  flags.DEFINE_bool('trust_pickle', False, 'Allow full unpickling of files the safe '
+                    'loader refuses (trusted files only).', **fv)
+  flags.DEFINE_multi_string('set', [], 'GPTConfig override field=value, e.g. --set '
+                            'dim=64 (for non-preset sizes).', **fv)
+
+
+def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
+  del argv
+  fv = flag_values
+  if not fv.input or not fv.output:
+    raise app.UsageError('--input and --output are required.')
+  config = llamagen.gpt_config(
+      fv.config, image_size=fv.image_size, model_type=fv.model_type, dtype=fv.dtype,
+      **parse_overrides(fv.set))
+  logging.info('converting %s as %s', fv.input, describe(config))
+  out = convert_file(fv.input, fv.output, config, use_ema=fv.use_ema,
+                     overwrite=fv.overwrite, trust_pickle=fv.trust_pickle)
+  print(out)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

@@ -1,0 +1,221 @@
+"""Tests for converters/common.py: reading, unwrapping, validation, atomic writes."""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+import jax.numpy as jnp
+import numpy as np
+import safetensors.torch
+import torch
+
+from specdec_jax.converters import common
+
+
+def _tempdir(test):
+  # absltest's create_tempdir needs parsed absl flags, which pytest does not do.
+  path = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
+  return pathlib.Path(path)
+
+
+def _tiny_state():
+  generator = torch.Generator().manual_seed(0)
+  return {
+      'tok_embeddings.weight': torch.randn(8, 4, generator=generator),
+      'norm.weight': torch.randn(4, generator=generator),
+  }
+
+
+class LoadStateDictTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = _tempdir(self)
+
+  def test_llamagen_training_dict_with_namespace_args(self):
+    state = _tiny_state()
+    ema = {k: v + 1 for k, v in state.items()}
+    path = self.dir / 'c2i.pt'
+    torch.save({'model': state, 'ema': ema, 'optimizer': {'state': {}},
+                'steps': 10, 'args': argparse.Namespace(gpt_model='GPT-B')}, path)
+    loaded = common.load_state_dict(path)
+    self.assertEqual(set(loaded), set(state))
+    np.testing.assert_array_equal(loaded['norm.weight'], state['norm.weight'].numpy())
+    loaded_ema = common.load_state_dict(path, use_ema=True)
+    np.testing.assert_array_equal(loaded_ema['norm.weight'], ema['norm.weight'].numpy())
+
+  def test_raw_fsdp_dict_and_prefixes(self):
+    state = {'module.' + k: v for k, v in _tiny_state().items()}
+    path = self.dir / 'consolidated.pth'
+    torch.save(state, path)
+    loaded = common.load_state_dict(path)
+    self.assertEqual(set(loaded), {'tok_embeddings.weight', 'norm.weight'})
+
+  def test_deepspeed_and_state_dict_wrappers(self):
+    for wrapper in ('module', 'state_dict'):
+      path = self.dir / f'{wrapper}.bin'
+      torch.save({wrapper: _tiny_state(), 'global_step': 3}, path)
+      self.assertEqual(set(common.load_state_dict(path)),
+                       {'tok_embeddings.weight', 'norm.weight'})
+
+  def test_safetensors_bf16_upcast_and_zero_copy(self):
+    state = {k: v.to(torch.bfloat16) for k, v in _tiny_state().items()}
+    path = self.dir / 'model.safetensors'
+    safetensors.torch.save_file(state, str(path))
+    upcast = common.load_state_dict(path)
+    self.assertEqual(upcast['norm.weight'].dtype, np.float32)
+    np.testing.assert_array_equal(upcast['norm.weight'], state['norm.weight'].float().numpy())
+    raw = common.load_state_dict(path, upcast_bf16=False)
+    self.assertEqual(raw['norm.weight'].dtype, jnp.bfloat16)
+    np.testing.assert_array_equal(raw['norm.weight'].astype(np.float32),
+                                  upcast['norm.weight'])
+
+  def test_missing_file(self):
+    with self.assertRaisesRegex(common.CheckpointReadError, 'nope.pt.*does not exist'):
+      common.load_state_dict(self.dir / 'nope.pt')
+
+  def test_truncated_torch_file(self):
+    path = self.dir / 'trunc.pt'
+    torch.save({'model': _tiny_state()}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with self.assertRaisesRegex(common.CheckpointReadError,
+                                r"trunc\.pt.*torch\.save zip archive.*truncated"):
+      common.load_state_dict(path)
+
+  def test_truncated_safetensors_file(self):
+    path = self.dir / 'trunc.safetensors'
+    safetensors.torch.save_file(_tiny_state(), str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[:-16])
+    with self.assertRaisesRegex(common.CheckpointReadError,
+                                r'trunc\.safetensors.*safetensors file'):
+      common.load_state_dict(path)
+
+  def test_unknown_suffix(self):
+    path = self.dir / 'weights.npz'
+    path.write_bytes(b'x')
+    with self.assertRaisesRegex(common.CheckpointReadError, r"'\.npz'"):
+      common.load_state_dict(path)
+
+  def test_use_ema_without_ema(self):
+    with self.assertRaisesRegex(common.CheckpointReadError, 'no "ema"'):
+      common.unwrap_checkpoint({'model': _tiny_state()}, use_ema=True)
+
+  def test_no_weights_found(self):
+    with self.assertRaisesRegex(common.CheckpointReadError, 'steps'):
+      common.unwrap_checkpoint({'steps': 3, 'args': None})
+
+
+class ValidateKeysTest(absltest.TestCase):
+
+  def test_exact_match_passes(self):
+    common.validate_keys({'a': (2, 3)}, {'a': (2, 3)}, what='tiny')
+
+  def test_message_lists_every_problem_and_config(self):
+    found = {'a': (2, 3), 'b': (4,), 'extra': (1,)}
+    expected = {'a': (2, 3), 'b': (5,), 'missing.one': (7, 7)}
+    with self.assertRaises(common.CheckpointMismatchError) as ctx:
+      common.validate_keys(found, expected, what='LlamaGen GPT-B c2i, 256 tokens',
+                           hint='Try --config GPT-L.')
+    message = str(ctx.exception)
+    self.assertIsInstance(ctx.exception, ValueError)
+    self.assertIn('LlamaGen GPT-B c2i, 256 tokens', message)
+    self.assertIn('1 missing, 1 unexpected, 1 mis-shaped', message)
+    self.assertIn('missing.one (expected shape (7, 7))', message)
+    self.assertIn('extra (shape (1,))', message)
+    self.assertIn('b: expected (5,), found (4,)', message)
+    self.assertIn('Try --config GPT-L.', message)
+    self.assertNotIn('    a', message)
+
+
+class WriteParamsTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = _tempdir(self)
+    self.source = self.dir / 'src.bin'
+    self.source.write_bytes(b'abc')
+    self.params = {'layer': {'kernel': np.arange(12, dtype=np.float32).reshape(3, 4)},
+                   'ids': np.arange(3, dtype=np.int32)}
+
+  def test_round_trip_with_meta_and_cast(self):
+    out = common.write_params_atomic(
+        self.dir / 'out', self.params, config={'dim': 4}, source_files=[self.source],
+        converter='test', extra_meta={'note': 'x'})
+    self.assertEqual(sorted(os.listdir(self.dir)), ['out', 'src.bin'])
+    params, meta = common.load_params(out)
+    np.testing.assert_array_equal(params['layer']['kernel'], self.params['layer']['kernel'])
+    np.testing.assert_array_equal(params['ids'], self.params['ids'])
+    self.assertEqual(meta['config'], {'dim': 4})
+    self.assertEqual(meta['converter'], 'test')
+    self.assertEqual(meta['note'], 'x')
+    self.assertEqual(meta['source_files'][0]['sha256'],
+                     'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad')
+    with open(out / common.META_FILENAME) as f:
+      self.assertEqual(json.load(f)['dtype'], 'float32')
+    bf16, _ = common.load_params(out, dtype='bfloat16')
+    self.assertEqual(bf16['layer']['kernel'].dtype, jnp.bfloat16)
+    self.assertEqual(bf16['ids'].dtype, np.int32)
+
+  def test_without_ocdbt(self):
+    out = common.write_params_atomic(self.dir / 'out', self.params, config={},
+                                     source_files=[], use_ocdbt=False)
+    params, _ = common.load_params(out)
+    np.testing.assert_array_equal(params['layer']['kernel'], self.params['layer']['kernel'])
+
+  def test_refuses_overwrite_unless_asked(self):
+    out = common.write_params_atomic(self.dir / 'out', self.params, config={},
+                                     source_files=[])
+    with self.assertRaisesRegex(FileExistsError, 'already exists.*--overwrite'):
+      common.write_params_atomic(out, self.params, config={}, source_files=[])
+    new = {'layer': {'kernel': np.zeros((3, 4), np.float32)}, 'ids': self.params['ids']}
+    common.write_params_atomic(out, new, config={}, source_files=[], overwrite=True)
+    params, _ = common.load_params(out)
+    np.testing.assert_array_equal(params['layer']['kernel'], 0)
+    self.assertEqual(sorted(os.listdir(self.dir)), ['out', 'src.bin'])
+
+  def test_failure_mid_write_leaves_nothing(self):
+    # The metadata is written after the Orbax save: failing there means params
+    # already sit in the temporary folder, which must be removed.
+    with mock.patch.object(common.json, 'dump', side_effect=OSError('disk full')):
+      with self.assertRaisesRegex(OSError, 'disk full'):
+        common.write_params_atomic(self.dir / 'out', self.params, config={},
+                                   source_files=[self.source])
+    self.assertEqual(sorted(os.listdir(self.dir)), ['src.bin'])
+
+  def test_missing_meta_is_a_clear_error(self):
+    with self.assertRaisesRegex(common.CheckpointReadError, 'specdec_meta.json'):
+      common.load_params(self.dir)
+
+
+class HelpersTest(absltest.TestCase):
+
+  def test_cast_params_only_floats(self):
+    params = {'w': np.ones(2, np.float32), 'i': np.ones(2, np.int32)}
+    cast = common.cast_params(params, 'bfloat16')
+    self.assertEqual(cast['w'].dtype, jnp.bfloat16)
+    self.assertEqual(cast['i'].dtype, np.int32)
+
+  def test_progress_logs(self):
+    with mock.patch.object(common.logging, 'info') as info:
+      progress = common.Progress(88, num_logs=4)
+      for i in range(88):
+        progress.step(f't{i}')
+    messages = [call.args[0] % call.args[1:] for call in info.call_args_list]
+    self.assertIn('converting 88/88 tensors (t87)', messages)
+    self.assertIn('converting 22/88 tensors (t21)', messages)
+
+  def test_drop_keys(self):
+    state = {'a': 1, 'freqs_cis': 2, 'layers.0.attention.kv_cache.k_cache': 3}
+    self.assertEqual(common.drop_keys(state, ('freqs_cis', 'kv_cache')), {'a': 1})
+
+
+if __name__ == '__main__':
+  absltest.main()

@@ -1,0 +1,368 @@
+"""Tests for models/eagle.py and converters/lantern_drafter.py.
+
+The PyTorch reference is written from the reference notes
+(`algorithms_coolsd_lantern_eagle.md` section 3, `models_and_checkpoints.md`
+section 4): fc on [embedding, target feature], one decoder layer (LlamaGen:
+no input norm, interleaved 2D RoPE with LANTERN's table; Lumina: input norm,
+per-head q/k LayerNorm, rotate_half 1D RoPE), no final norm, target head.
+"""
+
+import functools
+import json
+import pathlib
+import shutil
+import tempfile
+
+from absl import flags
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors.torch
+import torch
+import torch.nn.functional as F
+
+from specdec_jax.converters import common
+from specdec_jax.converters import lantern_drafter as convert
+from specdec_jax.models import eagle
+from specdec_jax.models import llamagen
+
+RTOL = 1e-4
+BATCH, LENGTH = 2, 7
+
+
+def config_json(kind):
+  """A LANTERN-style config.json for a tiny drafter."""
+  base = {'hidden_size': 64, 'num_attention_heads': 4, 'num_key_value_heads': 4,
+          'intermediate_size': 96, 'vocab_size': 48, 'num_hidden_layers': 1,
+          'hidden_act': 'silu', 'rope_theta': 10000.0}
+  if kind == 'llamagen':
+    base.update(rms_norm_eps=1e-6, input_type='c2i', caption_dim=2048)  # 576 tokens, cls 0
+  else:
+    base.update(rms_norm_eps=1e-5, model_type='chameleon', bias=True)
+  return base
+
+
+def random_drafter_state(config, qk_norm_rows=1, seed=0):
+  """Random weights in LANTERN's key layout; q/k norms as (1, D) like Lumina."""
+  generator = torch.Generator().manual_seed(seed)
+  state = {}
+  for key, shape in convert.expected_shapes(config).items():
+    if 'norm' in key and key.endswith('weight'):
+      shape = (qk_norm_rows, shape[1]) if '_norm.' in key and 'self_attn' in key else shape
+      value = 1.0 + 0.1 * torch.randn(shape, generator=generator)
+    elif 'norm' in key and key.endswith('bias'):
+      value = 0.1 * torch.randn((qk_norm_rows, shape[1]), generator=generator)
+    elif key == 'fc.bias':
+      value = 0.1 * torch.randn(shape, generator=generator)
+    elif key == 'embed_tokens.weight':
+      value = torch.randn(shape, generator=generator)
+    else:
+      value = torch.randn(shape, generator=generator) * shape[-1] ** -0.5
+    state[key] = value.float()
+  return state
+
+
+# ------------------------------------------------- PyTorch reference ---
+
+
+def torch_rope_2d_table(grid, head_dim, base, cls_token_num):
+  """LANTERN's LlamaGen table: zero rows for cls, the grid, 10 zero rows."""
+  half = head_dim // 2
+  freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+  per_axis = torch.outer(torch.arange(grid, dtype=torch.float32), freqs)
+  angles = torch.cat([per_axis[:, None, :].expand(grid, grid, -1),
+                      per_axis[None, :, :].expand(grid, grid, -1)], -1).reshape(-1, half)
+  zeros_front, zeros_back = torch.zeros(cls_token_num, half), torch.zeros(10, half)
+  return (torch.cat([zeros_front, angles.cos(), zeros_back]),
+          torch.cat([zeros_front, angles.sin(), zeros_back]))
+
+
+def torch_rotate_pairs(x, cos, sin):
+  pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+  c, s = cos[None, :, None, :], sin[None, :, None, :]
+  return torch.stack([pairs[..., 0] * c - pairs[..., 1] * s,
+                      pairs[..., 1] * c + pairs[..., 0] * s], -1).flatten(3)
+
+
+def torch_rotate_half(x, positions, head_dim, theta):
+  inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
+  freqs = positions.float()[:, None] * inv_freq[None, :]
+  emb = torch.cat([freqs, freqs], -1)
+  cos, sin = emb.cos()[None, :, None, :], emb.sin()[None, :, None, :]
+  rotated = torch.cat([-x[..., head_dim // 2:], x[..., : head_dim // 2]], -1)
+  return x * cos + rotated * sin
+
+
+def torch_rms(x, weight, eps):
+  return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def torch_drafter_forward(sd, cfg_json, kind, head_weight, tokens, hidden):
+  """tokens [B, L], hidden [B, L, E] -> (logits [B, L, V], features [B, L, E])."""
+  e, heads = cfg_json['hidden_size'], cfg_json['num_attention_heads']
+  hd, eps = e // heads, cfg_json['rms_norm_eps']
+  x = torch.cat([sd['embed_tokens.weight'][tokens], hidden], -1) @ sd['fc.weight'].T + sd['fc.bias']
+  batch, length, _ = x.shape
+  positions = torch.arange(length)
+  p = 'layers.0.'
+  h = torch_rms(x, sd[p + 'input_layernorm.weight'], eps) if kind == 'lumina' else x
+  q, k, v = (h @ sd[p + f'self_attn.{n}_proj.weight'].T for n in 'qkv')
+  q, k, v = (t.reshape(batch, length, heads, hd) for t in (q, k, v))
+  if kind == 'lumina':
+    norm = lambda t, n: (F.layer_norm(t, (hd,), eps=1e-5) * sd[p + f'self_attn.{n}.weight']
+                         + sd[p + f'self_attn.{n}.bias'])
+    q, k = norm(q, 'q_norm'), norm(k, 'k_norm')
+    q = torch_rotate_half(q, positions, hd, cfg_json['rope_theta'])
+    k = torch_rotate_half(k, positions, hd, cfg_json['rope_theta'])
+  else:
+    cos, sin = torch_rope_2d_table(24, hd, cfg_json['rope_theta'], 0)  # input_type c2i
+    q = torch_rotate_pairs(q, cos[positions], sin[positions])
+    k = torch_rotate_pairs(k, cos[positions], sin[positions])
+  causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
+  attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                        attn_mask=causal)
+  x = x + attn.transpose(1, 2).reshape(batch, length, e) @ sd[p + 'self_attn.o_proj.weight'].T
+  h = torch_rms(x, sd[p + 'post_attention_layernorm.weight'], eps)
+  mlp = (F.silu(h @ sd[p + 'mlp.gate_proj.weight'].T) * (h @ sd[p + 'mlp.up_proj.weight'].T))
+  x = x + mlp @ sd[p + 'mlp.down_proj.weight'].T
+  return x @ head_weight.T, x
+
+
+def rel_err(actual, expected):
+  actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+  return np.max(np.abs(actual - expected)) / np.max(np.abs(expected))
+
+
+def _tempdir(test):
+  path = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
+  return pathlib.Path(path)
+
+
+def write_drafter_dir(path, kind, state, weights='pytorch_model.bin'):
+  path.mkdir(parents=True, exist_ok=True)
+  (path / 'config.json').write_text(json.dumps(config_json(kind)))
+  if weights.endswith('.bin'):
+    torch.save(state, path / weights)
+  else:
+    safetensors.torch.save_file(state, str(path / weights))
+  return path
+
+
+@functools.lru_cache(maxsize=None)
+def fixture(kind):
+  """(config, state dict, torch head weight [V, E], inputs)."""
+  config = convert.drafter_config_from_json(config_json(kind), kind)
+  state = random_drafter_state(config)
+  generator = torch.Generator().manual_seed(5)
+  head = torch.randn(config.vocab_size, config.hidden_size, generator=generator) * 0.2
+  tokens = torch.randint(0, config.vocab_size, (BATCH, LENGTH), generator=generator)
+  hidden = torch.randn(BATCH, LENGTH, config.hidden_size, generator=generator)
+  return config, state, head, tokens, hidden
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _jit_forward(model, params, cache, tokens, hidden, window_mask, depths):
+  return model.forward(params, cache, tokens, hidden, window_mask, depths)
+
+
+def jit_forward(model, params, cache, tokens, hidden, window_mask=None, depths=None):
+  num_new = tokens.shape[1]
+  if window_mask is None:
+    window_mask = jnp.tril(jnp.ones((num_new, num_new), bool))
+  if depths is None:
+    depths = jnp.arange(num_new, dtype=jnp.int32)
+  return _jit_forward(model, params, cache, tokens, hidden, window_mask, depths)
+
+
+# ------------------------------------------------------------- tests ---
+
+
+class ConfigTest(absltest.TestCase):
+
+  def test_llamagen_drafter_matches_lantern_config(self):
+    target = llamagen.gpt_config('GPT-XL', model_type='t2i', image_size=256)
+    config = eagle.llamagen_drafter_config(target)
+    self.assertEqual((config.hidden_size, config.num_heads, config.intermediate_size),
+                     (1280, 20, 3584))
+    self.assertEqual((config.cls_token_num, config.grid_size, config.rms_norm_eps),
+                     (119, 16, 1e-6))
+    c2i = eagle.llamagen_drafter_config(llamagen.gpt_config('GPT-B', image_size=384))
+    self.assertEqual((c2i.cls_token_num, c2i.grid_size), (0, 24))
+    from_json = convert.drafter_config_from_json(
+        dict(config_json('llamagen'), input_type='t2i2'))
+    self.assertEqual((from_json.grid_size, from_json.cls_token_num), (32, 119))
+    self.assertFalse(from_json.input_layernorm)
+    lumina = convert.drafter_config_from_json(config_json('lumina'))
+    self.assertTrue(lumina.input_layernorm and lumina.qk_norm)
+    self.assertEqual(lumina.rope, '1d')
+
+  def test_embedding_sources(self):
+    target = {'tok_embeddings': {'embedding': np.ones((5, 3))},
+              'output': {'kernel': np.arange(15.0).reshape(3, 5)}}
+    np.testing.assert_array_equal(eagle.embedding_from_llamagen(target), np.ones((5, 3)))
+    np.testing.assert_array_equal(eagle.embedding_from_llamagen(target, 'output'),
+                                  np.arange(15.0).reshape(3, 5).T)
+    with self.assertRaisesRegex(ValueError, "source must be one of"):
+      eagle.embedding_from_llamagen(target, 'lm_head')
+
+  def test_lumina_7b_key_shapes(self):
+    shapes = convert.expected_shapes(eagle.lumina_drafter_config())
+    self.assertEqual(shapes['fc.weight'], (4096, 8192))
+    self.assertEqual(shapes['layers.0.self_attn.q_norm.weight'], (32, 128))
+    self.assertIn('layers.0.input_layernorm.weight', shapes)
+    self.assertLen(shapes, 16)
+
+
+class ParityTest(parameterized.TestCase):
+
+  @parameterized.parameters('llamagen', 'lumina')
+  def test_converted_drafter_matches_torch(self, kind):
+    config, state, head, tokens, hidden = fixture(kind)
+    folder = write_drafter_dir(_tempdir(self) / 'drafter', kind, state)
+    out = convert.convert_dir(folder, folder.parent / 'converted')
+    model, params = convert.load_drafter(out, head.T.numpy())
+    self.assertEqual(model.config, config)
+    expected_logits, expected_features = torch_drafter_forward(
+        state, config_json(kind), kind, head, tokens, hidden)
+    result = jit_forward(model, params, model.init_cache(BATCH, LENGTH + 3),
+                         jnp.asarray(tokens.numpy(), jnp.int32), jnp.asarray(hidden.numpy()))
+    chex.assert_shape(result.logits, (BATCH, LENGTH, config.vocab_size))
+    self.assertLess(rel_err(result.logits, expected_logits.numpy()), RTOL)
+    self.assertLess(rel_err(result.hidden, expected_features.numpy()), RTOL)
+    np.testing.assert_array_equal(result.cache.lengths, LENGTH)
+
+  def test_rope_2d_table_with_lantern_padding(self):
+    # The drafter's table equals LANTERN's, including the zero rows past the grid.
+    cos_ref, sin_ref = torch_rope_2d_table(4, 16, 10000.0, 2)
+    positions = jnp.arange(2 + 16 + 10)[None]
+    cos, sin = jax.jit(llamagen.rope_2d, static_argnums=(1, 2, 3))(positions, 16, 4, 2)
+    np.testing.assert_allclose(cos[0], cos_ref.numpy(), atol=1e-6)
+    np.testing.assert_allclose(sin[0], sin_ref.numpy(), atol=1e-6)
+
+
+class EnginePathTest(absltest.TestCase):
+
+  def test_prefill_then_steps_and_tree_match_full_forward(self):
+    config, state, head, tokens, hidden = fixture('llamagen')
+    model = eagle.EagleDrafter(config)
+    params = eagle.attach_head(convert.convert_drafter(state, config), head.T.numpy())
+    tokens, hidden = jnp.asarray(tokens.numpy(), jnp.int32), jnp.asarray(hidden.numpy())
+    cache = model.init_cache(BATCH, LENGTH + 3)
+    full = jit_forward(model, params, cache, tokens, hidden)
+    # prefill on the first 4 pairs, then 3 single steps.
+    out = jit_forward(model, params, cache, tokens[:, :4], hidden[:, :4])
+    logits = [out.logits]
+    for t in range(4, LENGTH):
+      out = jit_forward(model, params, out.cache, tokens[:, t: t + 1], hidden[:, t: t + 1])
+      logits.append(out.logits)
+    self.assertLess(rel_err(jnp.concatenate(logits, 1), full.logits), RTOL)
+    # Tree after 4 pairs: slot 4 = (t4, h4), two siblings at depth 1 fed
+    # the drafter's own feature (EAGLE's deeper steps), not seeing each other.
+    prefix = jit_forward(model, params, cache, tokens[:, :4], hidden[:, :4]).cache
+    step = jit_forward(model, params, prefix, tokens[:, 4:5], hidden[:, 4:5])
+    feature = step.hidden  # [B, 1, E]
+    window_mask = jnp.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]], bool)
+    depths = jnp.array([0, 1, 1, 0], jnp.int32)
+    tree_tokens = jnp.concatenate([tokens[:, 4:5], tokens[:, 5:6], tokens[:, 6:7],
+                                   tokens[:, 0:1]], 1)
+    tree_hidden = jnp.concatenate([hidden[:, 4:5], feature, feature, hidden[:, 0:1]], 1)
+    tree = jit_forward(model, params, prefix, tree_tokens, tree_hidden, window_mask, depths)
+    self.assertLess(rel_err(tree.logits[:, 0], step.logits[:, 0]), RTOL)
+    for sibling, column in ((1, 5), (2, 6)):
+      chain = jit_forward(model, params, step.cache, tokens[:, column: column + 1], feature)
+      self.assertLess(rel_err(tree.logits[:, sibling], chain.logits[:, 0]), RTOL)
+
+  def test_input_errors(self):
+    config, _, _, _, _ = fixture('llamagen')
+    model = eagle.EagleDrafter(config)
+    cache = model.init_cache(2, 4)
+    with self.assertRaisesRegex(ValueError, r'target_hidden \[B, T, 64\]'):
+      model.forward(None, cache, jnp.zeros((2, 3), jnp.int32), jnp.zeros((2, 3, 32)))
+    with self.assertRaisesRegex(ValueError, 'capacity 4 is too small'):
+      model.prefill(None, cache, jnp.zeros((2, 5), jnp.int32), jnp.zeros((2, 5, 64)))
+
+
+class ConverterTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = _tempdir(self)
+
+  def _assert_only(self, *names):
+    self.assertEqual(sorted(p.name for p in self.dir.iterdir()), sorted(names))
+
+  def test_safetensors_fallback_and_meta(self):
+    config, state, head, _, _ = fixture('lumina')
+    folder = write_drafter_dir(self.dir / 'drafter', 'lumina',
+                               {k: v.contiguous() for k, v in state.items()},
+                               weights='model.safetensors')
+    out = convert.convert_dir(folder, self.dir / 'out')
+    model, params = convert.load_drafter(out, head.T.numpy())
+    chex.assert_trees_all_close(
+        params, eagle.attach_head(convert.convert_drafter(state, config), head.T.numpy()))
+    meta = common.read_meta(out)
+    self.assertEqual(meta['source_files'][0]['sha256'],
+                     common.sha256_file(folder / 'model.safetensors'))
+    self.assertEqual(model.config.qk_norm, True)
+    with self.assertRaisesRegex(ValueError, r'head_kernel must have shape \(64, 48\)'):
+      convert.load_drafter(out, head.numpy())
+
+  def test_strict_keys(self):
+    _, state, _, _, _ = fixture('llamagen')
+    bad = dict(state)
+    del bad['layers.0.post_attention_layernorm.weight']
+    bad['layers.0.input_layernorm.weight'] = torch.ones(64)  # LlamaGen layer 0 has none
+    folder = write_drafter_dir(self.dir / 'drafter', 'llamagen', bad)
+    with self.assertRaises(common.CheckpointMismatchError) as ctx:
+      convert.convert_dir(folder, self.dir / 'out')
+    message = str(ctx.exception)
+    self.assertIn('layers.0.post_attention_layernorm.weight (expected shape (64,))', message)
+    self.assertIn('unexpected keys:\n    layers.0.input_layernorm.weight', message)
+    self.assertIn('EAGLE-1 drafter (1 layer(s), hidden 64', message)
+    self._assert_only('drafter')
+
+  def test_wrong_config_json(self):
+    _, state, _, _, _ = fixture('llamagen')
+    folder = write_drafter_dir(self.dir / 'drafter', 'llamagen', state)
+    (folder / 'config.json').write_text(json.dumps(
+        dict(config_json('llamagen'), intermediate_size=128)))
+    with self.assertRaisesRegex(common.CheckpointMismatchError,
+                                r'mlp.gate_proj.weight: expected \(128, 64\), found \(96, 64\)'):
+      convert.convert_dir(folder, self.dir / 'out')
+    self._assert_only('drafter')
+
+  def test_bad_folders(self):
+    with self.assertRaisesRegex(common.CheckpointReadError, 'does not exist'):
+      convert.convert_dir(self.dir / 'missing', self.dir / 'out')
+    folder = self.dir / 'drafter'
+    folder.mkdir()
+    (folder / 'config.json').write_text(json.dumps(config_json('llamagen')))
+    with self.assertRaisesRegex(common.CheckpointReadError, 'pytorch_model.bin'):
+      convert.convert_dir(folder, self.dir / 'out')
+    torch.save(fixture('llamagen')[1], folder / 'pytorch_model.bin')
+    data = (folder / 'pytorch_model.bin').read_bytes()
+    (folder / 'pytorch_model.bin').write_bytes(data[: len(data) // 2])
+    with self.assertRaisesRegex(common.CheckpointReadError, 'pytorch_model.bin.*truncated'):
+      convert.convert_dir(folder, self.dir / 'out')
+    self._assert_only('drafter')
+
+  def test_command_line(self):
+    _, state, _, _, _ = fixture('llamagen')
+    folder = write_drafter_dir(self.dir / 'drafter', 'llamagen', state)
+    argv = ['lantern_drafter', f'--input={folder}', f'--output={self.dir / "out"}',
+            '--dtype=bfloat16']
+    flag_values = flags.FlagValues()
+    convert.define_flags(flag_values)
+    flag_values(argv)
+    convert.main(argv, flag_values)
+    params, meta = common.load_params(self.dir / 'out')
+    self.assertEqual(params['fc']['kernel'].dtype, jnp.bfloat16)
+    self.assertEqual(meta['config']['dtype'], 'bfloat16')
+
+
+if __name__ == '__main__':
+  absltest.main()
