@@ -9,9 +9,10 @@ row; accepting n of them afterwards is `advance`/`set_lengths`: slots beyond the
 new length are stale and hidden by the mask, and the next write overwrites them.
 Rejection therefore never copies a cache.
 
-`key_valid[B, S]` marks prefix slots that hold padding (left-padded captions,
-an unconditional prompt shorter than the conditional one) so attention skips
-them; `position_offset[B]` is subtracted from the slot index to give the
+`key_valid[B, S]` marks slots that hold padding (left-padded captions, an
+unconditional prompt shorter than the conditional one) so attention skips
+them (a padding slot still sees itself while it is written, so every query
+has at least one key); `position_offset[B]` is subtracted from the slot index to give the
 position id a model's rotary embedding sees (so a left-padded row still starts
 at position 0 on its first real token).
 """
@@ -137,7 +138,12 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
   window_index = jnp.clip(offset, 0, num_new - 1)
   # [B, T, S]: window_mask[t, offset[b, s]]
   sees_window = jnp.moveaxis(jnp.take(window_mask, window_index, axis=1), 0, 1)
-  return in_prefix[:, None, :] | (in_window[:, None, :] & sees_window)
+  # A padding slot written in this window (key_valid False) is seen only by
+  # its own query, so a left-padded prefix can be prefilled in one forward
+  # (LlamaGen's t2i mask: padded columns off, diagonal kept).
+  is_own = offset[:, None, :] == jnp.arange(num_new, dtype=jnp.int32)[None, :, None]
+  window_visible = sees_window & (cache.key_valid[:, None, :] | is_own)
+  return in_prefix[:, None, :] | (in_window[:, None, :] & window_visible)
 
 
 def update_layer(cache: KVCache, layer: int, new_keys: jax.Array, new_values: jax.Array) -> KVCache:

@@ -1,0 +1,96 @@
+"""Per-row cache writes, masks and rollback, checked against explicit loops."""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import attention
+from specdec_jax import kv_cache as kv
+
+
+def reference_mask(lengths, key_valid, num_new, window_mask, capacity):
+  batch = len(lengths)
+  mask = np.zeros((batch, num_new, capacity), bool)
+  for b in range(batch):
+    for t in range(num_new):
+      for s in range(capacity):
+        if s < lengths[b]:
+          mask[b, t, s] = key_valid[b, s]
+        elif s < lengths[b] + num_new:
+          u = s - lengths[b]
+          mask[b, t, s] = window_mask[t, u] and (key_valid[b, s] or u == t)
+  return mask
+
+
+class KVCacheTest(absltest.TestCase):
+
+  def test_write_rows_at_per_row_lengths(self):
+    cache = kv.init_cache(num_layers=2, batch_size=3, capacity=8, num_kv_heads=1, head_dim=2)
+    cache = kv.set_lengths(cache, jnp.array([0, 2, 5]))
+    new = jnp.arange(3 * 2 * 1 * 2, dtype=jnp.float32).reshape(3, 2, 1, 2) + 1
+    cache = kv.update_layer(cache, 1, new, -new)
+    keys = np.asarray(cache.keys[1])
+    for b, start in enumerate([0, 2, 5]):
+      np.testing.assert_array_equal(keys[b, start:start + 2], new[b])
+      self.assertEqual(float(np.abs(keys[b]).sum()), float(np.abs(new[b]).sum()))
+    self.assertEqual(float(np.abs(cache.keys[0]).sum()), 0.0)  # other layer untouched
+    np.testing.assert_array_equal(cache.lengths, [0, 2, 5])  # writes do not move lengths
+    np.testing.assert_array_equal(kv.advance(cache, jnp.array([2, 1, 0])).lengths, [2, 3, 5])
+
+  def test_mask_matches_reference_for_chains_trees_and_padding(self):
+    rng = np.random.default_rng(0)
+    capacity, num_new = 10, 4
+    tree = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)
+    for window_mask in (np.tril(np.ones((num_new, num_new), bool)), tree):
+      lengths = np.array([0, 3, 6])
+      key_valid = rng.random((3, capacity)) > 0.3
+      cache = kv.init_cache(num_layers=1, batch_size=3, capacity=capacity, num_kv_heads=1,
+                            head_dim=2)
+      cache = cache.replace(lengths=jnp.asarray(lengths), key_valid=jnp.asarray(key_valid))
+      got = kv.attention_mask(cache, num_new, jnp.asarray(window_mask))
+      np.testing.assert_array_equal(got, reference_mask(lengths, key_valid, num_new,
+                                                        window_mask, capacity))
+
+  def test_rollback_hides_stale_slots(self):
+    """After writing 3 tokens and keeping 1, attention equals never having written 2."""
+    heads, dim = 2, 4
+    key = jax.random.key(0)
+    q, k, v = (jax.random.normal(kk, (1, 3, heads, dim)) for kk in jax.random.split(key, 3))
+    fresh = kv.init_cache(num_layers=1, batch_size=1, capacity=6, num_kv_heads=heads,
+                          head_dim=dim)
+    _, written = attention.cached_attention(q, k, v, fresh, 0)
+    rolled_back = kv.set_lengths(written, jnp.array([1]))
+    q2 = jax.random.normal(jax.random.key(1), (1, 1, heads, dim))
+    k2, v2 = q2 * 2, q2 * 3
+    out_rolled, _ = attention.cached_attention(q2, k2, v2, rolled_back, 0)
+    _, only_first = attention.cached_attention(q[:, :1], k[:, :1], v[:, :1], fresh, 0)
+    out_clean, _ = attention.cached_attention(q2, k2, v2, kv.set_lengths(only_first, jnp.array([1])), 0)
+    np.testing.assert_allclose(out_rolled, out_clean, rtol=1e-6)
+
+  def test_attention_matches_dense_softmax(self):
+    heads, kv_heads, dim = 4, 2, 8
+    keys = jax.random.split(jax.random.key(2), 3)
+    q = jax.random.normal(keys[0], (1, 3, heads, dim))
+    k = jax.random.normal(keys[1], (1, 3, kv_heads, dim))
+    v = jax.random.normal(keys[2], (1, 3, kv_heads, dim))
+    cache = kv.init_cache(num_layers=1, batch_size=1, capacity=5, num_kv_heads=kv_heads,
+                          head_dim=dim)
+    out, _ = attention.cached_attention(q, k, v, cache, 0)
+    k_rep, v_rep = np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2)  # GQA: head h uses h // 2
+    scores = np.einsum('bthd,bshd->bhts', q, k_rep) / np.sqrt(dim)
+    scores = np.where(np.tril(np.ones((3, 3), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out, np.einsum('bhts,bshd->bthd', weights, v_rep), rtol=1e-5,
+                               atol=1e-6)
+
+  def test_capacity_error_and_bad_sizes(self):
+    with self.assertRaisesRegex(ValueError, 'capacity 10 is too small.*>= 12'):
+      kv.check_capacity(10, 12)
+    with self.assertRaisesRegex(ValueError, 'head_dim'):
+      kv.init_cache(num_layers=1, batch_size=1, capacity=4, num_kv_heads=1, head_dim=0)
+
+
+if __name__ == '__main__':
+  absltest.main()
