@@ -1,0 +1,234 @@
+r"""Converts Lumina-mGPT / Chameleon Hugging Face checkpoints to an Orbax checkpoint.
+
+Usage:
+  python -m specdec_jax.converters.chameleon \
+    --input_dir ckpts/Lumina-mGPT-7B-768 --output ckpts/lumina_7b_768_jax \
+    [--config 7b|34b|path/to/config.json] [--dtype bfloat16]
+
+Reads `model.safetensors.index.json` and its shards (or a single
+`model.safetensors`) one tensor at a time, checks every key and shape against
+the config (default: `config.json` in `--input_dir`), converts (Linear weights
+transposed to Flax kernels, q/k norm params of shape (1, D) broadcast to every
+head) and writes the Orbax checkpoint atomically with `specdec_meta.json`
+(config, sha256 of every source file). The `model.vqmodel.*` tensors (the VQ
+encoder, unused for text-to-image) are not read.
+
+Param layout written: see `models/chameleon.py` (`ChameleonModel`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.converters import common
+from specdec_jax.converters import hf_streaming
+from specdec_jax.models import chameleon
+from specdec_jax.models import lumina_layout
+
+IGNORED_PREFIXES = ('model.vqmodel.',)
+_LAYER_KEY = re.compile(r'^model\.layers\.(\d+)\.(.+)$')
+LINEAR_NAMES = {'self_attn.q_proj': ('self_attn', 'q_proj'),
+            'self_attn.k_proj': ('self_attn', 'k_proj'),
+            'self_attn.v_proj': ('self_attn', 'v_proj'),
+            'self_attn.o_proj': ('self_attn', 'o_proj'),
+            'mlp.gate_proj': ('mlp', 'gate'),
+            'mlp.up_proj': ('mlp', 'up'),
+            'mlp.down_proj': ('mlp', 'down')}
+NORM_NAMES = ('input_layernorm', 'post_attention_layernorm')
+
+
+def expected_shapes(config: chameleon.ChameleonConfig) -> dict[str, tuple[int, ...]]:
+  """HF key -> shape for `config` (q/k norms in the (heads, D) layout)."""
+  c = config
+  e, f, d = c.hidden_size, c.intermediate_size, c.head_dim
+  shapes = {'model.embed_tokens.weight': (c.vocab_size, e),
+            'model.norm.weight': (e,),
+            'lm_head.weight': (c.vocab_size, e)}
+  per_layer = {'self_attn.q_proj.weight': (c.num_heads * d, e),
+               'self_attn.k_proj.weight': (c.num_kv_heads * d, e),
+               'self_attn.v_proj.weight': (c.num_kv_heads * d, e),
+               'self_attn.o_proj.weight': (e, c.num_heads * d),
+               'self_attn.q_norm.weight': (c.num_heads, d),
+               'self_attn.q_norm.bias': (c.num_heads, d),
+               'self_attn.k_norm.weight': (c.num_kv_heads, d),
+               'self_attn.k_norm.bias': (c.num_kv_heads, d),
+               'mlp.gate_proj.weight': (f, e),
+               'mlp.up_proj.weight': (f, e),
+               'mlp.down_proj.weight': (e, f),
+               'input_layernorm.weight': (e,),
+               'post_attention_layernorm.weight': (e,)}
+  for i in range(c.num_layers):
+    for name, shape in per_layer.items():
+      shapes[f'model.layers.{i}.{name}'] = shape
+  return shapes
+
+
+def _broadcast_heads(num_heads: int) -> Callable[[np.ndarray], np.ndarray]:
+  """(1, D) -> (H, D); (H, D) unchanged (the two released q/k norm layouts)."""
+
+  def transform(array):
+    return np.broadcast_to(array, (num_heads, array.shape[-1]))
+
+  return transform
+
+
+def conversion_rules(config: chameleon.ChameleonConfig) -> dict[str, hf_streaming.Rule]:
+  """HF key -> (Flax param path, transform)."""
+  rules = {'model.embed_tokens.weight': (('embed_tokens', 'embedding'), hf_streaming.identity),
+           'model.norm.weight': (('model', 'norm', 'weight'), hf_streaming.identity),
+           'lm_head.weight': (('lm_head', 'kernel'), hf_streaming.transpose)}
+  for i in range(config.num_layers):
+    prefix, layer = f'model.layers.{i}.', ('model', f'layers_{i}')
+    for hf_name, path in LINEAR_NAMES.items():
+      rules[f'{prefix}{hf_name}.weight'] = (layer + path + ('kernel',), hf_streaming.transpose)
+    for norm in NORM_NAMES:
+      rules[f'{prefix}{norm}.weight'] = (layer + (norm, 'weight'), hf_streaming.identity)
+    for name, heads in (('q_norm', config.num_heads), ('k_norm', config.num_kv_heads)):
+      for field in ('weight', 'bias'):
+        rules[f'{prefix}self_attn.{name}.{field}'] = (
+            layer + ('self_attn', name, field), _broadcast_heads(heads))
+  return rules
+
+
+def validate_checkpoint(found: Mapping[str, tuple[int, ...]],
+                        config: chameleon.ChameleonConfig, *, config_source: str) -> None:
+  """Raises CheckpointMismatchError unless `found` is exactly `config`'s key set.
+
+  q/k norm tensors may be (1, D) (Lumina / early HF) or (heads, D) (current HF).
+  """
+  expected = expected_shapes(config)
+  for name, shape in expected.items():
+    if re.search(r'\.[qk]_norm\.', name) and found.get(name) == (1, shape[1]):
+      expected[name] = (1, shape[1])
+  found = {k: v for k, v in found.items() if not k.startswith(IGNORED_PREFIXES)}
+  common.validate_keys(
+      found, expected, what=f'Chameleon config from {config_source}: {config_summary(config)}',
+      hint='Pass the config.json that came with the checkpoint (--config) or the '
+           'right preset (--config 7b|34b).')
+
+
+def config_summary(config: chameleon.ChameleonConfig) -> str:
+  c = config
+  return (f'vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_layers} layers, '
+          f'{c.num_heads} heads ({c.num_kv_heads} kv), head_dim {c.head_dim}, '
+          f'ffn {c.intermediate_size}, swin_norm {c.swin_norm}')
+
+
+def config_to_dict(config) -> dict[str, Any]:
+  """A config dataclass as JSON-able values (dtypes by name)."""
+  out = {}
+  for field in dataclasses.fields(config):
+    value = getattr(config, field.name)
+    out[field.name] = jnp.dtype(value).name if field.name in ('dtype', 'param_dtype') else value
+  return out
+
+
+def resolve_config(config_arg: str | None, input_dir: pathlib.Path
+                   ) -> tuple[chameleon.ChameleonConfig, str, dict[str, Any] | None]:
+  """(config, where it came from, the raw HF config dict if read from json)."""
+  if config_arg in chameleon.CONFIGS:
+    return chameleon.CONFIGS[config_arg](), f'preset {config_arg!r}', None
+  path = pathlib.Path(config_arg) if config_arg else input_dir / 'config.json'
+  if not path.is_file():
+    raise ValueError(
+        f'--config {config_arg!r}: neither a preset ({sorted(chameleon.CONFIGS)}) nor a '
+        f'config.json file ({str(path)!r} does not exist).')
+  with open(path) as f:
+    hf_config = json.load(f)
+  try:
+    return chameleon.ChameleonConfig.from_hf_config(hf_config), str(path), hf_config
+  except KeyError as e:
+    raise ValueError(f'{str(path)!r} is not a Chameleon config.json: field {e} is '
+                     'missing.') from e
+
+
+def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
+            config: str | None = None, dtype: str | None = 'bfloat16',
+            overwrite: bool = False, sharding=None) -> pathlib.Path:
+  """Validates and converts; returns the output folder.
+
+  Args:
+    input_dir: folder with the HF checkpoint.
+    output: folder to create (atomically).
+    config: preset name, config.json path, or None for `input_dir/config.json`.
+    dtype: 'float32', 'bfloat16', ... or None to keep the stored dtype.
+    overwrite: replace an existing output folder.
+    sharding: optional `(param path, shape) -> jax.sharding.Sharding` placing
+      each tensor as it is converted (see `hf_streaming.assemble_params`).
+  """
+  input_dir, output = pathlib.Path(input_dir), pathlib.Path(output)
+  if output.exists() and not overwrite:
+    raise FileExistsError(f'--output {str(output)!r} already exists; choose another '
+                          'folder or pass --overwrite.')
+  model_config, config_source, hf_config = resolve_config(config, input_dir)
+  ckpt = hf_streaming.open_checkpoint(input_dir)
+  logging.info('%s; config %s (%s)', ckpt.describe(), config_source,
+               config_summary(model_config))
+  validate_checkpoint(ckpt.shapes(), model_config, config_source=config_source)
+  extra = {'model': 'chameleon', 'config_source': config_source}
+  if hf_config is not None and 'vocabulary_map' in hf_config:
+    lumina_layout.image_token_table(hf_config['vocabulary_map'])
+    extra['image_token_offset'] = lumina_layout.FIRST_IMAGE_TOKEN
+  else:
+    logging.warning('No vocabulary_map in the config; the image-token table '
+                    '(BPE id = code + 4) is assumed, not checked.')
+  rules = conversion_rules(model_config)
+  params = hf_streaming.assemble_params(ckpt, rules, dtype=dtype, sharding=sharding)
+  params_dtype = dtype or hf_streaming.stored_float_dtype(ckpt, rules)
+  if params_dtype is not None:
+    model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
+                                       param_dtype=jnp.dtype(params_dtype))
+  files = ckpt.files + ([input_dir / 'config.json'] if hf_config is not None
+                        and (input_dir / 'config.json').is_file() else [])
+  return common.write_params_atomic(
+      output, params, config=config_to_dict(model_config), source_files=files,
+      converter='specdec_jax.converters.chameleon', extra_meta=extra,
+      overwrite=overwrite)
+
+
+def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
+                   ) -> tuple[chameleon.ChameleonModel, Any]:
+  """(ChameleonModel, params) from a folder written by `convert`."""
+  params, meta = common.load_params(out_dir, dtype)
+  values = dict(meta['config'])
+  if dtype is not None:
+    values['dtype'] = values['param_dtype'] = dtype
+  values['dtype'] = jnp.dtype(values['dtype'])
+  values['param_dtype'] = jnp.dtype(values['param_dtype'])
+  return chameleon.ChameleonModel(chameleon.ChameleonConfig(**values)), params
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_string('input_dir', None, 'Folder with the HF checkpoint.', required=True)
+  flags.DEFINE_string('output', None, 'Output folder (created atomically).', required=True)
+  flags.DEFINE_string('config', None, 'Preset (7b, 34b) or config.json path '
+                      '(default: config.json in --input_dir).')
+  flags.DEFINE_string('dtype', 'bfloat16', 'Param dtype: float32, bfloat16, or '
+                      '"stored" to keep the checkpoint dtype.')
+  flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.')
+
+
+def main(argv):
+  del argv
+  dtype = None if FLAGS.dtype == 'stored' else FLAGS.dtype
+  convert(FLAGS.input_dir, FLAGS.output, config=FLAGS.config, dtype=dtype,
+          overwrite=FLAGS.overwrite)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

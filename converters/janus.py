@@ -1,0 +1,218 @@
+r"""Converts the Janus-Pro generation path (original DeepSeek layout) to an Orbax checkpoint.
+
+Usage:
+  python -m specdec_jax.converters.janus \
+    --input_dir ckpts/Janus-Pro-7B --output ckpts/janus_pro_7b_jax \
+    [--config pro-7b|pro-1b|path/to/config.json] [--dtype bfloat16]
+
+Reads `pytorch_model.bin.index.json` + `pytorch_model-*.bin` shards (the
+released format, memory-mapped one shard at a time) or safetensors
+(`model.safetensors.index.json` + shards, or a single file), checks every key
+and shape the generation path needs, and writes the Flax params of
+`models/janus.py` (`JanusModel`) atomically with `specdec_meta.json`.
+
+Read: `language_model.model.*` (HF Llama), `gen_embed`, `gen_aligner`,
+`gen_head`. Present but not read: the understanding branch (`vision_model.*`,
+`aligner.*`), the text `language_model.lm_head`, the VQ-16 tokenizer
+(`gen_vision_model.*`, converted by the VQ converter) and legacy
+`rotary_emb.inv_freq` buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax.numpy as jnp
+
+from specdec_jax.converters import chameleon as chameleon_converter
+from specdec_jax.converters import common
+from specdec_jax.converters import hf_streaming
+from specdec_jax.models import janus
+
+IGNORED_PREFIXES = ('vision_model.', 'aligner.', 'gen_vision_model.',
+                    'language_model.lm_head.')
+IGNORED_SUFFIXES = ('.rotary_emb.inv_freq',)
+LM_PREFIX = 'language_model.model.'
+# Hugging Face LlamaConfig defaults, for fields a language_config leaves out.
+_LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                       num_hidden_layers=32, num_attention_heads=32, rms_norm_eps=1e-6,
+                       rope_theta=10000.0, max_position_embeddings=2048)
+
+
+def expected_shapes(config: janus.JanusConfig) -> dict[str, tuple[int, ...]]:
+  """Original key -> shape for the generation path of `config`."""
+  c = config
+  e, f, d, g = c.hidden_size, c.intermediate_size, c.head_dim, c.gen_head_dim
+  shapes = {f'{LM_PREFIX}embed_tokens.weight': (c.text_vocab_size, e),
+            f'{LM_PREFIX}norm.weight': (e,),
+            'gen_embed.weight': (c.image_vocab_size, c.gen_embed_dim),
+            'gen_aligner.layers.0.weight': (e, c.gen_embed_dim),
+            'gen_aligner.layers.0.bias': (e,),
+            'gen_aligner.layers.2.weight': (e, e),
+            'gen_aligner.layers.2.bias': (e,),
+            'gen_head.output_mlp_projector.weight': (g, e),
+            'gen_head.output_mlp_projector.bias': (g,),
+            'gen_head.vision_head.weight': (c.image_vocab_size, g),
+            'gen_head.vision_head.bias': (c.image_vocab_size,)}
+  per_layer = {'self_attn.q_proj.weight': (c.num_heads * d, e),
+               'self_attn.k_proj.weight': (c.num_kv_heads * d, e),
+               'self_attn.v_proj.weight': (c.num_kv_heads * d, e),
+               'self_attn.o_proj.weight': (e, c.num_heads * d),
+               'mlp.gate_proj.weight': (f, e),
+               'mlp.up_proj.weight': (f, e),
+               'mlp.down_proj.weight': (e, f),
+               'input_layernorm.weight': (e,),
+               'post_attention_layernorm.weight': (e,)}
+  for i in range(c.num_layers):
+    for name, shape in per_layer.items():
+      shapes[f'{LM_PREFIX}layers.{i}.{name}'] = shape
+  return shapes
+
+
+def conversion_rules(config: janus.JanusConfig) -> dict[str, hf_streaming.Rule]:
+  """Original key -> (Flax param path, transform)."""
+  ident, trans = hf_streaming.identity, hf_streaming.transpose
+  rules = {f'{LM_PREFIX}embed_tokens.weight': (('embed_tokens', 'embedding'), ident),
+           f'{LM_PREFIX}norm.weight': (('model', 'norm', 'weight'), ident),
+           'gen_embed.weight': (('gen_embed', 'embedding'), ident)}
+  for i in (0, 2):
+    rules[f'gen_aligner.layers.{i}.weight'] = (('gen_aligner', f'layers_{i}', 'kernel'), trans)
+    rules[f'gen_aligner.layers.{i}.bias'] = (('gen_aligner', f'layers_{i}', 'bias'), ident)
+  for name in ('output_mlp_projector', 'vision_head'):
+    rules[f'gen_head.{name}.weight'] = (('gen_head', name, 'kernel'), trans)
+    rules[f'gen_head.{name}.bias'] = (('gen_head', name, 'bias'), ident)
+  for i in range(config.num_layers):
+    prefix, layer = f'{LM_PREFIX}layers.{i}.', ('model', f'layers_{i}')
+    for hf_name, path in chameleon_converter.LINEAR_NAMES.items():
+      rules[f'{prefix}{hf_name}.weight'] = (layer + path + ('kernel',), trans)
+    for norm in chameleon_converter.NORM_NAMES:
+      rules[f'{prefix}{norm}.weight'] = (layer + (norm, 'weight'), ident)
+  return rules
+
+
+def is_ignored(name: str) -> bool:
+  return name.startswith(IGNORED_PREFIXES) or name.endswith(IGNORED_SUFFIXES)
+
+
+def config_summary(config: janus.JanusConfig) -> str:
+  c = config
+  return (f'text vocab {c.text_vocab_size}, hidden {c.hidden_size}, {c.num_layers} '
+          f'layers, {c.num_heads} heads ({c.num_kv_heads} kv), ffn {c.intermediate_size}, '
+          f'image vocab {c.image_vocab_size}, gen embed {c.gen_embed_dim}, gen head '
+          f'{c.gen_head_dim}')
+
+
+def validate_checkpoint(found: Mapping[str, tuple[int, ...]], config: janus.JanusConfig,
+                        *, config_source: str) -> None:
+  """Raises CheckpointMismatchError unless the generation-path keys match `config`."""
+  found = {k: v for k, v in found.items() if not is_ignored(k)}
+  common.validate_keys(
+      found, expected_shapes(config),
+      what=f'Janus-Pro config from {config_source}: {config_summary(config)}',
+      hint='Pass the config.json that came with the checkpoint (--config) or the '
+           'right preset (--config pro-7b|pro-1b).')
+
+
+def config_from_hf(hf: dict[str, Any]) -> janus.JanusConfig:
+  """JanusConfig from the released config.json (`language_config`, `gen_*_config`)."""
+  lm = dict(_LLAMA_DEFAULTS)
+  lm.update(hf.get('language_config') or {})
+  head = (hf.get('gen_head_config') or {}).get('params', {})
+  aligner = (hf.get('gen_aligner_config') or {}).get('params', {})
+  heads = int(lm['num_attention_heads'])
+  hidden = int(lm['hidden_size'])
+  return janus.JanusConfig(
+      text_vocab_size=int(lm['vocab_size']), hidden_size=hidden,
+      num_layers=int(lm['num_hidden_layers']), num_heads=heads,
+      num_kv_heads=int(lm.get('num_key_value_heads') or heads), head_dim=hidden // heads,
+      intermediate_size=int(lm['intermediate_size']),
+      rms_norm_eps=float(lm['rms_norm_eps']), rope_theta=float(lm['rope_theta']),
+      image_vocab_size=int(head.get('image_token_size', 16384)),
+      gen_embed_dim=int(aligner.get('input_dim', 8)),
+      gen_head_dim=int(head.get('image_token_embed', hidden)),
+      max_position_embeddings=int(lm['max_position_embeddings']))
+
+
+def resolve_config(config_arg: str | None, input_dir: pathlib.Path
+                   ) -> tuple[janus.JanusConfig, str]:
+  if config_arg in janus.CONFIGS:
+    return janus.CONFIGS[config_arg](), f'preset {config_arg!r}'
+  path = pathlib.Path(config_arg) if config_arg else input_dir / 'config.json'
+  if not path.is_file():
+    raise ValueError(
+        f'--config {config_arg!r}: neither a preset ({sorted(janus.CONFIGS)}) nor a '
+        f'config.json file ({str(path)!r} does not exist).')
+  with open(path) as f:
+    return config_from_hf(json.load(f)), str(path)
+
+
+def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
+            config: str | None = None, dtype: str | None = 'bfloat16',
+            overwrite: bool = False, sharding=None) -> pathlib.Path:
+  """Validates and converts; returns the output folder (see chameleon.convert)."""
+  input_dir, output = pathlib.Path(input_dir), pathlib.Path(output)
+  if output.exists() and not overwrite:
+    raise FileExistsError(f'--output {str(output)!r} already exists; choose another '
+                          'folder or pass --overwrite.')
+  model_config, config_source = resolve_config(config, input_dir)
+  ckpt = hf_streaming.open_checkpoint(input_dir)
+  logging.info('%s; config %s (%s)', ckpt.describe(), config_source,
+               config_summary(model_config))
+  validate_checkpoint(ckpt.shapes(), model_config, config_source=config_source)
+  rules = conversion_rules(model_config)
+  params = hf_streaming.assemble_params(ckpt, rules, dtype=dtype, sharding=sharding)
+  params_dtype = dtype or hf_streaming.stored_float_dtype(ckpt, rules)
+  if params_dtype is not None:
+    model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
+                                       param_dtype=jnp.dtype(params_dtype))
+  files = ckpt.files + ([input_dir / 'config.json'] if config is None else [])
+  return common.write_params_atomic(
+      output, params, config=chameleon_converter.config_to_dict(model_config),
+      source_files=files, converter='specdec_jax.converters.janus',
+      extra_meta={'model': 'janus', 'config_source': config_source},
+      overwrite=overwrite)
+
+
+def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
+                   ) -> tuple[janus.JanusModel, Any]:
+  """(JanusModel, params) from a folder written by `convert`."""
+  params, meta = common.load_params(out_dir, dtype)
+  values = dict(meta['config'])
+  if dtype is not None:
+    values['dtype'] = values['param_dtype'] = dtype
+  values['dtype'] = jnp.dtype(values['dtype'])
+  values['param_dtype'] = jnp.dtype(values['param_dtype'])
+  return janus.JanusModel(janus.JanusConfig(**values)), params
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_string('input_dir', None, 'Folder with the Janus-Pro checkpoint.',
+                      required=True)
+  flags.DEFINE_string('output', None, 'Output folder (created atomically).', required=True)
+  flags.DEFINE_string('config', None, 'Preset (pro-7b, pro-1b) or config.json path '
+                      '(default: config.json in --input_dir).')
+  flags.DEFINE_string('dtype', 'bfloat16', 'Param dtype: float32, bfloat16, or '
+                      '"stored" to keep the checkpoint dtype.')
+  flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.')
+
+
+def main(argv):
+  del argv
+  dtype = None if FLAGS.dtype == 'stored' else FLAGS.dtype
+  convert(FLAGS.input_dir, FLAGS.output, config=FLAGS.config, dtype=dtype,
+          overwrite=FLAGS.overwrite)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)

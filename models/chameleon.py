@@ -1,0 +1,348 @@
+"""Chameleon / Lumina-mGPT language model, implementing the engine's `DecodeModel`.
+
+Legend: B batch rows (with CFG: conditional rows first, then unconditional
+rows), P prompt length, T new tokens, S cache slots, V vocabulary, E width,
+H query heads, K key/value heads, D head dim, F feed-forward width.
+
+Architecture (Hugging Face Chameleon as used by Lumina-mGPT): token embedding,
+N Llama blocks with per-head q/k LayerNorm before a rotate_half 1D RoPE
+(positions are absolute positions in the sequence, 0 at BOS), pre-norm
+(7B) or swin-norm (34B) block ordering, final RMSNorm, `lm_head`, float32
+logits.
+
+Classifier-free guidance. Lumina-mGPT's CFG processor runs the unconditional
+stream as a sequence of its own, `[8197, h_grid, w_grid, image tokens...]`: no
+text, no BOS, positions restarting at 0, its own cache. The engine keeps all
+rows in one `KVCache`, each row with its own length, `key_valid` and
+`position_offset`, so the unconditional stream is an ordinary row whose prompt
+is the image header left-padded to the conditional prompt's length:
+
+  cond row:    [bos, text ..., 8710, 8197, h_grid, w_grid]      positions 0..P-1
+  uncond row:  [pad, ..., pad,       8197, h_grid, w_grid]      positions -(P-3)..2
+
+`prefill` marks the padding slots invalid (`key_valid` False) and sets
+`position_offset` to the padding count, so the unconditional row attends only
+to its own header and sees positions 0, 1, 2, ... exactly as the original's
+separate sequence. Both rows then receive the same generated image tokens.
+The image start and the two resolution tokens, which the original samples
+without CFG, are part of the prompt here (they are fixed by the requested
+size); `build_prompt` builds both kinds of rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import kv_cache as kv
+from specdec_jax import protocol
+from specdec_jax.models import layers
+from specdec_jax.models import lumina_layout
+
+PAD_ID = 1  # Chameleon `<pad>`; its value is irrelevant (padding is masked).
+
+
+@dataclasses.dataclass(frozen=True)
+class ChameleonConfig:
+  """Chameleon language-model dimensions (defaults: Lumina-mGPT 7B)."""
+
+  vocab_size: int = 65536
+  hidden_size: int = 4096
+  num_layers: int = 32
+  num_heads: int = 32
+  num_kv_heads: int = 32
+  head_dim: int = 128
+  intermediate_size: int = 11008
+  rms_norm_eps: float = 1e-5
+  rope_theta: float = 10000.0
+  swin_norm: bool = False
+  max_position_embeddings: int = 4096
+  dtype: Any = jnp.float32  # compute and cache dtype
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    if self.num_heads * self.head_dim != self.hidden_size:
+      raise ValueError(
+          f'ChameleonConfig: num_heads * head_dim = {self.num_heads} * '
+          f'{self.head_dim} must equal hidden_size = {self.hidden_size}.')
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f'ChameleonConfig: num_heads {self.num_heads} must be a multiple of '
+          f'num_kv_heads {self.num_kv_heads}.')
+
+  @classmethod
+  def from_hf_config(cls, hf: dict[str, Any], **overrides) -> 'ChameleonConfig':
+    """Reads a Hugging Face `config.json` dict (ChameleonConfig fields)."""
+    hidden = int(hf['hidden_size'])
+    heads = int(hf['num_attention_heads'])
+    values = dict(
+        vocab_size=int(hf['vocab_size']),
+        hidden_size=hidden,
+        num_layers=int(hf['num_hidden_layers']),
+        num_heads=heads,
+        num_kv_heads=int(hf.get('num_key_value_heads') or heads),
+        head_dim=hidden // heads,
+        intermediate_size=int(hf['intermediate_size']),
+        rms_norm_eps=float(hf.get('rms_norm_eps', 1e-5)),
+        rope_theta=float(hf.get('rope_theta', 10000.0)),
+        swin_norm=bool(hf.get('swin_norm', False)),
+        max_position_embeddings=int(hf.get('max_position_embeddings', 4096)),
+    )
+    if hf.get('rope_scaling'):
+      raise NotImplementedError(
+          f'config.json has rope_scaling={hf["rope_scaling"]!r}; only plain RoPE '
+          '(rope_scaling null, as in Lumina-mGPT) is implemented.')
+    values.update(overrides)
+    return cls(**values)
+
+
+def lumina_7b(**overrides) -> ChameleonConfig:
+  """Lumina-mGPT 7B (Chameleon 7B dimensions, pre-norm)."""
+  return ChameleonConfig(**overrides)
+
+
+def chameleon_34b(**overrides) -> ChameleonConfig:
+  """Chameleon / Lumina-mGPT 34B: swin-norm ordering.
+
+  Only `swin_norm=True` is documented for 34B (reference notes). The other
+  dimensions here (hidden 8192, 48 layers, 64 heads, 8 KV heads, intermediate
+  22016) are an unverified guess at Meta's 34B params.json; the converter
+  reads the real ones from the checkpoint's config.json by default, and its
+  key/shape check rejects a preset that does not match.
+  """
+  values = dict(hidden_size=8192, num_layers=48, num_heads=64, num_kv_heads=8,
+                head_dim=128, intermediate_size=22016, swin_norm=True)
+  values.update(overrides)
+  return ChameleonConfig(**values)
+
+
+CONFIGS = {'7b': lumina_7b, '34b': chameleon_34b}
+
+
+@flax.struct.dataclass
+class ChameleonPrompt:
+  """Prompt tokens, left-padded.
+
+  Attributes:
+    tokens: int32[B, P].
+    mask: bool[B, P], True on real tokens, False on left padding; None when
+      no row is padded (the prefill is then a single forward).
+  """
+
+  tokens: jax.Array
+  mask: jax.Array | None = None
+
+
+def build_prompt(
+    prompts: Sequence[Sequence[int]],
+    layout: lumina_layout.ImageLayout,
+    *,
+    cfg: bool = True,
+) -> ChameleonPrompt:
+  """Prompt rows for text-to-image generation of one image size.
+
+  Args:
+    prompts: per image, the tokenised prompt `[bos, ...text, 8710]`.
+    layout: the image size in latent tokens; its header (image start and the
+      two resolution tokens) is appended to every row.
+    cfg: also build the unconditional rows (the header alone, left-padded).
+  Returns:
+    A ChameleonPrompt with B = len(prompts) rows ([cond; uncond] with cfg:
+    2 * len(prompts)), left-padded to the longest row.
+  """
+  if not prompts:
+    raise ValueError('build_prompt: prompts is empty; pass at least one prompt.')
+  header = list(layout.header_tokens())
+  rows = [list(map(int, p)) + header for p in prompts]
+  if cfg:
+    rows += [header] * len(prompts)
+  length = max(len(r) for r in rows)
+  tokens = np.full((len(rows), length), PAD_ID, np.int32)
+  mask = np.zeros((len(rows), length), bool)
+  for i, row in enumerate(rows):
+    tokens[i, length - len(row):] = row
+    mask[i, length - len(row):] = True
+  return ChameleonPrompt(jnp.asarray(tokens), None if mask.all() else jnp.asarray(mask))
+
+
+class DecoderStack(nn.Module):
+  """Embedded inputs -> N rotate_half Llama blocks -> final RMSNorm.
+
+  Shared by Chameleon (q/k norm) and the Janus-Pro language model.
+  """
+
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  ffn_dim: int
+  norm_eps: float
+  rope_theta: float
+  qk_norm: bool = False
+  swin_norm: bool = False
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, cache: kv.KVCache, window_mask=None, depths=None):
+    """x [B, T, E] -> (hidden [B, T, E] after the final norm, cache advanced by T)."""
+    num_new = x.shape[1]
+    positions = kv.window_positions(cache, num_new, depths)  # [B, T]
+    angles = layers.rope_1d_angles(positions, self.head_dim, self.rope_theta)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)  # [B, T, D/2]
+    for i in range(self.num_layers):
+      x, cache = layers.DecoderLayer(
+          self.num_heads, self.num_kv_heads, self.head_dim, self.ffn_dim,
+          norm_eps=self.norm_eps, rope='half', qk_norm=self.qk_norm,
+          swin_norm=self.swin_norm, dtype=self.dtype, param_dtype=self.param_dtype,
+          name=f'layers_{i}')(x, cos, sin, cache, i, window_mask)
+    hidden = layers.RMSNorm(self.norm_eps, self.param_dtype, name='norm')(x)
+    return hidden, kv.advance(cache, num_new)
+
+
+class ChameleonLM(nn.Module):
+  """Tokens -> (float32 logits, final-norm hidden, cache)."""
+
+  config: ChameleonConfig
+
+  @nn.compact
+  def __call__(self, tokens, cache: kv.KVCache, window_mask=None, depths=None):
+    """tokens int32[B, T] -> (logits f32[B, T, V], hidden [B, T, E], cache)."""
+    c = self.config
+    embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=c.dtype,
+                     param_dtype=c.param_dtype, name='embed_tokens')
+    x = embed(tokens)  # [B, T, E]
+    hidden, cache = DecoderStack(
+        c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim,
+        c.intermediate_size, c.rms_norm_eps, c.rope_theta, qk_norm=True,
+        swin_norm=c.swin_norm, dtype=c.dtype, param_dtype=c.param_dtype,
+        name='model')(x, cache, window_mask, depths)
+    logits = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
+                      param_dtype=c.param_dtype, name='lm_head')(hidden)
+    return logits.astype(jnp.float32), hidden, cache
+
+
+def mark_prefix_padding(cache: kv.KVCache, mask: jax.Array) -> kv.KVCache:
+  """Marks left padding of a P-token prompt in a fresh cache.
+
+  Args:
+    cache: an empty cache (lengths 0).
+    mask: bool[B, P], True on real tokens; padding must be on the left.
+  Returns:
+    The cache with key_valid[:, :P] = mask and position_offset = number of
+    padding slots, so each row's first real token has position 0.
+  """
+  prompt_length = mask.shape[1]
+  key_valid = cache.key_valid.at[:, :prompt_length].set(mask)
+  offset = prompt_length - jnp.sum(mask, axis=1, dtype=jnp.int32)
+  return cache.replace(key_valid=key_valid, position_offset=offset)
+
+
+def scan_prefill(step_fn, cache: kv.KVCache, tokens: jax.Array):
+  """Runs a prompt one token per forward, stacking the outputs.
+
+  `attention_mask` applies `key_valid` only to slots before a row's length, so
+  left padding inside a multi-token window would be visible to later tokens;
+  one token per forward keeps every padding slot in the masked prefix. The
+  cost is P memory-bound steps, small next to the image's thousands.
+
+  Args:
+    step_fn: (cache, tokens int32[B, 1]) -> ForwardOutput.
+    cache: cache prepared by `mark_prefix_padding`.
+    tokens: int32[B, P].
+  Returns:
+    ForwardOutput with logits [B, P, V] and hidden [B, P, E].
+  """
+
+  def body(carry, column):
+    out = step_fn(carry, column[:, None])
+    return out.cache, (out.logits[:, 0], out.hidden[:, 0])
+
+  cache, (logits, hidden) = jax.lax.scan(body, cache, jnp.swapaxes(tokens, 0, 1))
+  return protocol.ForwardOutput(
+      logits=jnp.swapaxes(logits, 0, 1), hidden=jnp.swapaxes(hidden, 0, 1), cache=cache)
+
+
+def check_prompt(tokens, mask, *, vocab_size: int, what: str) -> None:
+  """Validates prompt shapes (and, for concrete arrays, ids and left padding)."""
+  if tokens.ndim != 2:
+    raise ValueError(f'{what}: prompt tokens must be int32[B, P], got shape '
+                     f'{tuple(tokens.shape)}.')
+  if mask is not None and tuple(mask.shape) != tuple(tokens.shape):
+    raise ValueError(f'{what}: prompt mask shape {tuple(mask.shape)} must equal '
+                     f'the tokens shape {tuple(tokens.shape)}.')
+  if isinstance(tokens, jax.core.Tracer):
+    return
+  ids = np.asarray(tokens)
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise ValueError(f'{what}: prompt token ids must lie in [0, {vocab_size}), got '
+                     f'min {ids.min()}, max {ids.max()}.')
+  if mask is not None and not isinstance(mask, jax.core.Tracer):
+    m = np.asarray(mask, bool)
+    if (m[:, 1:] < m[:, :-1]).any():
+      rows = np.nonzero((m[:, 1:] < m[:, :-1]).any(axis=1))[0].tolist()
+      raise ValueError(f'{what}: prompt mask rows {rows} are not left-padded '
+                       '(a False after a True); pad on the left.')
+    if not m[:, -1].all():
+      raise ValueError(f'{what}: every prompt row needs at least one real token '
+                       'at the end (mask[:, -1] must be True).')
+
+
+@dataclasses.dataclass(frozen=True)
+class ChameleonModel:
+  """Chameleon / Lumina-mGPT as a `DecodeModel`.
+
+  Params are the Flax tree `{'embed_tokens', 'model', 'lm_head'}` (what
+  `init_params` returns and the converter writes).
+  """
+
+  config: ChameleonConfig
+
+  @property
+  def module(self) -> ChameleonLM:
+    return ChameleonLM(self.config)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def hidden_size(self) -> int:
+    return self.config.hidden_size
+
+  def init_params(self, rng: jax.Array) -> Any:
+    """Random parameters (tests, benchmarks)."""
+    cache = self.init_cache(1, 1)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return self.module.init(rng, tokens, cache)['params']
+
+  def prefix_length(self, cond: ChameleonPrompt) -> int:
+    return int(cond.tokens.shape[1])
+
+  def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
+    c = self.config
+    return kv.init_cache(num_layers=c.num_layers, batch_size=batch_size,
+                         capacity=capacity, num_kv_heads=c.num_kv_heads,
+                         head_dim=c.head_dim, dtype=c.dtype)
+
+  def forward(self, params, cache, tokens, window_mask=None, depths=None):
+    logits, hidden, cache = self.module.apply(
+        {'params': params}, tokens, cache, window_mask, depths)
+    return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
+
+  def prefill(self, params, cache, cond: ChameleonPrompt) -> protocol.ForwardOutput:
+    """Runs the prompt on a fresh cache (lengths 0); see the module docstring."""
+    check_prompt(cond.tokens, cond.mask, vocab_size=self.vocab_size,
+                 what='ChameleonModel.prefill')
+    kv.check_capacity(cache.capacity, cond.tokens.shape[1], 'ChameleonModel.prefill')
+    if cond.mask is None:
+      return self.forward(params, cache, cond.tokens)
+    cache = mark_prefix_padding(cache, cond.mask)
+    return scan_prefill(lambda c, t: self.forward(params, c, t), cache, cond.tokens)

@@ -1,0 +1,174 @@
+"""Tests for converters/hf_streaming.py: index validation and shard-by-shard reading."""
+
+import json
+import os
+import pathlib
+import tempfile
+
+from absl.testing import absltest
+import jax
+import numpy as np
+import torch
+
+from specdec_jax.converters import chameleon as chameleon_converter
+from specdec_jax.converters import hf_streaming
+
+
+def _tensors():
+  gen = torch.Generator().manual_seed(0)
+  return {
+      'a.weight': torch.randn(6, 4, generator=gen),
+      'b.weight': torch.randn(5, generator=gen).to(torch.bfloat16),
+      'c.weight': torch.randn(3, 7, generator=gen).to(torch.float16),
+      'd.bias': torch.randn(8, generator=gen),
+  }
+
+
+class HFStreamingTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = self._tempdir()
+    self.tensors = _tensors()
+
+  def _tempdir(self):
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    return pathlib.Path(tmp.name)
+
+  def _write(self, max_shard_bytes=64):
+    return hf_streaming.write_sharded_safetensors(
+        self.tensors.items(), self.dir, max_shard_bytes=max_shard_bytes)
+
+  def _index(self):
+    with open(self.dir / hf_streaming.SAFETENSORS_INDEX) as f:
+      return json.load(f)
+
+  def test_reads_every_tensor_exactly_shard_by_shard(self):
+    shards = self._write()
+    self.assertGreater(len(shards), 1)
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    self.assertEqual(ckpt.kind, 'safetensors')
+    self.assertEqual(ckpt.shapes(), {k: tuple(v.shape) for k, v in self.tensors.items()})
+    seen_shards = []
+    for name, array in hf_streaming.iter_tensors(ckpt):
+      seen_shards.append(ckpt.tensors[name].shard)
+      expected = self.tensors[name]
+      self.assertEqual(array.dtype.name, str(expected.dtype).removeprefix('torch.'))
+      np.testing.assert_array_equal(array.astype(np.float32), expected.float().numpy())
+    # Shards are visited in order, each once.
+    self.assertEqual(seen_shards, sorted(seen_shards))
+    self.assertEqual(len(seen_shards), len(self.tensors))
+
+  def test_single_file_and_keep_filter(self):
+    from safetensors.torch import save_file
+    save_file(self.tensors, str(self.dir / 'model.safetensors'))
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    self.assertIsNone(ckpt.index_file)
+    names = [n for n, _ in hf_streaming.iter_tensors(ckpt, keep=lambda n: n.endswith('bias'))]
+    self.assertEqual(names, ['d.bias'])
+
+  def test_torch_bin_shards_with_index(self):
+    names = list(self.tensors)
+    weight_map = {}
+    for k, group in enumerate((names[:2], names[2:])):
+      shard = f'pytorch_model-{k + 1:05d}-of-00002.bin'
+      torch.save({n: self.tensors[n] for n in group}, self.dir / shard)
+      weight_map.update({n: shard for n in group})
+    with open(self.dir / hf_streaming.TORCH_INDEX, 'w') as f:
+      json.dump({'weight_map': weight_map}, f)
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    self.assertEqual(ckpt.kind, 'torch')
+    got = dict(hf_streaming.iter_tensors(ckpt))
+    for name, tensor in self.tensors.items():
+      np.testing.assert_array_equal(got[name].astype(np.float32), tensor.float().numpy())
+
+  def test_missing_shard_is_named(self):
+    shards = self._write()
+    os.remove(shards[-1])
+    with self.assertRaisesRegex(hf_streaming.ShardIndexError,
+                                f'missing.*{shards[-1].name}'):
+      hf_streaming.open_checkpoint(self.dir)
+
+  def test_tensor_listed_but_absent_from_its_shard(self):
+    self._write()
+    index = self._index()
+    index['weight_map']['ghost.weight'] = index['weight_map']['a.weight']
+    with open(self.dir / hf_streaming.SAFETENSORS_INDEX, 'w') as f:
+      json.dump(index, f)
+    with self.assertRaisesRegex(hf_streaming.ShardIndexError,
+                                r'1 tensor\(s\) listed for it are not in the file: ghost.weight'):
+      hf_streaming.open_checkpoint(self.dir)
+
+  def test_shard_with_tensor_not_in_index(self):
+    self._write()
+    index = self._index()
+    del index['weight_map']['c.weight']  # shares its shard with b.weight
+    with open(self.dir / hf_streaming.SAFETENSORS_INDEX, 'w') as f:
+      json.dump(index, f)
+    with self.assertRaisesRegex(hf_streaming.ShardIndexError,
+                                r'in the file are not listed for it: c.weight'):
+      hf_streaming.open_checkpoint(self.dir)
+
+  def test_truncated_shard(self):
+    shards = self._write()
+    data = shards[0].read_bytes()
+    shards[0].write_bytes(data[:-8])
+    with self.assertRaisesRegex(hf_streaming.ShardIndexError, 'truncated'):
+      hf_streaming.open_checkpoint(self.dir)
+
+  def test_no_checkpoint_in_folder(self):
+    with self.assertRaisesRegex(hf_streaming.ShardIndexError, 'No checkpoint'):
+      hf_streaming.open_checkpoint(self.dir)
+
+  def test_assemble_params_transposes_casts_and_nests(self):
+    self._write()
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    rules = {'a.weight': (('dense', 'kernel'), hf_streaming.transpose),
+             'b.weight': (('norm', 'weight'), hf_streaming.identity)}
+    params = hf_streaming.assemble_params(ckpt, rules, dtype='float32')
+    self.assertEqual(set(params), {'dense', 'norm'})
+    np.testing.assert_array_equal(params['dense']['kernel'], self.tensors['a.weight'].numpy().T)
+    self.assertEqual(params['norm']['weight'].dtype, np.float32)
+    # Leaves are jax arrays on the host (Orbax writes them without another copy).
+    self.assertIsInstance(params['dense']['kernel'], jax.Array)
+    self.assertEqual(params['dense']['kernel'].devices(), {jax.devices('cpu')[0]})
+
+  def test_assemble_params_places_tensors_in_the_given_sharding(self):
+    self._write()
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'model'))
+    shardings = {}
+
+    def sharding(path, shape):
+      spec = jax.sharding.PartitionSpec(None, 'model') if len(shape) == 2 else None
+      shardings[path] = jax.sharding.NamedSharding(mesh, spec or jax.sharding.PartitionSpec())
+      return shardings[path]
+
+    rules = {'a.weight': (('dense', 'kernel'), hf_streaming.transpose),
+             'd.bias': (('dense', 'bias'), hf_streaming.identity)}
+    params = hf_streaming.assemble_params(ckpt, rules, sharding=sharding)
+    self.assertEqual(params['dense']['kernel'].sharding, shardings[('dense', 'kernel')])
+    self.assertEqual(params['dense']['bias'].sharding, shardings[('dense', 'bias')])
+
+  def test_sharding_from_engine_rules(self):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'model'))
+    place = hf_streaming.sharding_from_rules(mesh)
+    spec = lambda path, shape: place(path, shape).spec
+    self.assertEqual(spec(('model', 'layers_0', 'self_attn', 'q_proj', 'kernel'), (4, 4)),
+                     jax.sharding.PartitionSpec(None, 'model'))
+    self.assertEqual(spec(('model', 'layers_0', 'mlp', 'down', 'kernel'), (4, 4)),
+                     jax.sharding.PartitionSpec('model', None))
+    self.assertEqual(spec(('model', 'norm', 'weight'), (4,)), jax.sharding.PartitionSpec(None))
+
+  def test_failed_conversion_writes_nothing(self):
+    shards = self._write()
+    os.remove(shards[0])
+    out_parent = self._tempdir()
+    with self.assertRaises(hf_streaming.ShardIndexError):
+      chameleon_converter.convert(self.dir, out_parent / 'out', config='7b')
+    self.assertEqual(list(out_parent.iterdir()), [])
+
+
+if __name__ == '__main__':
+  absltest.main()
