@@ -1,0 +1,395 @@
+"""The decoding engine: one compiled `lax.while_loop` per call, for every mode.
+
+Legend: B images, R cache rows (B, or 2B = [cond; uncond] with CFG), V
+vocabulary, E hidden width, P prefix slots, n image tokens to generate, T
+verify window (vanilla 1, chain k+1, tree N nodes, Jacobi W), K draft slots
+(T - 1; tree: depth D).
+
+Loop invariant, per image: `num_generated` tokens are committed; the last of
+them is *pending* (sampled but not yet run through the target), and the
+target cache holds the prefix and every committed token but the pending one
+(length = P + num_generated - 1). One iteration:
+
+  1. verify forward of [pending, drafts] (T tokens) at each row's length;
+  2. CFG combine + processing (`Sampling.probs`) -> target distributions;
+  3. `verify_chain` / `verify_tree` per image (vmapped, own keys);
+  4. commit accepted drafts + next token; set the target length to
+     old + accepted + 1 (rollback = moving lengths; tree: compact the accepted
+     path's KV first);
+  5. draft for the next iteration (drafter catch-up + chain/tree drafting, or
+     the Jacobi window update).
+
+Rows that finish keep iterating harmlessly until all are done: their counters
+and lengths are frozen, and what they write lands in slots beyond their
+frozen length or beyond the n tokens returned.
+
+Randomness is per image: image b uses only `row_keys[b]` folded with the
+step, so an image's tokens do not depend on the other images in the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from absl import logging
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import drafting
+from specdec_jax import kv_cache as kv
+from specdec_jax import logits as logits_lib
+from specdec_jax import metrics as metrics_lib
+from specdec_jax import modes as modes_lib
+from specdec_jax import sharding
+from specdec_jax import verify
+
+Vanilla, ChainDraft, TreeDraft, Jacobi = (
+    modes_lib.Vanilla, modes_lib.ChainDraft, modes_lib.TreeDraft, modes_lib.Jacobi)
+DecodeMode = modes_lib.DecodeMode
+window_width, draft_slots = modes_lib.window_width, modes_lib.draft_slots
+required_capacity = modes_lib.required_capacity
+as_rows = drafting.as_rows
+
+# ---------------------------------------------------------------- results and state
+
+
+@dataclasses.dataclass
+class DecodeResult:
+  """tokens int32[B, n]; per-image metrics; host timings in seconds."""
+
+  tokens: jax.Array
+  metrics: metrics_lib.DecodeMetrics
+  compile_seconds: float
+  run_seconds: float
+
+
+@flax.struct.dataclass
+class LoopState:
+  """What the while_loop carries.
+
+  Attributes:
+    step: int32[], iteration counter (keys are folded with it).
+    tokens: int32[B, n + 2(K+1)] committed tokens (padding absorbs overshoot).
+    num_generated: int32[B], committed tokens including the pending one.
+    target_cache: R rows.
+    draft_cache: R rows, or None without a drafter.
+    draft_length: int32[B] drafter slots committed (incl. pending), or None.
+    drafts: int32[B, K] next drafts (tree: [B, N] node tokens, node 0 unused).
+    draft_probs: f32[B, K, V] (tree: [B, N, V]) laws the drafts came from.
+    metrics: per-image counters.
+  """
+
+  step: jax.Array
+  tokens: jax.Array
+  num_generated: jax.Array
+  target_cache: kv.KVCache
+  draft_cache: Any
+  draft_length: Any
+  drafts: jax.Array
+  draft_probs: jax.Array
+  metrics: metrics_lib.DecodeMetrics
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Everything static about one compiled decode (a jit static argument)."""
+
+  target: Any
+  draft: Any
+  mode: Any
+  sampling: logits_lib.Sampling
+  num_tokens: int
+  num_images: int
+  cfg: bool
+  target_capacity: int
+  draft_capacity: int
+  mesh: Any
+
+  @property
+  def drafter(self) -> drafting.Drafter | None:
+    if isinstance(self.mode, (ChainDraft, TreeDraft)):
+      return drafting.Drafter(self.draft, self.mode.drafter)
+    return None
+
+
+# Tests replace this to build a broken rollback (the exactness test must then fail).
+def _committed_length(old_length, num_accepted, window: int):
+  del window
+  return old_length + num_accepted + 1
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def _step_keys(row_keys, step, purpose: int):
+  return jax.vmap(lambda key: jax.random.fold_in(jax.random.fold_in(key, step), purpose))(
+      row_keys)
+
+
+def _compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
+  """Moves the accepted tree path's KV into consecutive slots.
+
+  The verify forward wrote node j at slot start + j; the accepted path
+  (node ids path[0] = 0, path[1..]) must sit at start, start + 1, ... for
+  the next forward. This gather of D + 1 slots per layer is the only KV copy
+  in the engine (chains never copy); junk beyond the accepted length is
+  hidden by the lengths set afterwards.
+  """
+  slots = as_rows(start[:, None] + jnp.maximum(path, 0), cfg)  # [R, D+1]
+  starts = as_rows(start, cfg)
+
+  def move(buffer):
+    picked = jnp.take_along_axis(buffer, slots[:, :, None, None], axis=1)
+    return kv.write_rows(buffer, picked, starts)
+
+  return cache.replace(keys=tuple(move(x) for x in cache.keys),
+                       values=tuple(move(x) for x in cache.values))
+
+
+def _draft_next(plan: _Plan, draft_params, cache, committed, tokens, features, num_accepted,
+                keys, first_index):
+  """Catch-up + drafting. Returns (drafts, draft_probs, cache, new committed, forwards)."""
+  drafter = plan.drafter
+  root_logits, root_hidden, cache = drafting.catch_up(
+      drafter, draft_params, cache, committed, tokens, features, num_accepted, plan.cfg)
+  committed = committed + num_accepted + 1
+  if isinstance(plan.mode, ChainDraft):
+    drafts, probs, cache = drafting.draft_chain(
+        drafter, draft_params, cache, root_logits, root_hidden, num_drafts=plan.mode.k,
+        sampling=plan.sampling, cfg=plan.cfg, keys=keys, first_index=first_index)
+    forwards = plan.mode.k
+  else:
+    drafts, probs, cache = drafting.draft_tree(
+        drafter, draft_params, cache, root_logits, root_hidden, tree=plan.mode.tree,
+        sampling=plan.sampling, cfg=plan.cfg, keys=keys, first_index=first_index)
+    forwards = plan.mode.tree.max_depth
+  cache = kv.set_lengths(cache, as_rows(committed, plan.cfg))
+  return drafts, probs, cache, committed, forwards
+
+
+def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys, rule):
+  """The jitted body: prefill, first token, first drafts, then the while_loop."""
+  mode, cfg, num_images = plan.mode, plan.cfg, plan.num_images
+  num_slots = draft_slots(mode)
+  vocab = plan.target.vocab_size
+  mesh = plan.mesh
+
+  # Prefill and the first token (always plain AR).
+  cache = plan.target.init_cache(num_images * (2 if cfg else 1), plan.target_capacity)
+  out = plan.target.prefill(target_params, sharding.constrain_cache(cache, mesh), cond)
+  first_probs = drafting.guided_probs(plan.sampling, out.logits[:, -1:],
+                                      jnp.zeros((num_images, 1), jnp.int32), cfg)[:, 0]
+  first = drafting.sample(_step_keys(row_keys, 0, 0), first_probs)
+  buffer = jnp.zeros((num_images, plan.num_tokens + 2 * (num_slots + 1)), jnp.int32)
+  buffer = buffer.at[:, 0].set(first)
+  num_generated = jnp.ones((num_images,), jnp.int32)
+  metrics = metrics_lib.DecodeMetrics.zeros(num_images, num_slots)
+
+  draft_cache = draft_length = None
+  if plan.drafter is not None:
+    draft_cache = plan.draft.init_cache(out.cache.batch_size, plan.draft_capacity)
+    draft_cache = plan.drafter.prefill(
+        draft_params, sharding.constrain_cache(draft_cache, mesh), draft_cond, out.hidden)
+    features = out.hidden[:, -1:] if plan.drafter.kind == drafting.EAGLE else None
+    zero = jnp.zeros((num_images,), jnp.int32)
+    drafts, draft_probs, draft_cache, draft_length, forwards = _draft_next(
+        plan, draft_params, draft_cache, draft_cache.lengths[:num_images],
+        first[:, None], features, zero, _step_keys(row_keys, 0, 1), num_generated)
+    metrics = metrics.add_draft_forwards(1 + forwards)
+  elif isinstance(mode, Jacobi):
+    drafts, draft_probs = drafting.jacobi_fresh(
+        _step_keys(row_keys, 0, 1), num_slots, vocab, mode.init, first)
+  else:
+    drafts = jnp.zeros((num_images, 0), jnp.int32)
+    draft_probs = jnp.zeros((num_images, 0, vocab), jnp.float32)
+
+  state = LoopState(step=jnp.int32(1), tokens=buffer, num_generated=num_generated,
+                    target_cache=out.cache, draft_cache=draft_cache, draft_length=draft_length,
+                    drafts=drafts, draft_probs=draft_probs, metrics=metrics)
+
+  def condition(state):
+    return jnp.any(state.num_generated < plan.num_tokens)
+
+  def body(state: LoopState) -> LoopState:
+    active = state.num_generated < plan.num_tokens  # [B]
+    old_length = state.target_cache.lengths[:num_images]
+    pending = jnp.take_along_axis(state.tokens, state.num_generated[:, None] - 1, axis=1)
+    verify_keys = _step_keys(row_keys, state.step, 0)
+    window = jnp.concatenate([pending, state.drafts[:, 1:] if isinstance(mode, TreeDraft)
+                              else state.drafts], axis=1)  # [B, T]
+    tree = mode.tree if isinstance(mode, TreeDraft) else None
+    out = plan.target.forward(
+        target_params, state.target_cache, as_rows(window, cfg),
+        window_mask=None if tree is None else jnp.asarray(tree.ancestor_mask),
+        depths=None if tree is None else jnp.asarray(tree.depths))
+    offsets = jnp.arange(window.shape[1]) if tree is None else jnp.asarray(tree.depths)
+    token_index = state.num_generated[:, None] + offsets[None, :]
+    target_probs = drafting.guided_probs(plan.sampling, out.logits, token_index, cfg)
+
+    cache = out.cache
+    if isinstance(mode, Vanilla):
+      num_accepted = jnp.zeros((num_images,), jnp.int32)
+      next_token = drafting.sample(verify_keys, target_probs[:, 0])
+      path = jnp.zeros((num_images, 1), jnp.int32)
+    elif tree is None:
+      num_accepted, next_token = jax.vmap(verify.verify_chain, (None, 0, 0, 0, 0))(
+          rule, verify_keys, state.drafts, state.draft_probs, target_probs)
+      path = jnp.broadcast_to(jnp.arange(num_slots + 1), (num_images, num_slots + 1))
+    else:
+      path, num_accepted, next_token = jax.vmap(
+          verify.verify_tree, (None, 0, None, 0, 0, 0))(
+              rule, verify_keys, tree, window, state.draft_probs, target_probs)
+      cache = _compact_path(cache, old_length, path, cfg)
+
+    # Committed tokens: the accepted path's drafts, then next_token at index n.
+    path_tokens = jnp.take_along_axis(window, jnp.maximum(path, 0), axis=1)  # [B, K+1]
+    slot = jnp.arange(num_slots + 1)[None, :]
+    commit = jnp.where(slot < num_accepted[:, None],
+                       jnp.roll(path_tokens, -1, axis=1), next_token[:, None])
+    tokens = kv.write_rows(state.tokens, commit, state.num_generated)
+    num_generated = state.num_generated + jnp.where(active, num_accepted + 1, 0)
+    # Rows that are (now) finished keep their old length: their cache is not
+    # needed again, and frozen lengths bound the slots any later write touches.
+    keep = active & (num_generated < plan.num_tokens)
+    new_length = jnp.where(
+        keep, _committed_length(old_length, num_accepted, window.shape[1]), old_length)
+    cache = kv.set_lengths(cache, as_rows(new_length, cfg))
+
+    draft_keys = _step_keys(row_keys, state.step, 1)
+    draft_cache, draft_length, forwards = state.draft_cache, state.draft_length, 0
+    if plan.drafter is not None:
+      features = None
+      if plan.drafter.kind == drafting.EAGLE:
+        rows_path = as_rows(jnp.maximum(path, 0), cfg)
+        features = jnp.take_along_axis(out.hidden, rows_path[..., None], axis=1)
+      drafts, draft_probs, new_draft_cache, new_draft_length, forwards = _draft_next(
+          plan, draft_params, state.draft_cache, state.draft_length, commit, features,
+          num_accepted, draft_keys, num_generated)
+      draft_length = jnp.where(keep, new_draft_length, state.draft_length)
+      draft_cache = kv.set_lengths(new_draft_cache, as_rows(draft_length, cfg))
+      if tree is not None:
+        drafts = drafts.at[:, 0].set(0)
+    elif isinstance(mode, Jacobi):
+      drafts, draft_probs = drafting.jacobi_next(
+          draft_keys, target_probs, num_accepted, next_token, mode.init)
+    else:
+      drafts, draft_probs = state.drafts, state.draft_probs
+
+    return LoopState(
+        step=state.step + 1,
+        tokens=sharding.constrain_batch(tokens, mesh),
+        num_generated=num_generated,
+        target_cache=sharding.constrain_cache(cache, mesh),
+        draft_cache=sharding.constrain_cache(draft_cache, mesh),
+        draft_length=draft_length,
+        drafts=drafts, draft_probs=draft_probs,
+        metrics=state.metrics.record(active, num_accepted, forwards))
+
+  state = jax.lax.while_loop(condition, body, state)
+  return state.tokens[:, :plan.num_tokens], state.metrics
+
+
+# ---------------------------------------------------------------- public API
+
+_COMPILED: dict = {}
+
+# Cheaper XLA:CPU compilation (about 2x faster on the test models) for tests.
+FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+
+
+def clear_compile_cache() -> None:
+  """Forgets compiled decodes (tests that monkeypatch the loop use it)."""
+  _COMPILED.clear()
+
+
+def _signature(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((jnp.shape(x), jnp.result_type(x), getattr(x, 'sharding', None))
+                        for x in leaves)
+
+
+def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(),
+             sampling: logits_lib.Sampling = logits_lib.Sampling(), rule=None, draft=None,
+             draft_params=None, draft_cond=None, capacity: int | None = None,
+             mesh=None, target_rules=sharding.LLAMA_RULES, draft_rules=sharding.LLAMA_RULES,
+             compiler_options: dict | None = None) -> DecodeResult:
+  """Generates num_tokens image tokens per image in one compiled while_loop.
+
+  Args:
+    target: a `DecodeModel` (frozen dataclass, static under jit).
+    target_params: its parameters (sharded already, or placed here by `mesh`).
+    cond: conditioning of every cache row (model-specific, e.g. class ids
+      int32[R]); with CFG (sampling.cfg_scale != 1) rows are [cond; uncond].
+    num_tokens: n image tokens per image.
+    key: one PRNG key, or per-image keys [B] (then image b's tokens depend
+      only on key[b], whatever the batch).
+    mode: Vanilla(), ChainDraft(k, drafter), TreeDraft(tree, drafter) or
+      Jacobi(window, init).
+    sampling: CFG and logits processing, applied identically to target and draft.
+    rule: acceptance rule (`specdec_jax.rules`) for every mode but Vanilla.
+    draft, draft_params, draft_cond: the drafter (EAGLE-style head or a small
+      `DecodeModel`), its parameters and conditioning (default: cond).
+    capacity: target cache slots (default: exactly what the decode needs).
+    mesh: optional ('data', 'model') mesh; parameters are placed by
+      target_rules / draft_rules (regex -> PartitionSpec, see
+      `sharding.LLAMA_RULES`) and the loop state is pinned every iteration.
+    compiler_options: passed to XLA when compiling (part of the cache key);
+      e.g. `FAST_COMPILE` for tests on CPU.
+  Returns:
+    DecodeResult(tokens int32[B, n], metrics, compile_seconds, run_seconds);
+    compile_seconds is 0.0 when a compiled program was reused.
+  """
+  num_images = modes_lib.validate(target, target_params, draft, mode, sampling, rule, cond,
+                                  draft_cond, num_tokens, key, draft_params)
+  prefix = int(target.prefix_length(cond))
+  needed = required_capacity(prefix, num_tokens, mode)
+  capacity = needed if capacity is None else int(capacity)
+  kv.check_capacity(capacity, needed, 'generate: target cache')
+  draft_capacity = 1
+  if isinstance(mode, (ChainDraft, TreeDraft)):
+    # Catch-up (K+1 slots) plus drafting writes (chain k-1 more; a tree re-runs
+    # its drafted nodes) beyond the committed length; drafters are small.
+    draft_prefix = (int(draft.prefix_length(draft_cond if draft_cond is not None else cond))
+                    if hasattr(draft, 'prefix_length') else prefix)
+    draft_capacity = draft_prefix + num_tokens + 2 * window_width(mode) + 2
+  # COOL-SD's mean-normalised schedule needs the window length; Vanilla has no rule.
+  rule = None if isinstance(mode, Vanilla) or rule is None else rule.for_window(
+      draft_slots(mode))
+  if draft_cond is None:
+    draft_cond = cond
+  row_keys = key
+  if modes_lib.is_single_key(key):
+    row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_images))
+  if mesh is not None:
+    target_params = sharding.shard_params(target_params, mesh, target_rules)
+    if draft_params is not None:
+      draft_params = sharding.shard_params(draft_params, mesh, draft_rules)
+    cond = jax.device_put(cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), cond))
+    draft_cond = jax.device_put(
+        draft_cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), draft_cond))
+  plan = _Plan(target=target, draft=draft, mode=mode, sampling=sampling, num_tokens=num_tokens,
+               num_images=num_images, cfg=sampling.uses_cfg, target_capacity=capacity,
+               draft_capacity=draft_capacity, mesh=mesh)
+  args = (target_params, draft_params, cond, draft_cond, row_keys, rule)
+  options = tuple(sorted((compiler_options or {}).items()))
+  signature = (plan, options, _signature(args))
+  compile_seconds = 0.0
+  compiled = _COMPILED.get(signature)
+  if compiled is None:
+    start = time.perf_counter()
+    # A fresh wrapper: our cache above is the only one, so nothing traced
+    # with a different `_decode` (tests patch it) is ever reused.
+    program = jax.jit(lambda *a: _decode(*a), static_argnums=0)
+    compiled = program.lower(plan, *args).compile(compiler_options=dict(options) or None)
+    compile_seconds = time.perf_counter() - start
+    _COMPILED[signature] = compiled
+    logging.info('generate: compiled %s for %d images x %d tokens in %.2f s',
+                 type(mode).__name__, num_images, num_tokens, compile_seconds)
+  start = time.perf_counter()
+  tokens, metrics = compiled(*args)
+  tokens = jax.block_until_ready(tokens)
+  return DecodeResult(tokens=tokens, metrics=metrics, compile_seconds=compile_seconds,
+                      run_seconds=time.perf_counter() - start)

@@ -1,0 +1,251 @@
+"""Drafting steps of the decode loop: drafter catch-up, chain and tree drafts, Jacobi windows.
+
+Legend: B images, R = B (no CFG) or 2B cache rows ([cond; uncond]), V
+vocabulary, E hidden width, k chain drafts, N tree nodes (node 0 = the root,
+the last committed token), D tree depth, W Jacobi window, K1 catch-up width.
+
+Drafter bookkeeping. A drafter cache holds everything committed up to and
+including the pending token (the last committed token, which the target has
+not seen yet). After a verify step the newly committed tokens (accepted
+drafts, then the resampled or bonus token) are fed in one "catch-up" forward
+of static width K1 = K + 1 at the drafter's committed length; the output at
+index `num_accepted` is the drafter's distribution for the first new draft.
+Rows accept different numbers of tokens, so the rest of the window is junk
+that the next write overwrites; the committed length then moves by
+`num_accepted + 1` (rollback = moving lengths, as for the target).
+
+EAGLE drafters pair token t+1 with the target's hidden state at t (the
+feature that predicted it): the catch-up feeds the target's hidden states
+along the accepted path, later drafting steps feed the drafter's own output
+hidden state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import kv_cache as kv
+
+EAGLE, MODEL = 'eagle', 'model'
+
+
+def as_rows(x: jax.Array, cfg: bool) -> jax.Array:
+  """Image-level [B, ...] -> cache rows [R, ...] ([x; x] under CFG)."""
+  return jnp.concatenate([x, x], axis=0) if cfg else x
+
+
+def guided_probs(sampling, logits: jax.Array, token_index: jax.Array, cfg: bool) -> jax.Array:
+  """Row logits [R, T, V] -> image distributions [B, T, V] (CFG, then processing).
+
+  Args:
+    sampling: a `specdec_jax.logits.Sampling`, the same for target and draft.
+    logits: float32 raw logits of every cache row.
+    token_index: int32[B, T], 0-based index of the predicted image token
+      (decides the CFG interval).
+    cfg: whether the rows are [cond; uncond].
+  """
+  if not cfg:
+    return sampling.probs(logits)
+  num_images = logits.shape[0] // 2
+  return sampling.probs(logits[:num_images], logits[num_images:], token_index=token_index)
+
+
+def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
+  """One token per image: keys [B], probs [B, V] -> int32[B]."""
+  draw = lambda key, p: jax.random.categorical(key, jnp.log(jnp.maximum(p, 0.0)))
+  return jax.vmap(draw)(keys, probs).astype(jnp.int32)
+
+
+def sample_distinct(key: jax.Array, probs: jax.Array, num: int) -> jax.Array:
+  """num tokens drawn without replacement, in draw order (Gumbel top-k), int32[num].
+
+  The i-th token has the law of sequential sampling from probs with the
+  earlier tokens removed and renormalised, which is what `verify_tree`
+  assumes of siblings.
+  """
+  scores = jnp.log(jnp.maximum(probs, 0.0)) + jax.random.gumbel(key, probs.shape)
+  return jax.lax.top_k(scores, num)[1].astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafter:
+  """A draft model and how it is fed.
+
+  kind 'model': any `DecodeModel`; its prefill runs the same conditioning.
+  kind 'eagle': an EAGLE-style head (`models/eagle.py`) with
+  `forward(params, cache, tokens, features, window_mask, depths)` and
+  `prefill(params, cache, tokens, features)`; features are target hidden
+  states [R, T, E]. If the head defines `prefix_pairs(cond, target_hidden)
+  -> (tokens int32[R, Pd], features [R, Pd, E])`, the prefix pairs are
+  prefilled first; otherwise the head starts empty (Pd = 0, as LANTERN's
+  class-conditional LlamaGen drafter: its first pair is the first image
+  token with the class position's feature, fed by the catch-up).
+  """
+
+  model: Any
+  kind: str
+
+  def prefill(self, params, cache, cond, target_hidden) -> kv.KVCache:
+    """The drafter cache after its prefix (lengths = Pd)."""
+    if self.kind != EAGLE:
+      return self.model.prefill(params, cache, cond).cache
+    prefix_pairs = getattr(self.model, 'prefix_pairs', None)
+    if prefix_pairs is None:
+      return cache
+    tokens, features = prefix_pairs(cond, target_hidden)
+    return self.model.prefill(params, cache, tokens, features).cache
+
+  def forward(self, params, cache, tokens, features, window_mask=None, depths=None):
+    if self.kind == EAGLE:
+      return self.model.forward(params, cache, tokens, features, window_mask, depths)
+    return self.model.forward(params, cache, tokens, window_mask, depths)
+
+
+def catch_up(drafter: Drafter, params, cache: kv.KVCache, committed_length, tokens,
+             features, num_accepted, cfg: bool):
+  """Feeds newly committed tokens to the drafter in one static-width forward.
+
+  Args:
+    committed_length: int32[B], drafter slots already committed.
+    tokens: int32[B, K1]: accepted drafts, then the next token at index
+      num_accepted (later entries are ignored).
+    features: [R, K1, E] target hidden states along the accepted path
+      (index 0 = the previously pending token), or None for kind 'model'.
+    num_accepted: int32[B].
+  Returns:
+    (root_logits [R, V], root_hidden [R, E], cache): the drafter's output at
+    the new pending token; cache lengths = committed_length + num_accepted + 1.
+  """
+  cache = kv.set_lengths(cache, as_rows(committed_length, cfg))
+  out = drafter.forward(params, cache, as_rows(tokens, cfg), features)
+  take = as_rows(num_accepted, cfg)
+  root_logits = jnp.take_along_axis(out.logits, take[:, None, None], axis=1)[:, 0]
+  root_hidden = jnp.take_along_axis(out.hidden, take[:, None, None], axis=1)[:, 0]
+  cache = kv.set_lengths(out.cache, as_rows(committed_length + num_accepted + 1, cfg))
+  return root_logits, root_hidden, cache
+
+
+def draft_chain(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hidden, *,
+                num_drafts: int, sampling, cfg: bool, keys, first_index):
+  """Drafts k tokens autoregressively from the drafter's root output.
+
+  Args:
+    root_logits: [R, V] drafter logits for the first draft.
+    root_hidden: [R, E] the hidden state that produced them.
+    keys: [B] per-image keys.
+    first_index: int32[B] image-token index of the first draft.
+  Returns:
+    (draft_tokens int32[B, k], draft_probs f32[B, k, V], cache): k - 1
+    drafter forwards; the caller resets the cache lengths.
+  """
+  logits, hidden = root_logits[:, None], root_hidden[:, None]  # [R, 1, V], [R, 1, E]
+  tokens, probs = [], []
+  for index in range(num_drafts):
+    if index:
+      out = drafter.forward(params, cache, as_rows(tokens[-1][:, None], cfg), hidden)
+      logits, hidden, cache = out.logits, out.hidden, out.cache
+    step_probs = guided_probs(sampling, logits, (first_index + index)[:, None], cfg)[:, 0]
+    step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, index)
+    tokens.append(sample(step_keys, step_probs))
+    probs.append(step_probs)
+  return jnp.stack(tokens, axis=1), jnp.stack(probs, axis=1), cache
+
+
+def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hidden, *,
+               tree, sampling, cfg: bool, keys, first_index):
+  """Drafts a static tree level by level (siblings without replacement).
+
+  Level l's forward runs all drafted nodes of depth 1..l-1 at the drafter's
+  committed length with the tree's ancestor mask, so each node sees exactly
+  its own ancestors (earlier levels are re-run rather than cached, which keeps
+  sibling subtrees apart without a cache-side tree mask; drafters are small).
+
+  Returns:
+    (node_tokens int32[B, N] (node 0 left as 0 for the caller), node_probs
+    f32[B, N, V] drafter distribution at each node (uniform at leaves, which
+    verification never reads), cache); D - 1 drafter forwards.
+  """
+  depths, parents = tree.depths, tree.parents
+  children, ancestor = tree.children, tree.ancestor_mask
+  num_nodes, vocab = tree.num_nodes, root_logits.shape[-1]
+  num_images = first_index.shape[0]
+  committed = cache.lengths
+  node_tokens = jnp.zeros((num_images, num_nodes), jnp.int32)
+  node_probs = jnp.full((num_images, num_nodes, vocab), 1.0 / vocab, jnp.float32)
+  node_hidden = jnp.zeros((root_hidden.shape[0], num_nodes, root_hidden.shape[-1]),
+                          root_hidden.dtype).at[:, 0].set(root_hidden)
+  level_logits, level_nodes = root_logits[:, None], np.array([0])
+  for depth in range(1, tree.max_depth + 1):
+    if depth > 1:
+      drafted = np.nonzero((depths >= 1) & (depths <= depth - 1))[0]
+      out = drafter.forward(
+          params, kv.set_lengths(cache, committed), as_rows(node_tokens[:, drafted], cfg),
+          node_hidden[:, parents[drafted]], window_mask=jnp.asarray(ancestor[drafted][:, drafted]),
+          depths=jnp.asarray(depths[drafted] - 1))
+      cache = out.cache
+      node_hidden = node_hidden.at[:, drafted].set(out.hidden)
+      level_nodes = np.nonzero(depths == depth - 1)[0]
+      level_logits = out.logits[:, np.searchsorted(drafted, level_nodes)]
+    token_index = first_index[:, None] + depth - 1
+    level_probs = guided_probs(sampling, level_logits, token_index, cfg)  # [B, n, V]
+    node_probs = node_probs.at[:, level_nodes].set(level_probs)
+    for slot, node in enumerate(level_nodes):
+      kids = children[node][children[node] >= 0]
+      if not kids.size:
+        continue
+      node_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, int(node))
+      picks = jax.vmap(sample_distinct, (0, 0, None))(node_keys, level_probs[:, slot], kids.size)
+      node_tokens = node_tokens.at[:, kids].set(picks)
+  return node_tokens, node_probs, kv.set_lengths(cache, committed)
+
+
+def jacobi_fresh(keys, num: int, vocab: int, init: str, left_token):
+  """Fresh Jacobi drafts and their one-hot draft distributions.
+
+  'random': uniform token ids (SJD's default); 'spatial': repeat the left
+  neighbour (SJD's 'repeat_horizon' for LlamaGen). A fresh draft is a point
+  mass, so its draft distribution is one-hot and acceptance is t(x).
+  Returns (int32[B, num], f32[B, num, V]).
+  """
+  if init == 'random':
+    tokens = jax.vmap(lambda key: jax.random.randint(key, (num,), 0, vocab))(keys)
+  else:
+    tokens = jnp.repeat(left_token[:, None], num, axis=1)
+  tokens = tokens.astype(jnp.int32)
+  return tokens, jax.nn.one_hot(tokens, vocab, dtype=jnp.float32)
+
+
+def jacobi_next(keys, target_probs, num_accepted, next_token, init: str):
+  """SJD's window update (Teng et al. 2025, as released): the next drafts.
+
+  Every window index i also draws y_i ~ t_i; after committing n accepted
+  drafts and the next token, y_{n+1..W-1} (sampled from this forward, whose
+  context beyond n is now stale) become the next drafts *with the
+  distributions they were drawn from*; the window is refilled with fresh
+  drafts.
+
+  Args:
+    keys: [B]; target_probs: f32[B, W, V]; num_accepted, next_token: int32[B].
+  Returns:
+    (drafts int32[B, W-1], draft_probs f32[B, W-1, V]).
+  """
+  batch, window, vocab = target_probs.shape
+  sample_keys, fresh_keys = jax.vmap(lambda k: jax.random.split(k))(keys).swapaxes(0, 1)
+  samples = jax.vmap(lambda key, p: jax.random.categorical(
+      key, jnp.log(jnp.maximum(p, 0.0)), axis=-1))(sample_keys, target_probs).astype(jnp.int32)
+  source = num_accepted[:, None] + 1 + jnp.arange(window - 1)[None, :]  # [B, W-1]
+  carried = source <= window - 1
+  clipped = jnp.minimum(source, window - 1)
+  carried_tokens = jnp.take_along_axis(samples, clipped, axis=1)
+  carried_probs = jnp.take_along_axis(target_probs, clipped[..., None], axis=1)
+  any_carried = num_accepted < window - 1
+  left = jnp.where(any_carried, samples[:, window - 1], next_token)
+  fresh_tokens, fresh_probs = jacobi_fresh(fresh_keys, window - 1, vocab, init, left)
+  del batch
+  return (jnp.where(carried, carried_tokens, fresh_tokens),
+          jnp.where(carried[..., None], carried_probs, fresh_probs))

@@ -1,0 +1,126 @@
+"""Meshes, partition rules and sharding annotations for the decode loop.
+
+Legend: B cache rows, S cache slots, K key/value heads, D head dim, E width,
+F feed-forward width, V vocabulary.
+
+One mesh with axes ('data', 'model'): images (and their CFG rows) are split
+over 'data', attention heads and feed-forward/vocabulary columns over 'model'
+(Megatron-style tensor parallelism: column-parallel q/k/v/gate/up/head,
+row-parallel o/down). Target and draft parameters live on the same mesh, each
+with its own rules, because one jitted `lax.while_loop` runs on one device
+set (see docs/sharding.md).
+
+Axis types are `AxisType.Auto`: the model code (shared Flax layers) carries no
+sharding-in-types annotations, and with `Explicit` axes every contraction
+whose output sharding is ambiguous would need an `out_sharding`. With `Auto`,
+GSPMD propagates the shardings of the parameters and of the loop state, which
+the decode loop pins with `with_sharding_constraint` every iteration.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from specdec_jax import kv_cache as kv
+
+DATA, MODEL = 'data', 'model'
+
+# (regex on the '/'-joined parameter path, spec). First match wins; unmatched
+# parameters are replicated. Kernels are [in, out] (Flax Dense).
+LLAMA_RULES: tuple = (
+    (r'(q_proj|k_proj|v_proj|gate|up|w1|w3|wq|wk|wv)/kernel$', P(None, MODEL)),
+    (r'(o_proj|down|w2|wo)/kernel$', P(MODEL, None)),
+    (r'(lm_head|output)/kernel$', P(None, MODEL)),
+    (r'(embed_tokens|tok_embeddings|embedding|embed_classes)/embedding$', P(None, MODEL)),
+    (r'.*', P()),
+)
+
+
+def make_mesh(data: int, model: int, devices: Sequence[Any] | None = None) -> Mesh:
+  """A ('data', 'model') mesh of data x model devices (Auto axis types)."""
+  available = len(devices) if devices is not None else jax.device_count()
+  if data < 1 or model < 1 or data * model > available:
+    raise ValueError(f'make_mesh: data x model = {data} x {model} needs {data * model} '
+                     f'devices (>= 1 each), {available} available.')
+  return jax.make_mesh((data, model), (DATA, MODEL), axis_types=(AxisType.Auto,) * 2,
+                       devices=devices)
+
+
+def fit_spec(shape: Sequence[int], spec: P, mesh: Mesh) -> P:
+  """Drops mesh axes from dims they do not divide (those dims are replicated)."""
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  fitted = []
+  for size, axis in zip(shape, entries[:len(shape)]):
+    if axis is not None and size % mesh.shape[axis] != 0:
+      axis = None
+    fitted.append(axis)
+  return P(*fitted)
+
+
+def _path_name(path) -> str:
+  parts = []
+  for entry in path:
+    for attr in ('key', 'name', 'idx'):
+      if hasattr(entry, attr):
+        parts.append(str(getattr(entry, attr)))
+        break
+  return '/'.join(parts)
+
+
+def param_specs(params, rules: Sequence = LLAMA_RULES, mesh: Mesh | None = None):
+  """PartitionSpecs for a parameter tree by regex rules on its paths."""
+  compiled = [(re.compile(pattern), spec) for pattern, spec in rules]
+
+  def spec_for(path, leaf):
+    name = _path_name(path)
+    for pattern, spec in compiled:
+      if pattern.search(name):
+        return fit_spec(np.shape(leaf), spec, mesh) if mesh is not None else spec
+    return P()
+
+  return jax.tree_util.tree_map_with_path(spec_for, params)
+
+
+def shard_params(params, mesh: Mesh, rules: Sequence = LLAMA_RULES):
+  """Places parameters on the mesh by the rules."""
+  specs = param_specs(params, rules, mesh)
+  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
+
+
+def cache_shardings(cache: kv.KVCache, mesh: Mesh) -> kv.KVCache:
+  """NamedShardings of a cache: rows over 'data', heads over 'model'."""
+  def named(x, spec):
+    return NamedSharding(mesh, fit_spec(x.shape, spec, mesh))
+
+  return kv.KVCache(
+      keys=tuple(named(x, P(DATA, None, MODEL, None)) for x in cache.keys),
+      values=tuple(named(x, P(DATA, None, MODEL, None)) for x in cache.values),
+      lengths=named(cache.lengths, P(DATA)),
+      key_valid=named(cache.key_valid, P(DATA, None)),
+      position_offset=named(cache.position_offset, P(DATA)))
+
+
+def batch_sharding(x: jax.Array, mesh: Mesh) -> NamedSharding:
+  """Leading (image/row) axis over 'data', everything else replicated."""
+  return NamedSharding(mesh, fit_spec(x.shape, P(DATA), mesh))
+
+
+def constrain_cache(cache: kv.KVCache, mesh: Mesh | None) -> kv.KVCache:
+  """with_sharding_constraint of a cache inside jit (no-op without a mesh)."""
+  if mesh is None or cache is None:
+    return cache
+  return jax.lax.with_sharding_constraint(cache, cache_shardings(cache, mesh))
+
+
+def constrain_batch(tree, mesh: Mesh | None):
+  """Pins every array of a pytree to batch-over-'data' (no-op without a mesh)."""
+  if mesh is None:
+    return tree
+  return jax.tree.map(
+      lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(x, mesh))
+      if getattr(x, 'ndim', 0) >= 1 else x, tree)

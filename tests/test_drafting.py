@@ -1,0 +1,158 @@
+"""Tests of specdec_jax.drafting: sibling sampling, Jacobi window updates, drafter catch-up and
+tree drafting through a cache."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from scipy import stats
+
+from specdec_jax import drafting
+from specdec_jax import logits
+from specdec_jax import verify
+from specdec_jax.models import toy
+
+VOCAB, CLASSES = 4, 2
+_jacobi_next = jax.jit(drafting.jacobi_next, static_argnums=4)
+
+
+class SampleDistinctTest(absltest.TestCase):
+
+  def test_ordered_pairs_follow_sequential_sampling_without_replacement(self):
+    probs = jnp.array([0.5, 0.3, 0.15, 0.05])
+    keys = jax.random.split(jax.random.key(0), 2 ** 14)
+    picks = np.asarray(jax.jit(jax.vmap(lambda k: drafting.sample_distinct(k, probs, 2)))(keys))
+    self.assertTrue(np.all(picks[:, 0] != picks[:, 1]))
+    p = np.asarray(probs, np.float64)
+    pairs = list(itertools.permutations(range(4), 2))
+    law = np.array([p[a] * p[b] / (1 - p[a]) for a, b in pairs])
+    index = {pair: i for i, pair in enumerate(pairs)}
+    counts = np.bincount([index[tuple(row)] for row in picks], minlength=len(pairs))
+    law = law / law.sum()
+    self.assertGreater(stats.chisquare(counts, law * len(picks)).pvalue, 1e-4)
+
+
+class JacobiTest(absltest.TestCase):
+
+  def _one_hot_window(self, tokens):
+    return jax.nn.one_hot(jnp.asarray(tokens), VOCAB)  # deterministic "samples"
+
+  def test_carries_samples_beyond_the_rejection_with_their_laws(self):
+    # W = 4; every index's distribution is a point mass, so y_i is known.
+    target_probs = self._one_hot_window([[0, 1, 2, 3]])
+    drafts, probs = _jacobi_next(
+        jax.random.split(jax.random.key(0), 1), target_probs, jnp.array([1]), jnp.array([1]),
+        'spatial')
+    # accepted 1 draft: y_2, y_3 are carried, one fresh spatial draft repeats y_3.
+    np.testing.assert_array_equal(np.asarray(drafts), [[2, 3, 3]])
+    np.testing.assert_allclose(np.asarray(probs[0, :2]), np.asarray(target_probs[0, 2:]))
+    np.testing.assert_allclose(np.asarray(probs[0, 2]), np.eye(VOCAB)[3])
+
+  def test_all_accepted_refills_from_the_next_token(self):
+    target_probs = self._one_hot_window([[0, 1, 2, 3]])
+    drafts, probs = _jacobi_next(
+        jax.random.split(jax.random.key(0), 1), target_probs, jnp.array([3]), jnp.array([2]),
+        'spatial')
+    np.testing.assert_array_equal(np.asarray(drafts), [[2, 2, 2]])
+    np.testing.assert_allclose(np.asarray(probs[0]), np.eye(VOCAB)[[2, 2, 2]])
+
+  def test_random_init_is_one_hot_and_in_vocab(self):
+    fresh = jax.jit(drafting.jacobi_fresh, static_argnums=(1, 2, 3))
+    tokens, probs = fresh(jax.random.split(jax.random.key(1), 64), 5, VOCAB, 'random',
+                          jnp.zeros((64,), jnp.int32))
+    self.assertTrue(np.all((np.asarray(tokens) >= 0) & (np.asarray(tokens) < VOCAB)))
+    np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(tokens, VOCAB)))
+    self.assertGreater(len(np.unique(np.asarray(tokens))), 1)
+
+
+def _prefilled(model, params, cond, capacity=16):
+  return model.prefill(params, model.init_cache(cond.shape[0], capacity), cond).cache
+
+
+class CatchUpTest(absltest.TestCase):
+
+  def test_junk_after_the_next_token_is_ignored_and_lengths_move(self):
+    model = toy.MarkovToy(VOCAB, CLASSES)
+    params = model.init_params(jax.random.key(0))
+    drafter = drafting.Drafter(model, drafting.MODEL)
+    cond = jnp.array([0, 1], jnp.int32)
+    num_accepted = jnp.array([1, 0])
+    tokens_a = jnp.array([[2, 3, 0], [1, 0, 0]])  # row 0: a1=2, next=3; row 1: next=1
+    tokens_b = jnp.array([[2, 3, 1], [1, 3, 2]])  # different junk
+
+    @jax.jit
+    def both(params):
+      cache = _prefilled(model, params, cond)
+      first = drafting.catch_up(drafter, params, cache, cache.lengths, tokens_a, None,
+                                num_accepted, cfg=False)
+      second = drafting.catch_up(drafter, params, cache, cache.lengths, tokens_b, None,
+                                 num_accepted, cfg=False)
+      return cache.lengths, first, second
+
+    committed, (logits_a, _, cache_a), (logits_b, _, _) = both(params)
+    np.testing.assert_allclose(np.asarray(logits_a), np.asarray(logits_b))
+    np.testing.assert_array_equal(np.asarray(cache_a.lengths), np.asarray(committed) + [2, 1])
+    # Row 0's root is the token 3 after 2: table[2, 3]; row 1's: table[class 1 token, 1].
+    np.testing.assert_allclose(np.asarray(logits_a[0]), np.asarray(params['table'][2, 3]))
+    np.testing.assert_allclose(np.asarray(logits_a[1]),
+                               np.asarray(params['table'][VOCAB + 1, 1]))
+
+
+class DraftTreeTest(absltest.TestCase):
+
+  def test_nodes_see_exactly_their_ancestors(self):
+    """The drafter law at every tree node equals running its path as a plain chain."""
+    tree = verify.StaticTree.from_paths(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
+    target = toy.MarkovToy(VOCAB, CLASSES)
+    eagle = toy.ToyEagle(VOCAB, CLASSES)
+    target_params = target.init_params(jax.random.key(0))
+    params = eagle.init_params(jax.random.key(1))
+    drafter = drafting.Drafter(eagle, drafting.EAGLE)
+    sampling = logits.Sampling()
+    cond = jnp.array([0, 1], jnp.int32)
+
+    @jax.jit
+    def draft(target_params, params):
+      prefix = target.prefill(target_params, target.init_cache(2, 8), cond)
+      cache = drafter.prefill(params, eagle.init_cache(2, 32), cond, prefix.hidden)
+      root_logits, root_hidden, cache = drafting.catch_up(
+          drafter, params, cache, cache.lengths, jnp.array([[2], [0]]), prefix.hidden[:, -1:],
+          jnp.zeros((2,), jnp.int32), cfg=False)
+      drafted = drafting.draft_tree(
+          drafter, params, cache, root_logits, root_hidden, tree=tree, sampling=sampling,
+          cfg=False, keys=jax.random.split(jax.random.key(2), 2),
+          first_index=jnp.ones(2, jnp.int32))
+      return cache, root_hidden, drafted
+
+    cache, root_hidden, (node_tokens, node_probs, after) = draft(target_params, params)
+    np.testing.assert_array_equal(np.asarray(after.lengths), np.asarray(cache.lengths))
+    node_tokens = np.asarray(node_tokens)
+    for node in range(1, tree.num_nodes):
+      siblings = [c for c in tree.children[tree.parents[node]] if c >= 0]
+      self.assertLen({int(node_tokens[0, c]) for c in siblings}, len(siblings))
+    parents = tree.parents
+
+    @jax.jit
+    def chain_probs(cache, root_hidden, path_tokens):
+      hidden = root_hidden[:, None]
+      for step in range(path_tokens.shape[1]):
+        out = eagle.forward(params, cache, path_tokens[:, step:step + 1], hidden)
+        cache, hidden = out.cache, out.hidden
+      return sampling.probs(out.logits[:, 0])
+
+    for node in range(1, 7):  # every node below the root and above the last level
+      path = [node]
+      while parents[path[-1]] > 0:
+        path.append(parents[path[-1]])
+      path = path[::-1]
+      expected = chain_probs(cache, root_hidden, jnp.asarray(node_tokens[:, path]))
+      np.testing.assert_allclose(np.asarray(node_probs[:, node]), np.asarray(expected),
+                                 rtol=1e-5, atol=1e-6)
+
+
+if __name__ == '__main__':
+  absltest.main()
