@@ -2,9 +2,10 @@
 
   python -m specdec_jax.train.classifier --config configs/classifier.py --workdir runs/classifier
 
-Outputs in --workdir: Orbax checkpoints, `classifier_history.json`, and
-`classifier_eval.json` (test accuracy) plus `test_features.npz` (mean and
-covariance of the test split's features: the reference for Frechet distances).
+Outputs in --workdir: Orbax checkpoints, `classifier_history.json`,
+`classifier_eval.json` (test accuracy), `test_features.npz` (mean and
+covariance of the test split's features: the reference for Frechet
+distances) and `classifier/` (the exported params, `common.load_params`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import optax
 from specdec_jax import evaluation
 from specdec_jax import fashion_mnist
 from specdec_jax import training
+from specdec_jax.converters import common
 from specdec_jax.models import classifier
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration.')
@@ -78,6 +80,11 @@ def train(config, workdir, train_data, test_data):
   np.savez(os.path.join(workdir, 'test_features.npz'), mean=mean, cov=cov)
   with open(os.path.join(workdir, 'classifier_eval.json'), 'w') as f:
     json.dump(dict(test_accuracy=accuracy, steps=config.num_steps), f, indent=1)
+  common.write_params_atomic(
+      os.path.join(workdir, 'classifier'), jax.device_get(state.params),
+      config={'model': 'Classifier', 'num_classes': 10, 'feature_dim': 128},
+      source_files=[], converter='specdec_jax.train.classifier',
+      extra_meta={'test_accuracy': accuracy, 'steps': int(state.step)}, overwrite=True)
   logging.info('classifier: test accuracy %.4f', accuracy)
   return state, accuracy
 
