@@ -1,0 +1,45 @@
+"""EAGLE-1 drafter of the bundled model family, trained on the target's features.
+
+  python -m specdec_jax.train.drafter --config configs/fashion_eagle.py --workdir runs/fashion_eagle
+
+Drafter shape: LANTERN's LlamaGen drafter for the target (fc 2E -> E, one
+decoder layer without input norm, the target's frozen embedding and head,
+2D RoPE with one fewer condition token). Loss, noise and optimiser as EAGLE-1
+(reference notes, algorithms_coolsd_lantern_eagle.md section 3.4); a higher
+learning rate than EAGLE's 3e-5 because the model is small and trained briefly.
+"""
+
+import ml_collections
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+  config.target_dir = 'runs/fashion_target/model'  # written by specdec_jax.train.gpt
+  config.tokens_path = 'runs/fashion_vq/tokens.npz'  # written by specdec_jax.train.vq
+  config.data_source = 'dataset'  # 'dataset' (tokens.npz) or 'target' (target samples)
+  config.num_target_samples = 20000  # data_source='target'
+  config.sample_batch_size = 250
+  config.sample_temperature = 1.0
+  config.sample_cfg_scale = 1.0
+  config.embedding_source = 'tok_embeddings'  # or 'output' (LANTERN's fallback)
+  config.drafter = ml_collections.ConfigDict()  # `models.eagle.DrafterConfig` overrides
+  config.uncond_prob = 0.1  # a sequence uses the null class (CFG-style mixing)
+  config.noise_std = 0.2  # uniform width noise_std * 512 / positions
+  config.reg_weight = 1.0  # v_w, SmoothL1 on features
+  config.cls_weight = 0.1  # p_w, soft cross-entropy against the target
+  config.batch_size = 32
+  config.num_steps = 10000
+  config.learning_rate = 3e-4
+  config.warmup_steps = 300
+  config.weight_decay = 0.0
+  config.b1 = 0.9
+  config.b2 = 0.95
+  config.grad_clip_value = 0.5  # clip by value, as EAGLE; 0 disables
+  config.clip_norm = 0.0  # global-norm clipping on top; 0 disables
+  config.eval_examples = 1000
+  config.eval_batch_size = 250
+  config.fast_compile = False  # True: ~30% shorter XLA compiles, slower steps (smoke runs)
+  config.log_every = 100
+  config.save_every = 1000
+  return config
