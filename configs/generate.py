@@ -1,0 +1,43 @@
+"""The main job: every method on the bundled Fashion-MNIST model family.
+
+  python -m specdec_jax.generate --out results
+  python -m specdec_jax.generate --config configs/generate.py --config.images_per_class=2 --out results
+
+Each method is a decoding mode plus an acceptance rule (specdec_jax.rules);
+all of them share one sampling configuration, so speed and drift compare
+like with like. Hyperparameters here are the defaults the README's table was
+measured with.
+"""
+
+import ml_collections
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.bundle_dir = ''  # '' = the bundled family shipped inside the package
+  config.seed = 0
+  config.images_per_class = 5  # a class-conditional batch of 10 x this many images
+  config.timing_repeats = 2  # timed runs per method after the compile run (best is kept)
+  config.grid_scale = 3  # PNG pixel repeat
+
+  config.sampling = ml_collections.ConfigDict(dict(
+      cfg_scale=2.0, cfg_interval=-1, temperature=1.0, top_k=0, top_p=1.0))
+
+  config.draft_length = 4  # k for drafter chains
+  config.jacobi_window = 8  # W for SJD / GSD / CSD
+  config.coolsd_delta = 2.0
+  config.uniform_omega = 2.0
+  config.lantern_k = 8
+  config.lantern_lam = 3.0
+  config.lantern_residual = 'optimal'
+  config.csd_lam = 0.3
+  config.csd_tv_threshold = 0.5
+  config.gsd_prob_threshold = 0.15
+  config.gsd_dist_threshold = 0.5
+
+  # Which methods run, in order. 'vanilla' must come first (it is the
+  # reference for speed and drift); 'vanilla_seed1' is a second vanilla run
+  # with another seed, the noise level of the drift measures.
+  config.methods = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp',
+                    'uniform', 'coolsd', 'sjd', 'gsd', 'csd')
+  return config

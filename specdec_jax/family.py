@@ -1,0 +1,200 @@
+"""The bundled default model family (Fashion-MNIST) and what the main job needs from it.
+
+Legend: N images, L = 256 tokens per image (16 x 16 grid), V codebook size,
+E target width, F classifier feature width.
+
+A bundle folder holds one `write_params_atomic` folder per model (the same
+format and loaders as converted LlamaGen checkpoints), the test split's
+classifier feature statistics and a manifest:
+
+  tokenizer/   VQ tokenizer          (converters.vq.load_tokenizer)
+  target/      LlamaGen c2i target   (converters.llamagen.load_llamagen)
+  eagle/       EAGLE-1 head          (converters.lantern_drafter.load_drafter)
+  draft_gpt/   small LlamaGen GPT    (converters.llamagen.load_llamagen)
+  classifier/  evaluation CNN        (converters.common.load_params)
+  reference_features.npz   mean/cov of classifier features of the test split
+  manifest.json            commands, data hashes, steps, final metrics
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import evaluation
+from specdec_jax.converters import common
+from specdec_jax.converters import lantern_drafter
+from specdec_jax.converters import llamagen as llamagen_converter
+from specdec_jax.converters import vq as vq_converter
+from specdec_jax.models import classifier as classifier_lib
+from specdec_jax.models import llamagen
+from specdec_jax.models import neighbors as neighbors_lib
+
+BUNDLE_DIR = pathlib.Path(__file__).resolve().parent / 'assets' / 'fashion_mnist'
+PARTS = ('tokenizer', 'target', 'eagle', 'draft_gpt', 'classifier')
+
+
+@dataclasses.dataclass
+class Family:
+  """Loaded models of one bundle plus evaluation helpers."""
+
+  tokenizer: Any
+  tokenizer_params: Any
+  target: llamagen.LlamaGenGPT
+  target_params: Any
+  eagle: Any
+  eagle_params: Any
+  draft_gpt: llamagen.LlamaGenGPT
+  draft_gpt_params: Any
+  classifier_params: Any
+  reference_mean: np.ndarray
+  reference_cov: np.ndarray
+  classifier_test_accuracy: float
+  manifest: dict
+
+  @property
+  def num_classes(self) -> int:
+    return self.target.config.num_classes
+
+  @property
+  def num_tokens(self) -> int:
+    return self.target.config.block_size
+
+  @property
+  def grid(self) -> tuple[int, int]:
+    side = int(round(self.num_tokens ** 0.5))
+    return side, side
+
+  def neighbors(self, k: int) -> jax.Array:
+    """LANTERN neighbour table int32[V, k] of the tokenizer's raw codebook."""
+    return jnp.asarray(_neighbors(self, k))
+
+  def token_embeddings(self) -> jax.Array:
+    """The target's input token embeddings [V, E] (GSD's distance space)."""
+    return jnp.asarray(self.target_params['tok_embeddings']['embedding'], jnp.float32)
+
+  def decode(self, tokens) -> np.ndarray:
+    """Token grids int[N, L] -> uint8[N, 32, 32, 1] images."""
+    images = self.tokenizer.decode(self.tokenizer_params, jnp.asarray(tokens, jnp.int32),
+                                   self.grid)
+    return np.asarray(self.tokenizer.to_uint8(images))
+
+  def classify(self, images) -> tuple[np.ndarray, np.ndarray]:
+    """uint8[N, 32, 32, 1] -> (class logits [N, 10], features [N, F])."""
+    logits, features = _classifier_apply(self.classifier_params, jnp.asarray(images))
+    return np.asarray(logits), np.asarray(features)
+
+  def frechet(self, features) -> float:
+    """Frechet distance of features [N, F] to the test split's statistics."""
+    mean, cov = evaluation.feature_statistics(features)
+    return evaluation.frechet_distance(mean, cov, self.reference_mean, self.reference_cov)
+
+  def guided_nll(self, labels, tokens, sampling) -> float:
+    """Mean per-token NLL of tokens [N, L] under the distribution decoding samples
+    from (CFG combine with the null class, then temperature / top-k / top-p)."""
+    labels = jnp.asarray(labels, jnp.int32)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    log_probs = _guided_log_probs(self.target, self.target_params, labels, tokens, sampling)
+    return evaluation.mean_token_nll(log_probs)
+
+  def manifest_summary(self) -> dict:
+    return {part: self.manifest.get(part, {}).get('final_metrics', {}) for part in PARTS}
+
+
+def _neighbors(family: Family, k: int) -> np.ndarray:
+  cache = family.__dict__.setdefault('_neighbor_cache', {})
+  if k not in cache:
+    cache[k] = neighbors_lib.neighbor_table_from_params(family.tokenizer_params, k)
+  return cache[k]
+
+
+@jax.jit
+def _classifier_apply(params, images):
+  return classifier_lib.Classifier().apply(params, images)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _guided_log_probs(target, params, labels, tokens, sampling):
+  """log p(token) [N, L] under Sampling.probs of teacher-forced logits."""
+  config = target.config
+  inputs = tokens[:, :-1]
+  cond_logits = llamagen.forward_logits(params, config, labels, inputs)
+  uncond_logits = None
+  if sampling.uses_cfg:
+    null = jnp.full_like(labels, config.num_classes)
+    uncond_logits = llamagen.forward_logits(params, config, null, inputs)
+  positions = jnp.arange(tokens.shape[1])[None, :]
+  probs = sampling.probs(cond_logits, uncond_logits, token_index=positions)
+  chosen = jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+  return jnp.log(chosen)
+
+
+def write_bundle(directory, *, tokenizer, tokenizer_params, target, target_params, eagle,
+                 eagle_params, draft_gpt, draft_gpt_params, classifier_params,
+                 classifier_test_accuracy: float, reference_mean, reference_cov,
+                 manifest: dict | None = None, overwrite: bool = False) -> pathlib.Path:
+  """Writes a bundle folder that `load` reads (each part written atomically).
+
+  eagle_params may include the target's head (`lm_head`); it is dropped, since
+  `load` re-attaches the target's own head.
+  """
+  root = pathlib.Path(directory)
+  root.mkdir(parents=True, exist_ok=True)
+  eagle_params = {k: v for k, v in eagle_params.items() if k != 'lm_head'}
+  parts = {
+      'tokenizer': (tokenizer_params, tokenizer.config, dict(kind='fashion_vq')),
+      'target': (target_params, dataclasses.asdict(target.config), dict(model='llamagen_gpt')),
+      'draft_gpt': (draft_gpt_params, dataclasses.asdict(draft_gpt.config),
+                    dict(model='llamagen_gpt')),
+      'eagle': (eagle_params, dataclasses.asdict(eagle.config), dict(model='eagle_drafter')),
+      'classifier': (classifier_params, dict(model='Classifier'),
+                     dict(test_accuracy=float(classifier_test_accuracy))),
+  }
+  for name, (params, config, meta) in parts.items():
+    common.write_params_atomic(root / name, jax.device_get(params), config=config,
+                               source_files=[], converter='specdec_jax.family.write_bundle',
+                               extra_meta=meta, overwrite=overwrite)
+  np.savez(root / 'reference_features.npz', mean=np.asarray(reference_mean),
+           cov=np.asarray(reference_cov))
+  (root / 'manifest.json').write_text(json.dumps(manifest or {}, indent=1, default=str))
+  return root
+
+
+def bundle_available(directory: str | pathlib.Path | None = None) -> bool:
+  root = pathlib.Path(directory) if directory else BUNDLE_DIR
+  return all((root / p / common.META_FILENAME).exists() for p in PARTS)
+
+
+def load(directory: str | pathlib.Path | None = None) -> Family:
+  """Loads a bundle (default: the one shipped in the package)."""
+  root = pathlib.Path(directory) if directory else BUNDLE_DIR
+  missing = [p for p in PARTS if not (root / p / common.META_FILENAME).exists()]
+  if missing or not (root / 'reference_features.npz').exists():
+    raise FileNotFoundError(
+        f'{root} is not a complete model bundle (missing: {missing or "reference_features.npz"}). '
+        'The repository ships one in specdec_jax/assets/fashion_mnist; rebuild it with '
+        'bench/train_family.sh, or pass --config.bundle_dir.')
+  tokenizer, tokenizer_params = vq_converter.load_tokenizer(root / 'tokenizer')
+  target, target_params = llamagen_converter.load_llamagen(root / 'target')
+  draft_gpt, draft_gpt_params = llamagen_converter.load_llamagen(root / 'draft_gpt')
+  eagle, eagle_params = lantern_drafter.load_drafter(root / 'eagle',
+                                                     target_params['output']['kernel'])
+  classifier_params, classifier_meta = common.load_params(root / 'classifier')
+  reference = np.load(root / 'reference_features.npz')
+  manifest = json.loads((root / 'manifest.json').read_text()) if (
+      root / 'manifest.json').exists() else {}
+  return Family(
+      tokenizer=tokenizer, tokenizer_params=tokenizer_params, target=target,
+      target_params=target_params, eagle=eagle, eagle_params=eagle_params,
+      draft_gpt=draft_gpt, draft_gpt_params=draft_gpt_params,
+      classifier_params=classifier_params, reference_mean=reference['mean'],
+      reference_cov=reference['cov'],
+      classifier_test_accuracy=float(classifier_meta.get('test_accuracy', float('nan'))),
+      manifest=manifest)

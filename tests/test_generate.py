@@ -1,0 +1,111 @@
+"""The main job end to end: the toy demo and the image pipeline on a tiny random bundle."""
+
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import demo
+from specdec_jax import family as family_lib
+from specdec_jax import generate
+from specdec_jax.configs import generate as generate_config
+from specdec_jax.models import classifier
+from specdec_jax.models import eagle
+from specdec_jax.models import llamagen
+from specdec_jax.models import vq
+
+
+def tiny_bundle(directory):
+  """A structurally complete bundle with random weights (no training)."""
+  tokenizer = vq.VQTokenizer(vq.small_vq_config(codebook_size=32, ch=32, z_channels=32))
+  tokenizer_params = tokenizer.init(0, (32, 32))
+  gpt = lambda dim, layers: llamagen.GPTConfig(
+      dim=dim, n_layer=layers, n_head=2, vocab_size=32, num_classes=10, block_size=256,
+      multiple_of=32)
+  target = llamagen.LlamaGenGPT(gpt(32, 2))
+  target_params = target.init_params(jax.random.key(1))
+  draft = llamagen.LlamaGenGPT(gpt(16, 1))
+  head = eagle.EagleDrafter(eagle.llamagen_drafter_config(target.config))
+  images = jnp.zeros((1, 32, 32, 1), jnp.uint8)
+  features = np.random.default_rng(0).normal(size=(64, 128))
+  return family_lib.write_bundle(
+      directory, tokenizer=tokenizer, tokenizer_params=tokenizer_params, target=target,
+      target_params=target_params, eagle=head, eagle_params=head.init_params(jax.random.key(2)),
+      draft_gpt=draft, draft_gpt_params=draft.init_params(jax.random.key(3)),
+      classifier_params=classifier.Classifier().init(jax.random.key(4), images),
+      classifier_test_accuracy=0.9, reference_mean=features.mean(0),
+      reference_cov=np.cov(features, rowvar=False), manifest={'note': 'test bundle'})
+
+
+class GenerateTest(absltest.TestCase):
+
+  def test_image_pipeline_on_tiny_bundle(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      bundle = tiny_bundle(os.path.join(tmp, 'bundle'))
+      self.assertTrue(family_lib.bundle_available(bundle))
+      family = family_lib.load(bundle)
+      config = generate_config.get_config()
+      config.images_per_class = 1
+      config.timing_repeats = 1
+      config.methods = ('vanilla', 'eagle', 'coolsd', 'csd')
+      out = os.path.join(tmp, 'out')
+      results = generate.evaluate(config, family, out)
+      saved = json.load(open(os.path.join(out, 'results.json')))
+      self.assertEqual(set(saved['methods']), set(config.methods))
+      for name, row in saved['methods'].items():
+        self.assertTrue(os.path.exists(os.path.join(out, f'{name}.png')))
+        for key in ('tokens_per_forward', 'speedup', 'nll_gap', 'frechet', 'class_accuracy',
+                    'hyperparameters'):
+          self.assertIn(key, row)
+        self.assertGreaterEqual(row['tokens_per_forward'], 1.0)
+      self.assertEqual(results['methods']['vanilla']['tokens_per_forward'], 1.0)
+      self.assertEqual(saved['methods']['vanilla']['nll_gap'], 0.0)
+
+  def test_missing_bundle_is_a_clear_error(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      self.assertFalse(family_lib.bundle_available(tmp))
+      with self.assertRaisesRegex(FileNotFoundError, 'not a complete model bundle'):
+        family_lib.load(tmp)
+    config = generate_config.get_config()
+    config.methods = ('eagle', 'vanilla')
+    with self.assertRaisesRegex(ValueError, "start with 'vanilla'"):
+      generate.build_methods(config, None)
+
+  def test_toy_demo_lossless_methods_match_target_law(self):
+    config = generate_config.get_config()
+    config.images_per_class = 2
+    config.timing_repeats = 1
+    config.methods = ('vanilla', 'eagle', 'uniform')
+    with tempfile.TemporaryDirectory() as tmp:
+      output = demo.evaluate(config, tmp)
+      self.assertTrue(os.path.exists(os.path.join(tmp, 'results.json')))
+    rows = output['methods']
+    self.assertEqual(rows['vanilla']['tokens_per_forward'], 1.0)
+    self.assertGreater(rows['eagle']['tokens_per_forward'], 1.5)
+    self.assertGreater(rows['uniform']['tokens_per_forward'], rows['eagle']['tokens_per_forward'])
+
+  def test_exact_nll_matches_a_direct_computation(self):
+    target, params, *_ = demo.build(0)
+    from specdec_jax import logits
+    sampling = logits.Sampling(cfg_scale=2.0)
+    labels = jnp.array([1], jnp.int32)
+    tokens = jnp.array([[3, 5, 2]], jnp.int32)
+    table = np.asarray(params['table'])
+    history_c, history_u = [target.bos, demo.VOCAB + 1], [target.bos, demo.VOCAB + demo.NUM_CLASSES]
+    total = 0.0
+    for i, token in enumerate([3, 5, 2]):
+      probs = sampling.probs(jnp.asarray(table[history_c[-2], history_c[-1]]),
+                             jnp.asarray(table[history_u[-2], history_u[-1]]))
+      total -= np.log(float(probs[token]))
+      history_c.append(token)
+      history_u.append(token)
+    self.assertAlmostEqual(demo.exact_nll(target, params, labels, tokens, sampling), total / 3,
+                           places=5)
+
+
+if __name__ == '__main__':
+  absltest.main()
