@@ -197,16 +197,23 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
       overwrite=overwrite)
 
 
-def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
-                   ) -> tuple[chameleon.ChameleonModel, Any]:
-  """(ChameleonModel, params) from a folder written by `convert`."""
-  params, meta = common.load_params(out_dir, dtype)
-  values = dict(meta['config'])
+def config_from_meta(config_cls, meta_config: dict, dtype: Any = None):
+  """Rebuilds a config dataclass stored by `config_to_dict` (dtype names -> dtypes),
+  optionally overriding the compute and parameter dtype."""
+  values = dict(meta_config)
   if dtype is not None:
     values['dtype'] = values['param_dtype'] = dtype
   values['dtype'] = jnp.dtype(values['dtype'])
   values['param_dtype'] = jnp.dtype(values['param_dtype'])
-  return chameleon.ChameleonModel(chameleon.ChameleonConfig(**values)), params
+  return config_cls(**values)
+
+
+def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
+                   ) -> tuple[chameleon.ChameleonModel, Any]:
+  """(ChameleonModel, params) from a folder written by `convert`."""
+  params, meta = common.load_params(out_dir, dtype)
+  config = config_from_meta(chameleon.ChameleonConfig, meta['config'], dtype)
+  return chameleon.ChameleonModel(config), params
 
 
 FLAGS = flags.FLAGS

@@ -184,12 +184,8 @@ def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
                    ) -> tuple[janus.JanusModel, Any]:
   """(JanusModel, params) from a folder written by `convert`."""
   params, meta = common.load_params(out_dir, dtype)
-  values = dict(meta['config'])
-  if dtype is not None:
-    values['dtype'] = values['param_dtype'] = dtype
-  values['dtype'] = jnp.dtype(values['dtype'])
-  values['param_dtype'] = jnp.dtype(values['param_dtype'])
-  return janus.JanusModel(janus.JanusConfig(**values)), params
+  config = chameleon_converter.config_from_meta(janus.JanusConfig, meta['config'], dtype)
+  return janus.JanusModel(config), params
 
 
 FLAGS = flags.FLAGS
