@@ -38,9 +38,6 @@ flags.DEFINE_string('workdir', None, 'Where to write the checkpoints (default: a
 flags.DEFINE_string('json', None, 'Also write the results to this JSON file.')
 flags.DEFINE_string('dtype', 'bfloat16', 'Converted param dtype.')
 flags.DEFINE_bool('keep', False, 'Keep the written checkpoints.')
-flags.DEFINE_bool('orbax_no_ocdbt', False,
-                  'Experiment: write with StandardCheckpointer(use_ocdbt=False), the '
-                  'change proposed for converters/common.py (OCDBT buffers a copy).')
 flags.DEFINE_bool('reuse', False, 'Reuse a checkpoint already in --workdir/hf.')
 
 HIDDEN, HEADS, FFN, VOCAB = 1024, 8, 2816, 8832
@@ -94,9 +91,6 @@ def report():
     f.write(str(int(peak) * 1024))
 atexit.register(report)
 module, sys.argv = sys.argv[2], [sys.argv[2]] + sys.argv[3:]
-if os.environ.get('BENCH_ORBAX_NO_OCDBT') == '1':  # measures a proposed common.py change
-  import functools, orbax.checkpoint as ocp
-  ocp.StandardCheckpointer = functools.partial(ocp.StandardCheckpointer, use_ocdbt=False)
 if module == 'baseline':
   import jax, specdec_jax.converters.chameleon, orbax.checkpoint
   jax.numpy.zeros(1).block_until_ready()
@@ -108,9 +102,7 @@ else:
 def peak_rss_bytes(module: str, args: list[str], workdir: pathlib.Path) -> int:
   """Runs `python -m module args` in a subprocess; returns its peak RSS in bytes."""
   report = workdir / 'peak_rss.txt'
-  env = dict(os.environ, BENCH_ORBAX_NO_OCDBT='1' if FLAGS.orbax_no_ocdbt else '0')
-  subprocess.run([sys.executable, '-c', _MEASURE, str(report), module] + args, check=True,
-                 env=env)
+  subprocess.run([sys.executable, '-c', _MEASURE, str(report), module] + args, check=True)
   return int(report.read_text())
 
 
@@ -149,7 +141,6 @@ def main(argv):
       'num_shards': len(shards),
       'largest_shard_bytes': max(p.stat().st_size for p in shards),
       'converted_dtype': FLAGS.dtype,
-      'orbax_no_ocdbt': FLAGS.orbax_no_ocdbt,
       'output_bytes': output_bytes,
       'baseline_rss_bytes': baseline,
       'peak_rss_bytes': peak,
