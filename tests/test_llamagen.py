@@ -384,6 +384,14 @@ class GreedyEndToEndTest(absltest.TestCase):
     np.testing.assert_array_equal(generated, expected[0])
     self.assertGreater(len(set(generated)), 3)  # not a degenerate constant
 
+    # Through the compiled engine: vanilla and lossless Jacobi SD, greedy CFG.
+    from specdec_jax import decode, logits, rules  # pylint: disable=g-import-not-at-top
+    sampling = logits.Sampling(cfg_scale=cfg_scale, temperature=0)
+    for mode, rule in ((decode.Vanilla(), None), (decode.Jacobi(window=3), rules.Lossless())):
+      result = decode.generate(model, params, cond, num_tokens=config.block_size,
+                               key=jax.random.key(0), mode=mode, rule=rule, sampling=sampling)
+      np.testing.assert_array_equal(result.tokens[0], expected[0], err_msg=type(mode).__name__)
+
 
 class ConverterTest(absltest.TestCase):
 
