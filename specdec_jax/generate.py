@@ -39,9 +39,6 @@ from specdec_jax import logits as logits_lib
 from specdec_jax import rules
 from specdec_jax.configs import generate as default_config
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.abspath(default_config.__file__), 'Generation configuration.')
-_OUT = flags.DEFINE_string('out', 'results', 'Folder for PNG grids and results.json.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,21 +194,30 @@ def format_table(results: dict, classifier_accuracy: float) -> str:
   return '\n'.join(lines)
 
 
+def define_flags() -> None:
+  """Defines the command-line flags (only when run as a program, so importing this
+  module next to other absl apps does not clash on flag names)."""
+  config_flags.DEFINE_config_file('config', os.path.abspath(default_config.__file__),
+                                  'Generation configuration.')
+  flags.DEFINE_string('out', 'results', 'Folder for PNG grids and results.json.')
+
+
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config, out_dir = flags.FLAGS.config, flags.FLAGS.out
   if not config.bundle_dir and not family_lib.bundle_available():
     logging.warning('The bundled Fashion-MNIST model family is not part of this build yet '
                     '(see README, "Bundled model"); running the core demo on toy Markov '
                     'models instead.')
-    demo.evaluate(config, _OUT.value)
+    demo.evaluate(config, out_dir)
     return
   family = family_lib.load(config.bundle_dir or None)
-  evaluate(config, family, _OUT.value)
+  evaluate(config, family, out_dir)
 
 
 def run():
   """Console-script entry point (`specdec-generate`)."""
+  define_flags()
   app.run(main)
 
 

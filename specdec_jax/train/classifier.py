@@ -29,8 +29,6 @@ from specdec_jax import training
 from specdec_jax.converters import common
 from specdec_jax.models import classifier
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training configuration.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Output folder.')
 
 
 def make_step(model, optimizer):
@@ -91,15 +89,22 @@ def train(config, workdir, train_data, test_data):
 
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config = flags.FLAGS.config
   directory = config.data_dir or None
   train_images, train_labels = fashion_mnist.load('train', directory)
   test_images, test_labels = fashion_mnist.load('test', directory)
-  train(config, _WORKDIR.value,
+  train(config, flags.FLAGS.workdir,
         (fashion_mnist.pad_to_32(train_images), train_labels),
         (fashion_mnist.pad_to_32(test_images), test_labels))
 
 
-if __name__ == '__main__':
+def define_flags() -> None:
+  """Defines the command-line flags (only when run as a program)."""
+  config_flags.DEFINE_config_file('config', None, 'Training configuration.')
+  flags.DEFINE_string('workdir', None, 'Output folder.')
   flags.mark_flags_as_required(['config', 'workdir'])
+
+
+if __name__ == '__main__':
+  define_flags()
   app.run(main)
