@@ -49,8 +49,8 @@ def guided_probs(sampling, logits: jax.Array, token_index: jax.Array, cfg: bool)
       (decides the CFG interval).
     cfg: whether the rows are [cond; uncond].
   """
-  if not cfg:
-    return sampling.probs(logits)
+  if not cfg:  # token_index still goes in: position-aware processors (Lumina layout) use it
+    return sampling.probs(logits, token_index=token_index)
   num_images = logits.shape[0] // 2
   return sampling.probs(logits[:num_images], logits[num_images:], token_index=token_index)
 
