@@ -34,6 +34,7 @@ import numpy as np
 
 META_FILENAME = 'specdec_meta.json'
 PARAMS_SUBDIR = 'params'
+PER_KEY_LAYOUT = 'per_top_level_key'  # params/<key>/ holds one Orbax item per entry
 TORCH_SUFFIXES = ('.pt', '.pth', '.bin', '.ckpt')
 SAFETENSORS_SUFFIXES = ('.safetensors',)
 
@@ -377,6 +378,7 @@ def write_params_atomic(
     extra_meta: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     use_ocdbt: bool = False,
+    consume: bool = False,
 ) -> pathlib.Path:
   """Writes an Orbax checkpoint of `params` plus `specdec_meta.json`, atomically.
 
@@ -396,6 +398,8 @@ def write_params_atomic(
     use_ocdbt: Orbax's OCDBT format. Off by default: one file per array keeps
       peak host memory near 1.2x the checkpoint, while OCDBT buffers a second
       copy while saving (bench/convert_memory.py measured 1.8x for 2 GB).
+    consume: pop the top-level entries of a dict `params` as they are written
+      (the caller's dict is emptied), so converted weights are not held twice.
   Returns:
     The absolute path of `out_dir`.
   Raises:
@@ -433,8 +437,22 @@ def write_params_atomic(
                  meta['dtype'], out_dir)
     checkpointer = (ocp.StandardCheckpointer() if use_ocdbt
                     else ocp.StandardCheckpointer(use_ocdbt=False))
-    checkpointer.save(tmp_dir / PARAMS_SUBDIR, params)
-    checkpointer.wait_until_finished()
+    if isinstance(params, Mapping) and params:
+      # One Orbax item per top-level entry (a layer, the embeddings, ...): the
+      # save buffers one entry at a time, and with `consume` each entry is
+      # released once written, so peak host memory stays near one copy.
+      meta['params_layout'] = PER_KEY_LAYOUT
+      meta['params_keys'] = [str(k) for k in params]
+      progress = Progress(len(meta['params_keys']), what='parameter groups', verb='writing')
+      for name in list(params):
+        entry = params.pop(name) if consume else params[name]
+        checkpointer.save(tmp_dir / PARAMS_SUBDIR / str(name), {'value': entry})
+        checkpointer.wait_until_finished()
+        del entry
+        progress.step(str(name))
+    else:
+      checkpointer.save(tmp_dir / PARAMS_SUBDIR, params)
+      checkpointer.wait_until_finished()
     checkpointer.close()
     with open(tmp_dir / META_FILENAME, 'w') as f:
       json.dump(meta, f, indent=2, sort_keys=True)
@@ -479,6 +497,10 @@ def load_params(out_dir: str | os.PathLike, dtype: Any = None) -> tuple[Any, dic
   out_dir = pathlib.Path(out_dir).absolute()
   meta = read_meta(out_dir)
   checkpointer = ocp.StandardCheckpointer()
-  params = checkpointer.restore(out_dir / PARAMS_SUBDIR)
+  if meta.get('params_layout') == PER_KEY_LAYOUT:
+    params = {name: checkpointer.restore(out_dir / PARAMS_SUBDIR / name)['value']
+              for name in meta['params_keys']}
+  else:
+    params = checkpointer.restore(out_dir / PARAMS_SUBDIR)
   checkpointer.close()
   return cast_params(params, dtype), meta

@@ -199,7 +199,7 @@ def convert_file(
   out = common.write_params_atomic(
       output_dir, params, config=dataclasses.asdict(config), source_files=[input_path],
       converter=CONVERTER_NAME, extra_meta={'model': 'llamagen_gpt', 'use_ema': use_ema},
-      overwrite=overwrite)
+      overwrite=overwrite, consume=True)
   return str(out)
 
 
