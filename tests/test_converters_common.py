@@ -164,11 +164,24 @@ class WriteParamsTest(absltest.TestCase):
     self.assertEqual(bf16['layer']['kernel'].dtype, jnp.bfloat16)
     self.assertEqual(bf16['ids'].dtype, np.int32)
 
-  def test_without_ocdbt(self):
+  def test_with_ocdbt(self):
     out = common.write_params_atomic(self.dir / 'out', self.params, config={},
-                                     source_files=[], use_ocdbt=False)
+                                     source_files=[], use_ocdbt=True)
     params, _ = common.load_params(out)
     np.testing.assert_array_equal(params['layer']['kernel'], self.params['layer']['kernel'])
+
+  def test_per_entry_layout_and_consume(self):
+    """Each top-level entry is its own Orbax item; consume empties the caller's dict."""
+    expected = {k: v for k, v in self.params.items()}
+    out = common.write_params_atomic(self.dir / 'out', self.params, config={},
+                                     source_files=[], consume=True)
+    self.assertEqual(self.params, {})
+    self.assertEqual(sorted(os.listdir(out / common.PARAMS_SUBDIR)), ['ids', 'layer'])
+    params, meta = common.load_params(out)
+    self.assertEqual(meta['params_layout'], common.PER_KEY_LAYOUT)
+    self.assertEqual(meta['num_params'], 15)  # counted before consuming
+    np.testing.assert_array_equal(params['layer']['kernel'], expected['layer']['kernel'])
+    np.testing.assert_array_equal(params['ids'], expected['ids'])
 
   def test_refuses_overwrite_unless_asked(self):
     out = common.write_params_atomic(self.dir / 'out', self.params, config={},
