@@ -44,8 +44,25 @@ def adamw(learning_rate: float, *, total_steps: int, warmup_steps: int = 0,
 
 
 def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-  return TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
-                    opt_state=optimizer.init(params))
+  """A fresh state with every array committed to the default device.
+
+  Restored checkpoints come back committed; a fresh state must be too, or
+  the compiled step is not reused after a resume in the same process (jit
+  caches on committedness).
+  """
+  state = TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
+                     opt_state=optimizer.init(params))
+  return jax.device_put(state, jax.devices()[0])
+
+
+def define_train_flags() -> None:
+  """--config and --workdir of a training entry point (defined only when run as a
+  program, so importing several trainers in one process does not clash)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file('config', None, 'Training configuration.')
+  flags.DEFINE_string('workdir', None, 'Output folder.')
+  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator], *,

@@ -19,7 +19,6 @@ from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
-from ml_collections import config_flags
 import numpy as np
 import optax
 
@@ -98,13 +97,8 @@ def main(argv):
         (fashion_mnist.pad_to_32(test_images), test_labels))
 
 
-def define_flags() -> None:
-  """Defines the command-line flags (only when run as a program)."""
-  config_flags.DEFINE_config_file('config', None, 'Training configuration.')
-  flags.DEFINE_string('workdir', None, 'Output folder.')
-  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 if __name__ == '__main__':
-  define_flags()
+  training.define_train_flags()
   app.run(main)

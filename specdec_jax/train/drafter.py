@@ -49,7 +49,6 @@ from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
-from ml_collections import config_flags
 import numpy as np
 import optax
 
@@ -320,7 +319,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
   frozen = frozen_params(target_params, config.embedding_source)
   trainable = init_trainable(drafter, config.seed)
   optimizer = optimizer_from(config)
-  state = train_vq.committed_state(trainable, optimizer)
+  state = training.init_state(trainable, optimizer)
 
   tokens, labels = training_sequences(config, workdir, target, target_params, data)
   sequences_info = {'source': config.data_source, 'count': int(len(tokens))}
@@ -371,13 +370,8 @@ def main(argv):
         train_gpt.load_tokens(config.tokens_path))
 
 
-def define_flags() -> None:
-  """--config and --workdir (only when run as a program)."""
-  config_flags.DEFINE_config_file('config', None, 'Training configuration.')
-  flags.DEFINE_string('workdir', None, 'Output folder.')
-  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 if __name__ == '__main__':
-  define_flags()
+  training.define_train_flags()
   app.run(main)

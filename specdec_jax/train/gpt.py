@@ -27,7 +27,6 @@ from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
-from ml_collections import config_flags
 import numpy as np
 import optax
 
@@ -211,7 +210,7 @@ def train(config, workdir: str, data: dict):
                              warmup_steps=config.warmup_steps,
                              weight_decay=config.weight_decay, b1=config.b1, b2=config.b2,
                              clip_norm=config.clip_norm or None)
-  state = train_vq.committed_state(params, optimizer)
+  state = training.init_state(params, optimizer)
   state, history = training.fit(
       make_step(gpt, optimizer, config.class_dropout, train_vq.step_compiler_options(config)),
       state,
@@ -242,13 +241,8 @@ def main(argv):
   train(flags.FLAGS.config, flags.FLAGS.workdir, load_tokens(flags.FLAGS.config.tokens_path))
 
 
-def define_flags() -> None:
-  """--config and --workdir (only when run as a program: the trainers import each other)."""
-  config_flags.DEFINE_config_file('config', None, 'Training configuration.')
-  flags.DEFINE_string('workdir', None, 'Output folder.')
-  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 if __name__ == '__main__':
-  define_flags()
+  training.define_train_flags()
   app.run(main)

@@ -43,7 +43,6 @@ from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
-from ml_collections import config_flags
 import numpy as np
 import optax
 
@@ -107,17 +106,6 @@ def write_manifest(workdir: str, *, config: Any, steps: int, metrics: dict,
 def step_compiler_options(config) -> dict | None:
   """XLA options for a trainer's step: FAST_COMPILE if `config.fast_compile`."""
   return dict(FAST_COMPILE) if config.get('fast_compile', False) else None
-
-
-def committed_state(params, optimizer) -> training.TrainState:
-  """`training.init_state` with every array committed to the default device.
-
-  Restored checkpoints come back committed; a fresh state must be too, or
-  the compiled step is not reused after a resume in the same process (jit
-  caches on committedness).
-  """
-  state = training.init_state(params, optimizer)
-  return jax.device_put(state, jax.devices()[0])
 
 
 # ----------------------------------------------------------------- model ---
@@ -267,7 +255,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   optimizer, step = optimizer_and_step(
       tokenizer, tuple(sorted(settings.items())), config.dead_code_every,
       tuple(sorted((step_compiler_options(config) or {}).items())))
-  state = committed_state(params, optimizer)
+  state = training.init_state(params, optimizer)
   state, history = training.fit(
       step, state,
       training.epoch_batches((train_data[0],), config.batch_size, config.seed),
@@ -324,13 +312,8 @@ def main(argv):
         data_info=info)
 
 
-def define_flags() -> None:
-  """--config and --workdir (only when run as a program: the trainers import each other)."""
-  config_flags.DEFINE_config_file('config', None, 'Training configuration.')
-  flags.DEFINE_string('workdir', None, 'Output folder.')
-  flags.mark_flags_as_required(['config', 'workdir'])
 
 
 if __name__ == '__main__':
-  define_flags()
+  training.define_train_flags()
   app.run(main)
