@@ -18,7 +18,6 @@ The issue's target: peak at most about 1.3x the checkpoint size for 7B
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess

@@ -39,7 +39,7 @@ def cached_attention(
   values = cache.values[layer]
   num_heads, num_kv_heads = queries.shape[2], keys.shape[2]
   group = num_heads // num_kv_heads
-  batch, slots = keys.shape[0], keys.shape[1]
+  batch = keys.shape[0]
   head_dim = queries.shape[-1]
   q = queries.reshape(batch, num_new, num_kv_heads, group, head_dim)
   scores = jnp.einsum('btkgd,bskd->bkgts', q, keys.astype(q.dtype),

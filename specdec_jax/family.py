@@ -58,6 +58,7 @@ class Family:
   reference_cov: np.ndarray
   classifier_test_accuracy: float
   manifest: dict
+  _neighbor_tables: dict = dataclasses.field(default_factory=dict, repr=False)
 
   @property
   def num_classes(self) -> int:
@@ -73,8 +74,11 @@ class Family:
     return side, side
 
   def neighbors(self, k: int) -> jax.Array:
-    """LANTERN neighbour table int32[V, k] of the tokenizer's raw codebook."""
-    return jnp.asarray(_neighbors(self, k))
+    """LANTERN neighbour table int32[V, k] of the tokenizer's raw codebook (cached)."""
+    if k not in self._neighbor_tables:
+      self._neighbor_tables[k] = jnp.asarray(
+          neighbors_lib.neighbor_table_from_params(self.tokenizer_params, k))
+    return self._neighbor_tables[k]
 
   def token_embeddings(self) -> jax.Array:
     """The target's input token embeddings [V, E] (GSD's distance space)."""
@@ -106,13 +110,6 @@ class Family:
 
   def manifest_summary(self) -> dict:
     return {part: self.manifest.get(part, {}).get('final_metrics', {}) for part in PARTS}
-
-
-def _neighbors(family: Family, k: int) -> np.ndarray:
-  cache = family.__dict__.setdefault('_neighbor_cache', {})
-  if k not in cache:
-    cache[k] = neighbors_lib.neighbor_table_from_params(family.tokenizer_params, k)
-  return cache[k]
 
 
 @jax.jit

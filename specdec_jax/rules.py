@@ -28,7 +28,6 @@ the leaves are tracers and are not re-checked).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, ClassVar
 

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import rules as rules_lib
 
 _PROB_SUM_TOLERANCE = 1e-3
 
