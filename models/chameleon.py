@@ -317,6 +317,12 @@ class ChameleonModel:
   def hidden_size(self) -> int:
     return self.config.hidden_size
 
+  @property
+  def image_token_range(self) -> tuple[int, int]:
+    """Image tokens are the BPE ids 4..8195 (VQ code + 4); see `protocol.image_token_range`."""
+    first = lumina_layout.FIRST_IMAGE_TOKEN
+    return first, first + lumina_layout.NUM_IMAGE_CODES
+
   def init_params(self, rng: jax.Array) -> Any:
     """Random parameters (tests, benchmarks)."""
     cache = self.init_cache(1, 1)

@@ -201,6 +201,11 @@ class JanusModel:
     return self.config.image_vocab_size
 
   @property
+  def image_token_range(self) -> tuple[int, int]:
+    """Every logit is an image code; see `protocol.image_token_range`."""
+    return 0, self.config.image_vocab_size
+
+  @property
   def hidden_size(self) -> int:
     return self.config.hidden_size
 

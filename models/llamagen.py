@@ -367,6 +367,11 @@ class LlamaGenGPT:
     return self.config.vocab_size
 
   @property
+  def image_token_range(self) -> tuple[int, int]:
+    """Every token is a VQ code; see `protocol.image_token_range`."""
+    return 0, self.config.vocab_size
+
+  @property
   def hidden_size(self) -> int:
     return self.config.dim
 

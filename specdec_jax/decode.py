@@ -43,6 +43,7 @@ from specdec_jax import kv_cache as kv
 from specdec_jax import logits as logits_lib
 from specdec_jax import metrics as metrics_lib
 from specdec_jax import modes as modes_lib
+from specdec_jax import protocol
 from specdec_jax import sharding
 from specdec_jax import verify
 
@@ -201,7 +202,8 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
     metrics = metrics.add_draft_forwards(1 + forwards)
   elif isinstance(mode, Jacobi):
     drafts, draft_probs = drafting.jacobi_fresh(
-        _step_keys(row_keys, 0, 1), num_slots, vocab, mode.init, first)
+        _step_keys(row_keys, 0, 1), num_slots, vocab, mode.init, first,
+        protocol.image_token_range(plan.target))
   else:
     drafts = jnp.zeros((num_images, 0), jnp.int32)
     draft_probs = jnp.zeros((num_images, 0, vocab), jnp.float32)
@@ -274,7 +276,8 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
         drafts = drafts.at[:, 0].set(0)
     elif isinstance(mode, Jacobi):
       drafts, draft_probs = drafting.jacobi_next(
-          draft_keys, target_probs, num_accepted, next_token, mode.init)
+          draft_keys, target_probs, num_accepted, next_token, mode.init,
+          protocol.image_token_range(plan.target))
     else:
       drafts, draft_probs = state.drafts, state.draft_probs
 

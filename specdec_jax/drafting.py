@@ -204,23 +204,32 @@ def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hi
   return node_tokens, node_probs, kv.set_lengths(cache, committed)
 
 
-def jacobi_fresh(keys, num: int, vocab: int, init: str, left_token):
+def jacobi_fresh(keys, num: int, vocab: int, init: str, left_token,
+                 token_range: tuple[int, int] | None = None):
   """Fresh Jacobi drafts and their one-hot draft distributions.
 
-  'random': uniform token ids (SJD's default); 'spatial': repeat the left
-  neighbour (SJD's 'repeat_horizon' for LlamaGen). A fresh draft is a point
-  mass, so its draft distribution is one-hot and acceptance is t(x).
+  'random': token ids uniform over the model's image tokens `token_range`
+  (start, stop), default the whole vocabulary (SJD's default init draws from
+  the image-token ids only; `protocol.image_token_range` gives a model's);
+  'spatial': repeat the left neighbour (SJD's 'repeat_horizon' for LlamaGen).
+  A fresh draft is a point mass, so its draft distribution is one-hot and
+  acceptance is t(x).
   Returns (int32[B, num], f32[B, num, V]).
   """
+  start, stop = (0, vocab) if token_range is None else token_range
+  if not 0 <= start < stop <= vocab:
+    raise ValueError(f'jacobi_fresh: token_range must be a non-empty range inside [0, {vocab}], '
+                     f'got {token_range!r}.')
   if init == 'random':
-    tokens = jax.vmap(lambda key: jax.random.randint(key, (num,), 0, vocab))(keys)
+    tokens = jax.vmap(lambda key: jax.random.randint(key, (num,), start, stop))(keys)
   else:
     tokens = jnp.repeat(left_token[:, None], num, axis=1)
   tokens = tokens.astype(jnp.int32)
   return tokens, jax.nn.one_hot(tokens, vocab, dtype=jnp.float32)
 
 
-def jacobi_next(keys, target_probs, num_accepted, next_token, init: str):
+def jacobi_next(keys, target_probs, num_accepted, next_token, init: str,
+                token_range: tuple[int, int] | None = None):
   """SJD's window update (Teng et al. 2025, as released): the next drafts.
 
   Every window index i also draws y_i ~ t_i; after committing n accepted
@@ -231,6 +240,7 @@ def jacobi_next(keys, target_probs, num_accepted, next_token, init: str):
 
   Args:
     keys: [B]; target_probs: f32[B, W, V]; num_accepted, next_token: int32[B].
+    init, token_range: as `jacobi_fresh`.
   Returns:
     (drafts int32[B, W-1], draft_probs f32[B, W-1, V]).
   """
@@ -245,7 +255,8 @@ def jacobi_next(keys, target_probs, num_accepted, next_token, init: str):
   carried_probs = jnp.take_along_axis(target_probs, clipped[..., None], axis=1)
   any_carried = num_accepted < window - 1
   left = jnp.where(any_carried, samples[:, window - 1], next_token)
-  fresh_tokens, fresh_probs = jacobi_fresh(fresh_keys, window - 1, vocab, init, left)
+  fresh_tokens, fresh_probs = jacobi_fresh(fresh_keys, window - 1, vocab, init, left,
+                                           token_range)
   del batch
   return (jnp.where(carried, carried_tokens, fresh_tokens),
           jnp.where(carried[..., None], carried_probs, fresh_probs))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from specdec_jax import drafting
 from specdec_jax import logits as logits_lib
+from specdec_jax import protocol
 from specdec_jax import rules as rules_lib
 from specdec_jax import verify
 
@@ -40,7 +41,12 @@ class TreeDraft:
 
 @dataclasses.dataclass(frozen=True)
 class Jacobi:
-  """Speculative Jacobi decoding (SJD; GSD/CSD via their rules): window W, no draft model."""
+  """Speculative Jacobi decoding (SJD; GSD/CSD via their rules): window W, no draft model.
+
+  init 'random' draws fresh drafts uniformly from the target's image tokens
+  (`protocol.image_token_range`, e.g. Lumina-mGPT's 8192 ids 4..8195, as SJD's
+  released code); 'spatial' repeats the token to the left.
+  """
 
   window: int
   init: str = 'random'
@@ -125,6 +131,7 @@ def validate(target, target_params, draft, mode, sampling, rule, cond, draft_con
     if mode.init not in ('random', 'spatial'):
       raise ValueError(f"generate: Jacobi.init must be 'random' or 'spatial', got "
                        f'{mode.init!r}.')
+    protocol.image_token_range(target)  # random drafts are drawn from it: check it now
   if isinstance(mode, TreeDraft) and not isinstance(mode.tree, verify.StaticTree):
     raise ValueError('generate: TreeDraft.tree must be a verify.StaticTree, e.g. '
                      'StaticTree.from_paths(((0,), (1,), (0, 0))).')

@@ -52,6 +52,11 @@ class DecodeModel(Protocol):
   def prefix_length(self, cond: Any) -> int:
     """Static number of cache slots the condition occupies (P)."""
 
+  # Optional: `image_token_range -> (start, stop)`, the half-open range of
+  # token ids that are image tokens (what Jacobi decoding's random drafts are
+  # drawn from). Models without it use the whole vocabulary (0, V); see
+  # `image_token_range` below.
+
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     """An empty cache for B rows and S slots, in the model's compute dtype."""
 
@@ -75,3 +80,25 @@ class DecodeModel(Protocol):
     window_mask bool[T, T] and depths int32[T] describe a token tree (default:
     a causal chain with depths arange(T)); positions are row length + depth.
     """
+
+
+def image_token_range(model: Any) -> tuple[int, int]:
+  """The model's image-token ids as a half-open range (start, stop).
+
+  Models declare it with an `image_token_range` property (Lumina-mGPT /
+  Chameleon: (4, 8196), its 8192 VQ codes); without one the whole vocabulary
+  (0, V) is image tokens (LlamaGen, Janus-Pro, the toys). SJD draws its random
+  Jacobi drafts uniformly from this range (Teng et al. 2025, released code).
+
+  Raises:
+    ValueError: if the declared range is empty or not inside [0, V).
+  """
+  vocab = int(model.vocab_size)
+  declared = getattr(model, 'image_token_range', None)
+  if declared is None:
+    return 0, vocab
+  start, stop = (int(x) for x in declared)
+  if not 0 <= start < stop <= vocab:
+    raise ValueError(f'{type(model).__name__}.image_token_range must be a non-empty range '
+                     f'(start, stop) inside [0, vocab_size={vocab}], got {declared!r}.')
+  return start, stop

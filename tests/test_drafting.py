@@ -68,6 +68,34 @@ class JacobiTest(absltest.TestCase):
     np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(tokens, VOCAB)))
     self.assertGreater(len(np.unique(np.asarray(tokens))), 1)
 
+  def test_random_init_draws_only_the_image_token_range(self):
+    """SJD draws random drafts from the image tokens only (Lumina-mGPT: ids 4..8195)."""
+    vocab, token_range = 16, (4, 12)
+    fresh = jax.jit(drafting.jacobi_fresh, static_argnums=(1, 2, 3, 5))
+    tokens, probs = fresh(jax.random.split(jax.random.key(2), 256), 8, vocab, 'random',
+                          jnp.zeros((256,), jnp.int32), token_range)
+    tokens = np.asarray(tokens)
+    self.assertTrue(np.all((tokens >= 4) & (tokens < 12)))
+    self.assertEqual(set(np.unique(tokens).tolist()), set(range(4, 12)))  # all of it, uniform
+    counts = np.bincount(tokens.reshape(-1) - 4, minlength=8)
+    self.assertGreater(stats.chisquare(counts).pvalue, 1e-4)
+    np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(tokens, vocab)))
+    with self.assertRaisesRegex(ValueError, 'token_range'):
+      drafting.jacobi_fresh(jax.random.split(jax.random.key(0), 2), 3, vocab, 'random',
+                            jnp.zeros((2,), jnp.int32), (12, 12))
+
+  def test_window_refill_draws_only_the_image_token_range(self):
+    vocab, window, batch = 16, 6, 64
+    target_probs = jnp.full((batch, window, vocab), 1.0 / vocab)
+    next_window = jax.jit(drafting.jacobi_next, static_argnums=(4, 5))
+    # All drafts accepted: the whole next window is fresh.
+    drafts, probs = next_window(jax.random.split(jax.random.key(3), batch), target_probs,
+                                jnp.full((batch,), window - 1), jnp.zeros((batch,), jnp.int32),
+                                'random', (4, 8))
+    drafts = np.asarray(drafts)
+    self.assertTrue(np.all((drafts >= 4) & (drafts < 8)), drafts)
+    np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(drafts, vocab)))
+
 
 def _prefilled(model, params, cond, capacity=16):
   return model.prefill(params, model.init_cache(cond.shape[0], capacity), cond).cache

@@ -72,6 +72,17 @@ class LayoutTest(parameterized.TestCase):
     self.assertTrue(finite[4] and finite[8195] and not finite[3] and not finite[8196])
     self.assertEqual(np.nonzero(np.isfinite(np.asarray(out[0, 2])))[0].tolist(), [8803])
 
+  def test_chameleon_declares_the_layout_image_tokens(self):
+    """Jacobi random drafts use the model's image_token_range: exactly the ids the
+    layout allows at an image position."""
+    from specdec_jax import protocol  # pylint: disable=g-import-not-at-top
+    from specdec_jax.models import chameleon  # pylint: disable=g-import-not-at-top
+    model = chameleon.ChameleonModel(chameleon.ChameleonConfig(vocab_size=VOCAB))
+    start, stop = protocol.image_token_range(model)
+    self.assertEqual((start, stop), (4, 8196))
+    allowed = np.asarray(ll.layout_mask(jnp.array(0), ll.ImageLayout(2, 3), VOCAB))
+    np.testing.assert_array_equal(np.nonzero(allowed)[0], np.arange(start, stop))
+
   def test_mask_needs_layout_ids_in_vocab(self):
     with self.assertRaisesRegex(ValueError, 'vocab_size 100'):
       ll.layout_mask(jnp.zeros((1,), jnp.int32), ll.ImageLayout(2, 2), 100)
