@@ -136,24 +136,40 @@ class UniformRelaxed(Rule):
 
 @flax.struct.dataclass
 class CoolSD(Rule):
-  """COOL-SD (Li et al., AAAI 2026): f_i = min(1, w_i t/d), w_i = delta exp(-nu i - mu).
+  """COOL-SD (Li et al., AAAI 2026): f_i = min(1, w_i t/d) with the annealed weight
 
-  Residual G* = Norm([t - d f_i]_+) (their Eq. 5), which also keeps positions
-  with w_i < 1 exactly lossless. `mu=None` means mean-normalised over the
-  draft window (mean_i w_i = delta); the window length is set by the decoder
-  through `for_window(k)` or given here.
+      w_i = max(1, delta exp(-nu i - mu))      (default, floor_at_one=True)
+      w_i = delta exp(-nu i - mu)              (floor_at_one=False)
+
+  at the 1-based draft position i. Residual G* = Norm([t - d f_i]_+) (their
+  Eq. 5). `mu=None` means mean-normalised over the draft window: the window
+  mean of the *unfloored* w_i is delta (the window length is set by the
+  decoder through `for_window(k)` or given here).
+
+  Why the floor is the default: under G*, any w <= 1 is exactly lossless
+  (d f = min(d, w t) <= t everywhere, so the emitted token has law t), and
+  among those exact weights w = 1 accepts the most (sum_x min(d, w t) grows
+  with w). Flooring at 1 therefore changes nothing where w_i >= 1 and, where
+  the schedule dips below 1, keeps the output exact while accepting as much as
+  lossless speculative sampling: the floored rule dominates the unfloored one
+  (which can accept *less* than `Lossless` on a strong drafter). The
+  unfloored schedule, with its below-lossless late positions, is kept as
+  `floor_at_one=False`.
   """
 
   delta: Any = 1.0
   nu: Any = 0.7
   mu: Any = None
   window: int | None = flax.struct.field(pytree_node=False, default=None)
+  floor_at_one: bool = flax.struct.field(pytree_node=False, default=True)
 
   def __post_init__(self):
     _check('CoolSD', 'delta', self.delta, lambda v: v > 0, '> 0')
     _check('CoolSD', 'nu', self.nu, lambda v: v >= 0, '>= 0')
     if self.window is not None and self.window < 1:
       raise ValueError(f'CoolSD: window must be >= 1, got {self.window}.')
+    if not isinstance(self.floor_at_one, (bool, np.bool_)):
+      raise ValueError(f'CoolSD: floor_at_one must be True or False, got {self.floor_at_one!r}.')
 
   def for_window(self, window: int) -> 'CoolSD':
     if window < 1:
@@ -161,7 +177,7 @@ class CoolSD(Rule):
     return self.replace(window=window)
 
   def weight(self, position) -> jax.Array:
-    """w_i at 1-based draft position(s) i."""
+    """w_i at 1-based draft position(s) i (floored at 1 unless floor_at_one=False)."""
     mu = self.mu
     if mu is None:
       if self.window is None:
@@ -169,25 +185,44 @@ class CoolSD(Rule):
             'CoolSD(mu=None) is mean-normalised over the draft window: pass '
             'window=k or call rule.for_window(k) (the decoders do this).')
       mu = schedules.mean_normalised_mu(self.nu, self.window)
-    return schedules.coolsd_weight(position, delta=self.delta, nu=self.nu, mu=mu)
+    return schedules.coolsd_weight(position, delta=self.delta, nu=self.nu, mu=mu,
+                                   floor_at_one=self.floor_at_one)
 
   def accept_prob(self, draft_probs, target_probs, position):
     return ratio_accept(draft_probs, target_probs, self.weight(position))
 
 
+NO_NEIGHBOR = -1  # table entry of a token without (more) neighbours
+
+
 def _neighbor_mass_bound_check(rule, neighbors, k):
+  """Checks the table's layout when it is concrete (tracers and pytree
+  placeholders, which flax builds while unflattening, are skipped)."""
   if neighbors is None:
-    raise ValueError(f'{rule}: neighbors is required: an int array [V, K] of nearest latent '
-                     'neighbours (see specdec_jax.models.neighbors).')
+    raise ValueError(f'{rule}: neighbors is required: an int array [V, K] with one row per '
+                     'vocabulary id (see specdec_jax.models.neighbors.neighbor_table).')
   shape = getattr(neighbors, 'shape', None)
   if shape is None:  # a placeholder leaf during a pytree transformation
     return
   if len(shape) != 2:
-    raise ValueError(f'{rule}: neighbors must be an int array [V, K], got shape {shape}.')
+    raise ValueError(f'{rule}: neighbors must be an int array [V, K] (row x = token id x), '
+                     f'got shape {shape}.')
   if not 1 <= k <= shape[1]:
     raise ValueError(
         f'{rule}: k must be in [1, K={shape[1]}] (the stored neighbour columns), got {k}. '
         'Build the table with more columns (specdec_jax.models.neighbors) or lower k.')
+  if isinstance(neighbors, jax.core.Tracer) or not isinstance(neighbors, (np.ndarray, jax.Array)):
+    return  # abstract (jit, eval_shape): values are checked where they are concrete
+  if not jnp.issubdtype(jnp.result_type(neighbors), jnp.integer):
+    raise ValueError(f'{rule}: neighbors must hold integer token ids, got dtype '
+                     f'{jnp.result_type(neighbors)}.')
+  if neighbors.size:
+    low, high = int(jnp.min(neighbors)), int(jnp.max(neighbors))
+    if low < NO_NEIGHBOR or high >= shape[0]:
+      raise ValueError(
+          f'{rule}: neighbors entries must be token ids in [0, V={shape[0]}) or '
+          f'{NO_NEIGHBOR} (no neighbour), found values in [{low}, {high}]. The table has one '
+          'row per vocabulary id, so its entries index the same vocabulary.')
 
 
 _LANTERN_RESIDUALS = ('optimal', 'published_llamagen', 'published_lumina')
@@ -195,19 +230,43 @@ _LANTERN_RESIDUALS = ('optimal', 'published_llamagen', 'published_lumina')
 
 class _NeighborRelaxed(Rule):
   """Shared LANTERN logic: t~(x) = t(x) + c_{m*}(x), c_m = mass of the m nearest
-  latent neighbours of x, m* = the largest m <= k with c_m <= bound(x)."""
+  latent neighbours of x, m* = the largest m <= k with c_m <= bound(x).
+
+  The table `neighbors` int[V, K] has one row per vocabulary id: row x lists
+  token x's nearest neighbours as token ids, nearest first, padded with
+  NO_NEIGHBOR (-1). Tokens without latent neighbours (Lumina-mGPT's text and
+  layout ids) have all-(-1) rows: their neighbour mass is 0, so they follow
+  the lossless rule. `models.neighbors.neighbor_table` builds such tables
+  (with `token_offset`/`vocab_size` for vocabularies whose image tokens do not
+  start at 0); the row count is checked against V on every call, so a table
+  indexed by VQ code instead of token id fails loudly instead of silently
+  pooling the wrong neighbours.
+  """
+
+  def _table(self, vocab: int) -> jax.Array:
+    rows = self.neighbors.shape[0]
+    if rows != vocab:
+      raise ValueError(
+          f'{type(self).__name__}: neighbors has {rows} rows but the vocabulary has '
+          f'V={vocab} tokens. The table needs one row per token id (row x = token x); for '
+          'a vocabulary whose image tokens are offset (Lumina-mGPT: token = code + 4) build it '
+          'with models.neighbors.neighbor_table(codebook, k, token_offset=4, '
+          f'vocab_size={vocab}).')
+    return self.neighbors
 
   def _bound(self, target_probs, tokens):
     raise NotImplementedError
 
   def _neighbor_mass(self, target_probs, tokens):
     """(c_{m*}, m* > 0) for tokens int32[...] -> (f32[...], bool[...])."""
-    neighbor_ids = self.neighbors[tokens, :self.k]  # [..., k]
-    cumulative = jnp.cumsum(target_probs[neighbor_ids], axis=-1)
+    neighbor_ids = self._table(target_probs.shape[-1])[tokens, :self.k]  # [..., k]
+    valid = neighbor_ids >= 0
+    masses = jnp.where(valid, target_probs[jnp.maximum(neighbor_ids, 0)], 0.0)
+    cumulative = jnp.cumsum(masses, axis=-1)
     fits = cumulative <= self._bound(target_probs, tokens)[..., None]
     # c_m is non-decreasing, so the admissible m form a prefix: take its end.
     mass = jnp.max(jnp.where(fits, cumulative, 0.0), axis=-1)
-    return mass, fits[..., 0]
+    return mass, fits[..., 0] & valid[..., 0]
 
   def accept_prob(self, draft_probs, target_probs, position=1):
     del position
@@ -236,13 +295,17 @@ class _NeighborRelaxed(Rule):
     if rejected_token is None:
       raise ValueError(f'{type(self).__name__}(residual_mode={self.residual_mode!r}) '
                        'needs the rejected token.')
+    vocab = target_probs.shape[-1]
     _, relaxed = self._neighbor_mass(target_probs, jnp.asarray(rejected_token))
     columns = min(self.k + 1, self.neighbors.shape[1])
-    zero_ids = self.neighbors[rejected_token, :columns]
+    zero_ids = self._table(vocab)[rejected_token, :columns]
+    zero_ids = jnp.where(zero_ids >= 0, zero_ids, vocab)  # padding: dropped below
     if self.residual_mode == 'published_llamagen':
-      draft_probs = jnp.where(relaxed, draft_probs.at[zero_ids].set(0.0), draft_probs)
+      zeroed = draft_probs.at[zero_ids].set(0.0, mode='drop')
+      draft_probs = jnp.where(relaxed, zeroed, draft_probs)
     else:
-      target_probs = jnp.where(relaxed, target_probs.at[zero_ids].set(0.0), target_probs)
+      zeroed = target_probs.at[zero_ids].set(0.0, mode='drop')
+      target_probs = jnp.where(relaxed, zeroed, target_probs)
     return resampling.standard_residual(draft_probs, target_probs)
 
 
@@ -250,8 +313,9 @@ class _NeighborRelaxed(Rule):
 class Lantern(_NeighborRelaxed):
   """LANTERN (Jang et al., ICLR 2025): neighbour mass bounded by a TV budget delta.
 
-  neighbors: int32[V, K] nearest latent neighbours per token (self excluded,
-  nearest first), e.g. from `specdec_jax.models.neighbors`.
+  neighbors: int32[V, K], row x = token id x's nearest latent neighbours as
+  token ids (self excluded, nearest first, -1 padded), from
+  `specdec_jax.models.neighbors.neighbor_table`.
   """
 
   neighbors: Any = None
@@ -303,26 +367,35 @@ _ENTROPY_TRANSFORMS = ('identity', 'normalized', 'one_minus_normalized')
 
 @flax.struct.dataclass
 class ContentAware(Rule):
-  """CSD (Wang et al., ICML 2026): f = min(1, t/d + sign * lam * h(H)) where
-  TV(d, t) < tv_threshold, else the lossless min(1, t/d).
+  """CSD (Wang et al., ICML 2026): f = min(1, t/d + lam H(t)) where TV(d, t) <
+  tv_threshold, else the lossless min(1, t/d); residual Norm([t - d]_+).
 
-  The paper body is not public (reference note 3.2), so the pieces are
-  options:
+  The default is the paper's formula: H is the entropy of the target
+  distribution t in nats (`transform='identity'`), added with a + sign. Note
+  that H in nats ranges up to log K for K tokens in the target's support
+  (log 2000 = 7.6 under top-k 2000), so useful lam are small. The paper body
+  is not public, so the pieces are options:
     entropy_of: 'target' (default) or 'draft' distribution.
-    transform h: 'identity' (H in nats), 'normalized' (H / log K_eff, K_eff =
-      number of tokens with nonzero probability, so h is in [0, 1]) or
+    transform h: 'identity' (default: H in nats), 'normalized' (H / log K_eff,
+      K_eff = number of tokens with nonzero probability, so h is in [0, 1]) or
       'one_minus_normalized' (1 - H / log K_eff: relax confident regions).
-    sign: +1 raises acceptance with h (the formula as described), -1 lowers it.
-    keep_target_support: never accept a token the target gives zero
-      probability (e.g. outside its top-k); False applies the literal formula.
-    residual: 'optimal' G* (equal to the paper's Norm([t - d]_+) whenever the
-      relaxation only raises acceptance) or 'standard' Norm([t - d]_+).
+    sign: +1 (default) raises acceptance with h, -1 lowers it.
+    keep_target_support: True by default: never accept a token the target
+      gives zero probability. The literal formula accepts such x with
+      probability lam h(H) > 0: tokens outside the target's top-k / top-p
+      support, or (on Lumina-mGPT) ids the layout forbids at that position;
+      with SJD's random one-hot drafts most fresh drafts are such tokens, and
+      plain decoding can never emit them. False applies the literal formula.
+    residual: 'optimal' G* (default; equal to the paper's Norm([t - d]_+)
+      whenever the relaxation only raises acceptance, i.e. sign +1 without
+      `keep_target_support` zeroing anything the lossless rule would accept)
+      or 'standard' Norm([t - d]_+).
   """
 
   lam: Any = 0.1
   tv_threshold: Any = 0.5
   entropy_of: str = flax.struct.field(pytree_node=False, default='target')
-  transform: str = flax.struct.field(pytree_node=False, default='normalized')
+  transform: str = flax.struct.field(pytree_node=False, default='identity')
   sign: int = flax.struct.field(pytree_node=False, default=1)
   keep_target_support: bool = flax.struct.field(pytree_node=False, default=True)
   residual_mode: str = flax.struct.field(pytree_node=False, default='optimal')

@@ -3,12 +3,19 @@
 COOL-SD (Li et al., AAAI 2026, arXiv 2601.09212) anneals the relaxation
 weight with the 1-based position i in the draft window:
 
-    w_i = delta * exp(-nu * i - mu)
+    w_i = max(1, delta * exp(-nu * i - mu))      (floor_at_one=True, the default)
+    w_i = delta * exp(-nu * i - mu)              (floor_at_one=False)
 
 mu is given, or "mean-normalised": mu = ln((1/L) sum_{j=1..L} exp(-nu j)), so
-the window mean of w_i equals delta and COOL-SD spends the same total
-relaxation as UniformRelaxed(omega=delta) (reference note 1.5, hypothesis H1:
-the paper's mu is not public).
+the window mean of the *unfloored* w_i equals delta and COOL-SD spends the
+same total relaxation as UniformRelaxed(omega=delta) (the paper's mu is not
+public; see the README, "Methods").
+
+Why the floor. With f = min(1, w t/d) and the residual G* = Norm([t - d f]_+),
+any w <= 1 gives d f = min(d, w t) <= t everywhere, so the emitted token has
+exactly the target law t; among those exact weights w = 1 accepts the most
+(sum_x min(d, w t) grows with w). A schedule value below 1 therefore only
+lowers acceptance for no gain in fidelity, and the floored schedule dominates.
 """
 
 from __future__ import annotations
@@ -25,14 +32,20 @@ def mean_normalised_mu(nu, window: int) -> jax.Array:
   return jnp.log(jnp.mean(jnp.exp(-jnp.asarray(nu, jnp.float32) * positions)))
 
 
-def coolsd_weight(position, *, delta, nu, mu) -> jax.Array:
-  """w_i = delta * exp(-nu * i - mu) for 1-based position(s) i (float32)."""
+def coolsd_weight(position, *, delta, nu, mu, floor_at_one: bool = True) -> jax.Array:
+  """w_i = [max(1,] delta * exp(-nu * i - mu)[)] for 1-based position(s) i (float32)."""
   position = jnp.asarray(position, jnp.float32)
-  return delta * jnp.exp(-nu * position - mu)
+  weight = delta * jnp.exp(-nu * position - mu)
+  return jnp.maximum(weight, 1.0) if floor_at_one else weight
 
 
-def coolsd_weights(window: int, *, delta: float, nu: float = 0.7, mu: float | None = None):
-  """All weights w_1..w_L of a window of length L, as float32[L]."""
+def coolsd_weights(window: int, *, delta: float, nu: float = 0.7, mu: float | None = None,
+                   floor_at_one: bool = True):
+  """All weights w_1..w_L of a window of length L, as float32[L].
+
+  mu=None is mean-normalised over this window (on the unfloored weights).
+  """
   if mu is None:
     mu = mean_normalised_mu(nu, window)
-  return coolsd_weight(jnp.arange(1, window + 1), delta=delta, nu=nu, mu=mu)
+  return coolsd_weight(jnp.arange(1, window + 1), delta=delta, nu=nu, mu=mu,
+                       floor_at_one=floor_at_one)

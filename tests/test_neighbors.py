@@ -61,24 +61,45 @@ class NeighborTableTest(parameterized.TestCase):
     np.testing.assert_array_equal(table[0], [1, 2])
     np.testing.assert_array_equal(table, brute_force_table(codebook, 2))
 
-  def test_token_offset_shifts_entries_not_order(self):
+  def test_rows_are_token_ids_with_an_offset(self):
+    """Lumina-mGPT layout: token = code + 4 in a larger vocabulary. Row x holds the
+    neighbours of token x (code x - 4) as token ids; other rows hold only -1."""
     rng = np.random.default_rng(1)
     codebook = rng.normal(size=(30, 16))
-    plain = neighbors.neighbor_table(codebook, 5)
-    shifted = neighbors.neighbor_table(codebook, 5, token_offset=neighbors.LUMINA_TOKEN_OFFSET)
-    np.testing.assert_array_equal(shifted, plain + 4)
-    # Looking up token id x (= code x - 4) gives code x-4's row, in token ids.
+    codes = brute_force_table(codebook, 5)
+    table = neighbors.neighbor_table(codebook, 5, token_offset=neighbors.LUMINA_TOKEN_OFFSET,
+                                     vocab_size=40)
+    self.assertEqual(table.shape, (40, 5))
+    np.testing.assert_array_equal(table[4:34], codes + 4)
+    np.testing.assert_array_equal(table[:4], neighbors.NO_NEIGHBOR)
+    np.testing.assert_array_equal(table[34:], neighbors.NO_NEIGHBOR)
+    # Looking up token id x gives code x-4's neighbours, in token ids, never x itself.
     tokens = np.array([[4, 10], [33, 20]])
-    looked_up = np.asarray(neighbors.neighbors_of(shifted, tokens, token_offset=4))
-    np.testing.assert_array_equal(looked_up, plain[tokens - 4] + 4)
+    looked_up = np.asarray(neighbors.neighbors_of(table, tokens))
+    np.testing.assert_array_equal(looked_up, codes[tokens - 4] + 4)
     self.assertFalse(np.any(looked_up == tokens[..., None]))
+    # Ids without neighbours (text, layout, out of range) give -1 rows.
+    outside = np.asarray(neighbors.neighbors_of(table, np.array([0, 35, 40, -1])))
+    np.testing.assert_array_equal(outside, neighbors.NO_NEIGHBOR)
+
+  def test_default_vocabulary_is_offset_plus_codes(self):
+    codebook = np.random.default_rng(3).normal(size=(12, 4))
+    np.testing.assert_array_equal(neighbors.neighbor_table(codebook, 3),
+                                  neighbors.code_neighbor_table(codebook, 3))
+    self.assertEqual(neighbors.neighbor_table(codebook, 3, token_offset=4).shape, (16, 3))
+    with self.assertRaisesRegex(ValueError, 'vocab_size 15 cannot hold 12 codes'):
+      neighbors.neighbor_table(codebook, 3, token_offset=4, vocab_size=15)
+    with self.assertRaisesRegex(ValueError, 'token_offset must be >= 0'):
+      neighbors.neighbor_table(codebook, 3, token_offset=-1)
 
   def test_from_tokenizer_params(self):
     codebook = np.random.default_rng(2).normal(size=(20, 8)).astype(np.float32)
     params = {'quantize': {'embedding': codebook}, 'decoder': {}}
     np.testing.assert_array_equal(
-        neighbors.neighbor_table_from_params(params, 3, token_offset=4),
-        neighbors.neighbor_table(codebook, 3) + 4)
+        neighbors.neighbor_table_from_params(params, 3, token_offset=4, vocab_size=30),
+        neighbors.neighbor_table(codebook, 3, token_offset=4, vocab_size=30))
+    np.testing.assert_array_equal(neighbors.neighbor_table_from_params(params, 3)[:20],
+                                  brute_force_table(codebook, 3))
 
   def test_uses_raw_weights_not_normalised(self):
     # Two codes along the same direction are identical after L2 normalisation but
@@ -90,7 +111,7 @@ class NeighborTableTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ('k_zero', (10, 4), 0, 'k must be in'),
       ('k_too_big', (10, 4), 10, r'\[1, 9\]'),
-      ('not_2d', (10,), 2, 'must be \\[V, Cq\\]'),
+      ('not_2d', (10,), 2, 'must be \\[C, Cq\\]'),
   )
   def test_bad_arguments(self, shape, k, message):
     with self.assertRaisesRegex(ValueError, message):

@@ -13,6 +13,7 @@ from specdec_jax import resampling
 from specdec_jax import rules
 from specdec_jax import schedules
 from specdec_jax import verify
+from specdec_jax.models import neighbors as neighbors_lib
 
 ATOL = 2e-6
 
@@ -62,7 +63,8 @@ class LosslessExactTest(parameterized.TestCase):
 
   @parameterized.product(vocab=[8, 16, 32, 16384], position=[3, 4, 5])
   def test_coolsd_positions_with_weight_below_one_are_lossless(self, vocab, position):
-    rule = rules.CoolSD(delta=1.1, window=5)  # w_3..w_5 = 0.70, 0.35, 0.17
+    # Unfloored: w_3..w_5 = 0.70, 0.35, 0.17.
+    rule = rules.CoolSD(delta=1.1, window=5, floor_at_one=False)
     self.assertLess(float(rule.weight(position)), 1.0)
     draft, target = dirichlet_pair(position, vocab)
     np.testing.assert_allclose(verify.output_law(rule, draft, target, position), target,
@@ -136,7 +138,7 @@ class RelaxedExactTest(parameterized.TestCase):
   def test_standard_residual_strictly_worse_when_weight_below_one(self):
     """COOL-SD positions with w < 1: G* is exact, the plain residual is biased."""
     draft, target = dirichlet_pair(0, 16)
-    rule = rules.CoolSD(delta=1.1, window=5)
+    rule = rules.CoolSD(delta=1.1, window=5, floor_at_one=False)
     accept = rule.accept_prob(draft, target, 5)
     accepted = draft * accept
     standard = accepted + (1 - accepted.sum()) * resampling.standard_residual(draft, target)
@@ -162,19 +164,59 @@ class ClosedFormTest(parameterized.TestCase):
     # Reference note 1.5: L = 5, nu = 0.7, mean-normalised: mu = -1.654 and
     # delta = 1.1 gives (2.86, 1.42, 0.70, 0.35, 0.17).
     self.assertAlmostEqual(float(schedules.mean_normalised_mu(0.7, 5)), -1.654, places=3)
-    np.testing.assert_allclose(schedules.coolsd_weights(5, delta=1.1),
+    np.testing.assert_allclose(schedules.coolsd_weights(5, delta=1.1, floor_at_one=False),
                                [2.855, 1.418, 0.704, 0.350, 0.174], atol=2e-3)
-    np.testing.assert_allclose(jnp.mean(schedules.coolsd_weights(7, delta=2.0)), 2.0, rtol=1e-6)
+    # The default floors at 1; mu still normalises the unfloored mean to delta.
+    np.testing.assert_allclose(schedules.coolsd_weights(5, delta=1.1),
+                               [2.855, 1.418, 1.0, 1.0, 1.0], atol=2e-3)
+    np.testing.assert_allclose(
+        jnp.mean(schedules.coolsd_weights(7, delta=2.0, floor_at_one=False)), 2.0, rtol=1e-6)
     rule = rules.CoolSD(delta=2.0, nu=0.5, mu=0.1)
-    self.assertAlmostEqual(float(rule.weight(3)), 2.0 * math.exp(-1.5 - 0.1), places=5)
+    self.assertAlmostEqual(float(rule.weight(3)), 1.0, places=6)  # 0.40 floored
+    self.assertAlmostEqual(float(rule.replace(floor_at_one=False).weight(3)),
+                           2.0 * math.exp(-1.5 - 0.1), places=5)
+    self.assertAlmostEqual(float(rules.CoolSD(delta=9.0, nu=0.5, mu=0.1).weight(2)),
+                           9.0 * math.exp(-1.0 - 0.1), places=5)
 
-  def test_coolsd_accept_prob_closed_form(self):
+  @parameterized.parameters(True, False)
+  def test_coolsd_accept_prob_closed_form(self, floor_at_one):
     draft, target = dirichlet_pair(1, 16)
-    rule = rules.CoolSD(delta=1.5, window=4)
-    for position in range(1, 5):
-      w = float(schedules.coolsd_weights(4, delta=1.5)[position - 1])
-      expected = np.minimum(1, w * np.asarray(target) / np.asarray(draft))
+    delta, nu, window = 1.5, 0.7, 4
+    rule = rules.CoolSD(delta=delta, window=window, floor_at_one=floor_at_one)
+    mu = math.log(np.mean([math.exp(-nu * j) for j in range(1, window + 1)]))
+    for position in range(1, window + 1):
+      w = delta * math.exp(-nu * position - mu)
+      w = max(1.0, w) if floor_at_one else w
+      expected = np.minimum(1, w * np.asarray(target, np.float64) / np.asarray(draft))
       np.testing.assert_allclose(rule.accept_prob(draft, target, position), expected, rtol=1e-5)
+
+  def test_coolsd_default_accepts_identical_distributions_everywhere(self):
+    """Identical target and draft: the default (floored) COOL-SD accepts every draft at
+    every position, so a chain of k drafts always yields k + 1 tokens per forward."""
+    k = 5
+    rule = rules.CoolSD(delta=1.1, window=k)  # unfloored w_3..w_5 < 1
+    _, target = dirichlet_pair(3, 16)
+    for position in range(1, k + 1):
+      np.testing.assert_array_equal(np.asarray(rule.accept_prob(target, target, position)), 1.0)
+    probs = jnp.stack([target] * (k + 1))
+    keys = jax.random.split(jax.random.key(0), 512)
+    drafts = jax.random.categorical(jax.random.key(1), jnp.log(target), shape=(512, k))
+    num_accepted, _ = jax.jit(jax.vmap(
+        lambda key, x: verify.verify_chain(rule, key, x.astype(jnp.int32), probs[:k], probs)))(
+            keys, drafts)
+    np.testing.assert_array_equal(np.asarray(num_accepted), k)  # tokens per forward = k + 1
+
+  @parameterized.product(seed=[0, 1, 2, 3], delta=[0.5, 1.1, 2.0], vocab=[8, 64])
+  def test_coolsd_default_never_accepts_less_than_lossless(self, seed, delta, vocab):
+    """Per position and per token f_CoolSD >= f_Lossless, hence its acceptance rate too."""
+    draft, target = dirichlet_pair(seed, vocab)
+    rule = rules.CoolSD(delta=delta, window=5)
+    lossless = np.minimum(1.0, np.asarray(target, np.float64) / np.asarray(draft, np.float64))
+    for position in range(1, 6):
+      accept = np.asarray(rule.accept_prob(draft, target, position), np.float64)
+      self.assertTrue(np.all(accept >= lossless - 1e-6), (position, accept - lossless))
+      self.assertGreaterEqual(float(rule.acceptance_rate(draft, target, position)),
+                              float(rules.Lossless().acceptance_rate(draft, target)) - 1e-6)
 
   @parameterized.parameters(('lantern',), ('lanternpp',))
   def test_lantern_neighbor_mass_brute_force(self, name):
@@ -242,6 +284,22 @@ class ClosedFormTest(parameterized.TestCase):
                                rules.Lossless().accept_prob(draft, target), atol=1e-7)
     np.testing.assert_allclose(verify.output_law(strict, draft, target), target, atol=ATOL)
 
+  @parameterized.product(seed=[6, 7], lam=[0.0, 0.05, 0.3])
+  def test_content_aware_default_is_the_paper_formula(self, seed, lam):
+    """CSD's acceptance min(1, t/d + lam H(t)), H the target entropy in nats, residual
+    Norm([t - d]_+), written out here from the formula."""
+    vocab = 16
+    draft, target = dirichlet_pair(seed, vocab)
+    t, d = np.asarray(target, np.float64), np.asarray(draft, np.float64)
+    self.assertTrue(np.all(t > 0))
+    entropy_nats = -np.sum(t * np.log(t))
+    rule = rules.ContentAware(lam=lam, tv_threshold=1.0)
+    np.testing.assert_allclose(rule.accept_prob(draft, target),
+                               np.minimum(1.0, t / d + lam * entropy_nats), rtol=1e-5, atol=1e-6)
+    residual = np.maximum(t - d, 0.0)
+    np.testing.assert_allclose(rule.residual(draft, target), residual / residual.sum(),
+                               atol=1e-6)
+
   def test_content_aware_keeps_target_support(self):
     draft, target = dirichlet_pair(8, 16)
     target = jnp.where(jnp.arange(16) < 4, target + 0.1, 0.0)
@@ -288,6 +346,79 @@ class ClosedFormTest(parameterized.TestCase):
     np.testing.assert_allclose(single, full, rtol=1e-6)
 
 
+def offset_vocabulary_table(k=4):
+  """A Lumina-like vocabulary of 20 ids: 0..3 text, 4..15 image tokens (12 codes,
+  token = code + 4), 16..19 layout ids; the codebook and its neighbour table."""
+  codebook = np.random.default_rng(5).normal(size=(12, 3))
+  return codebook, neighbors_lib.neighbor_table(codebook, k, token_offset=4, vocab_size=20)
+
+
+class NeighborRowsTest(parameterized.TestCase):
+  """LANTERN tables have one row per token id; offset vocabularies (Lumina-mGPT) pool
+  each token's own neighbours and leave non-image tokens lossless."""
+
+  @parameterized.parameters('lantern', 'lanternpp')
+  def test_offset_vocabulary_pools_the_tokens_own_neighbours(self, name):
+    codebook, table = offset_vocabulary_table()
+    draft, target = dirichlet_pair(4, 20, concentration=1.0)
+    t, d = np.asarray(target, np.float64), np.asarray(draft, np.float64)
+    k = 3
+    if name == 'lantern':
+      rule = rules.Lantern(neighbors=jnp.asarray(table), k=k, delta=0.15)
+    else:
+      rule = rules.LanternPP(neighbors=jnp.asarray(table), k=k, lam=2.5)
+    expected = []
+    for x in range(20):
+      mass = 0.0
+      if 4 <= x < 16:  # an image token: code x - 4, neighbours by brute-force distance
+        distance = np.linalg.norm(codebook - codebook[x - 4], axis=1)
+        distance[x - 4] = np.inf
+        near = np.argsort(distance, kind='stable')[:k] + 4
+        bound = 0.15 if name == 'lantern' else 1.5 * t[x]
+        for m in range(1, k + 1):
+          if t[near[:m]].sum() <= bound:
+            mass = t[near[:m]].sum()
+      expected.append(min(1.0, (t[x] + mass) / d[x]))
+    expected = np.array(expected)
+    self.assertTrue(np.any(expected[4:16] > np.minimum(1, t / d)[4:16] + 1e-3))  # it relaxes
+    np.testing.assert_allclose(rule.accept_prob(draft, target), expected, rtol=1e-5)
+    for token in range(20):
+      self.assertAlmostEqual(float(rule.accept_prob_at(draft, target, 1, token)),
+                             expected[token], places=5)
+
+  def test_published_residual_leaves_tokens_without_neighbours_alone(self):
+    """A rejected layout/text token zeroes nothing (no wrap-around of the -1 padding)."""
+    _, table = offset_vocabulary_table()
+    draft, target = dirichlet_pair(8, 20, concentration=1.0)
+    for mode in ('published_llamagen', 'published_lumina'):
+      rule = rules.LanternPP(neighbors=jnp.asarray(table), k=3, lam=50.0, residual_mode=mode)
+      for rejected in (0, 3, 16, 19):
+        np.testing.assert_allclose(rule.residual(draft, target, 1, rejected),
+                                   resampling.standard_residual(draft, target), atol=1e-7)
+      # An image token's k + 1 = 4 neighbours are zeroed (ids in 4..15 only).
+      zero = np.asarray(table[9, :4])
+      d, t = np.asarray(draft, np.float64), np.asarray(target, np.float64)
+      if mode == 'published_llamagen':
+        d = d.copy(); d[zero] = 0
+      else:
+        t = t.copy(); t[zero] = 0
+      expected = np.maximum(t - d, 0) / np.maximum(t - d, 0).sum()
+      np.testing.assert_allclose(rule.residual(draft, target, 1, 9), expected, atol=1e-6)
+
+  @parameterized.parameters('lantern', 'lanternpp')
+  def test_table_rows_must_match_the_vocabulary(self, name):
+    codebook, _ = offset_vocabulary_table()
+    code_rows = neighbors_lib.code_neighbor_table(codebook, 4)  # 12 rows, indexed by code
+    make = rules.Lantern if name == 'lantern' else rules.LanternPP
+    rule = make(neighbors=jnp.asarray(code_rows), k=2)
+    draft, target = dirichlet_pair(0, 20)
+    for call in (lambda: rule.accept_prob(draft, target),
+                 lambda: rule.accept_prob_at(draft, target, 1, 5),
+                 lambda: jax.jit(rule.accept_prob)(draft, target)):
+      with self.assertRaisesRegex(ValueError, r'12 rows but the vocabulary has V=20'):
+        call()
+
+
 class ValidationTest(parameterized.TestCase):
 
   @parameterized.parameters(
@@ -299,6 +430,10 @@ class ValidationTest(parameterized.TestCase):
       (lambda: rules.Lantern(neighbors=line_neighbors(8, 4), k=5, delta=0.1), 'k must be'),
       (lambda: rules.Lantern(neighbors=line_neighbors(8, 4), k=2, delta=1.5), 'delta'),
       (lambda: rules.Lantern(neighbors=None, k=2), 'neighbors'),
+      (lambda: rules.Lantern(neighbors=jnp.full((8, 4), 8), k=2), 'token ids in'),
+      (lambda: rules.LanternPP(neighbors=jnp.full((8, 4), -2), k=2), 'token ids in'),
+      (lambda: rules.LanternPP(neighbors=jnp.zeros((8, 4)), k=2), 'integer'),
+      (lambda: rules.CoolSD(delta=1.0, floor_at_one='yes'), 'floor_at_one'),
       (lambda: rules.LanternPP(neighbors=line_neighbors(8, 4), k=2, lam=0.5), 'lam'),
       (lambda: rules.LanternPP(neighbors=line_neighbors(8, 4), k=2, residual_mode='x'),
        'residual_mode'),
