@@ -74,17 +74,51 @@ def process_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 
   return jax.nn.softmax(logits, axis=-1)
 
 
+# Sampling settings of the released models' own generation code, for
+# `Sampling.preset(name)`. Each entry is what that code passes to its sampler:
+SAMPLING_PRESETS: dict[str, dict] = {
+    # LlamaGen c2i demo, autoregressive/sample/sample_c2i.py argparse defaults.
+    'llamagen_c2i': dict(cfg_scale=4.0, cfg_interval=-1, temperature=1.0, top_k=2000, top_p=1.0),
+    # LlamaGen c2i FID sampling, autoregressive/sample/sample_c2i_ddp.py
+    # defaults (the paper's per-size CFG scales are passed on its command line).
+    'llamagen_c2i_fid': dict(cfg_scale=1.5, cfg_interval=-1, temperature=1.0, top_k=0,
+                             top_p=1.0),
+    # LlamaGen t2i, autoregressive/sample/sample_t2i.py defaults.
+    'llamagen_t2i': dict(cfg_scale=7.5, cfg_interval=-1, temperature=1.0, top_k=1000,
+                         top_p=1.0),
+    # Lumina-mGPT README text-to-image example: temperature 1.0,
+    # create_logits_processor(cfg=4.0, image_top_k=2000).
+    'lumina_mgpt': dict(cfg_scale=4.0, temperature=1.0, top_k=2000, top_p=1.0),
+    # Lumina-mGPT inference_solver.create_logits_processor defaults (cfg=3.0,
+    # image_top_k=2000; also SJD's and LANTERN's Lumina scripts).
+    'lumina_mgpt_default': dict(cfg_scale=3.0, temperature=1.0, top_k=2000, top_p=1.0),
+    # Janus-Pro generation_inference.py / demo/app_januspro.py: cfg_weight 5,
+    # temperature 1, softmax(logits / T) with no top-k or top-p.
+    'janus_pro': dict(cfg_scale=5.0, temperature=1.0, top_k=0, top_p=1.0),
+}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sampling:
   """How logits become the distribution tokens are sampled from.
 
   Attributes:
-    cfg_scale: classifier-free guidance scale; 1.0 disables CFG.
-    cfg_interval: LlamaGen's interval: CFG is applied while the 0-based index
-      of the token being generated is <= cfg_interval; -1 means always.
+    cfg_scale: classifier-free guidance scale. As LlamaGen's `generate`, CFG
+      is used only when cfg_scale > 1.0 (then cache rows are [cond; uncond]);
+      any scale <= 1.0 decodes the conditional rows alone.
+    cfg_interval: LlamaGen's interval; -1 (default) guides every token. For
+      cfg_interval = c >= 0 the tokens with 0-based index 0..c+1 are guided
+      and the rest use the conditional logits alone: LlamaGen guides the token
+      its prefill samples (index 0) and decode-loop step i (which samples token
+      i + 1) while i <= c (`decode_n_tokens` in autoregressive/models/
+      generate.py).
     temperature: > 0, or 0 for greedy.
     top_k: 0 disables.
     top_p: 1.0 disables.
+
+  `Sampling.preset(name)` builds the released models' own settings
+  (`SAMPLING_PRESETS`); subclasses inherit it, e.g.
+  `LuminaSampling.preset('lumina_mgpt', layout=layout)`.
   """
 
   cfg_scale: float = 1.0
@@ -103,13 +137,35 @@ class Sampling:
     if self.cfg_interval < -1:
       raise ValueError(f'Sampling.cfg_interval must be >= -1, got {self.cfg_interval}.')
 
+  @classmethod
+  def preset(cls, name: str, **overrides) -> 'Sampling':
+    """The sampling settings of a released model's own code (`SAMPLING_PRESETS`).
+
+    Args:
+      name: a key of SAMPLING_PRESETS.
+      **overrides: fields to change or add (e.g. `layout=` for LuminaSampling).
+    """
+    if name not in SAMPLING_PRESETS:
+      raise ValueError(f'Sampling.preset: unknown preset {name!r}; known: '
+                       f'{sorted(SAMPLING_PRESETS)}.')
+    return cls(**{**SAMPLING_PRESETS[name], **overrides})
+
   @property
   def uses_cfg(self) -> bool:
-    return self.cfg_scale != 1.0
+    """CFG is on only for cfg_scale > 1.0, as LlamaGen's `generate`."""
+    return self.cfg_scale > 1.0
+
+  def guided(self, token_index) -> jax.Array | bool:
+    """Whether the token with 0-based index `token_index` is guided (bool[...])."""
+    if not self.uses_cfg:
+      return False
+    if self.cfg_interval < 0:
+      return True
+    return jnp.asarray(token_index) <= self.cfg_interval + 1
 
   def probs(self, cond_logits: jax.Array, uncond_logits: jax.Array | None = None,
             token_index: jax.Array | int | None = None) -> jax.Array:
-    """CFG combine (if uncond_logits given and inside the interval), then process.
+    """CFG combine (if uncond_logits given and the token is guided), then process.
 
     Args:
       cond_logits: [..., V] raw logits of the conditional rows.
@@ -125,7 +181,7 @@ class Sampling:
       if self.cfg_interval >= 0:
         if token_index is None:
           raise ValueError('Sampling.probs: cfg_interval >= 0 needs token_index.')
-        inside = jnp.asarray(token_index) <= self.cfg_interval
+        inside = self.guided(token_index)
         guided = jnp.where(jnp.expand_dims(inside, -1), guided, logits)
       logits = guided
     return process_logits(logits, temperature=self.temperature, top_k=self.top_k,

@@ -60,20 +60,61 @@ class SamplingTest(parameterized.TestCase):
     np.testing.assert_allclose(logits.cfg_combine(cond, uncond, 4.0),
                                uncond + 4.0 * (cond - uncond))
 
-  def test_cfg_interval(self):
-    sampling = logits.Sampling(cfg_scale=3.0, cfg_interval=1)
-    cond = jnp.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
-    uncond = jnp.zeros((3, 2))
-    out = sampling.probs(cond, uncond, token_index=jnp.array([0, 1, 2]))
-    np.testing.assert_allclose(out[0], jax.nn.softmax(jnp.array([3.0, 0.0])), rtol=1e-6)
-    np.testing.assert_allclose(out[1], out[0], rtol=1e-6)
-    np.testing.assert_allclose(out[2], jax.nn.softmax(cond[2]), rtol=1e-6)
+  @parameterized.product(cfg_scale=[0.5, 1.0, 1.5, 4.0], cfg_interval=[-1, 0, 1, 3])
+  def test_cfg_matches_llamagen_decode_loop(self, cfg_scale, cfg_interval):
+    """Which tokens are guided, against LlamaGen's `generate` (autoregressive/models/
+    generate.py) re-implemented here: the prefill token is guided when cfg_scale > 1;
+    decode step i (token i + 1) is guided until i > cfg_interval turns cfg_flag off."""
+    num_tokens = 7
+    guided_in_llamagen = [cfg_scale > 1.0]  # prefill
+    cfg_flag = True
+    for i in range(num_tokens - 1):  # decode_n_tokens
+      if cfg_interval > -1 and i > cfg_interval:
+        cfg_flag = False
+      guided_in_llamagen.append(cfg_scale > 1.0 and cfg_flag)
+
+    sampling = logits.Sampling(cfg_scale=cfg_scale, cfg_interval=cfg_interval)
+    self.assertEqual(sampling.uses_cfg, cfg_scale > 1.0)
+    cond = jax.random.normal(jax.random.key(0), (num_tokens, 6))
+    uncond = jax.random.normal(jax.random.key(1), (num_tokens, 6))
+    out = np.asarray(sampling.probs(cond, uncond, token_index=jnp.arange(num_tokens)))
+    for index, guided in enumerate(guided_in_llamagen):
+      combined = uncond[index] + (cond[index] - uncond[index]) * cfg_scale
+      expected = jax.nn.softmax(combined if guided else cond[index])
+      np.testing.assert_allclose(out[index], expected, rtol=1e-5, err_msg=f'token {index}')
 
   def test_no_cfg_without_uncond_or_scale_one(self):
     cond = jnp.array([1.0, 0.0])
     for sampling, uncond in ((logits.Sampling(cfg_scale=3.0), None),
                              (logits.Sampling(cfg_scale=1.0), jnp.array([5.0, 0.0]))):
       np.testing.assert_allclose(sampling.probs(cond, uncond), jax.nn.softmax(cond), rtol=1e-6)
+
+  def test_presets_are_the_released_settings(self):
+    """Values read from the released code (cited in logits.SAMPLING_PRESETS)."""
+    expected = {
+        'llamagen_c2i': (4.0, 2000, 1.0, 1.0),
+        'llamagen_c2i_fid': (1.5, 0, 1.0, 1.0),
+        'llamagen_t2i': (7.5, 1000, 1.0, 1.0),
+        'lumina_mgpt': (4.0, 2000, 1.0, 1.0),
+        'lumina_mgpt_default': (3.0, 2000, 1.0, 1.0),
+        'janus_pro': (5.0, 0, 1.0, 1.0),
+    }
+    self.assertEqual(set(logits.SAMPLING_PRESETS), set(expected))
+    for name, (cfg_scale, top_k, top_p, temperature) in expected.items():
+      sampling = logits.Sampling.preset(name)
+      self.assertEqual((sampling.cfg_scale, sampling.top_k, sampling.top_p,
+                        sampling.temperature, sampling.cfg_interval),
+                       (cfg_scale, top_k, top_p, temperature, -1), name)
+    self.assertEqual(logits.Sampling.preset('janus_pro', temperature=0.5).temperature, 0.5)
+    with self.assertRaisesRegex(ValueError, "unknown preset 'llamagen'"):
+      logits.Sampling.preset('llamagen')
+
+  def test_preset_builds_subclasses(self):
+    from specdec_jax.models import lumina_layout  # pylint: disable=g-import-not-at-top
+    layout = lumina_layout.ImageLayout(2, 2)
+    sampling = lumina_layout.LuminaSampling.preset('lumina_mgpt', layout=layout)
+    self.assertIsInstance(sampling, lumina_layout.LuminaSampling)
+    self.assertEqual((sampling.cfg_scale, sampling.top_k, sampling.layout), (4.0, 2000, layout))
 
   @parameterized.parameters(
       (dict(temperature=-1.0), 'temperature'),
