@@ -23,6 +23,7 @@ import os
 import pathlib
 import pickle
 import shutil
+import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -67,17 +68,29 @@ def _torch():
   return torch
 
 
-def load_raw_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> Any:
+def _is_legacy_format_error(error: Exception) -> bool:
+  """torch.load(mmap=True) on a pre-1.6 (non-zip) file fails with this error."""
+  return isinstance(error, RuntimeError) and 'mmap' in str(error)
+
+
+def load_raw_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False,
+                        mmap: bool = False) -> Any:
   """Reads a `.pt/.pth/.bin/.ckpt` or `.safetensors` file as stored.
 
   Torch files are read with `weights_only=True` (argparse.Namespace, which
   LlamaGen stores under `args`, is allowed); tensors stay torch tensors.
-  Safetensors files give a flat `{name: torch.Tensor}` dict.
+  Safetensors files give a flat `{name: numpy array}` dict (bf16 as
+  `ml_dtypes.bfloat16`), read without torch.
 
   Args:
     path: the checkpoint file.
     trust_pickle: read torch files with full unpickling when the safe loader
       refuses them (only for files from a source you trust).
+    mmap: memory-map torch files (`torch.load(..., mmap=True)`): tensors are
+      read from disk only when used, so a caller that needs a few tensors of a
+      large file (a tokenizer inside an LLM checkpoint) never holds the rest.
+      Files in the legacy (non-zip) format cannot be mapped and are read
+      whole, with a warning.
   Returns:
     The object stored in the file.
   Raises:
@@ -90,12 +103,12 @@ def load_raw_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) 
         f'Checkpoint file {str(path)!r} does not exist (or is not a file). '
         'Pass the path of a .pt/.pth/.bin or .safetensors file.')
   suffix = path.suffix.lower()
-  torch = _torch()
   if suffix in SAFETENSORS_SUFFIXES:
+    from specdec_jax.converters import hf_streaming  # pylint: disable=g-import-not-at-top
     try:
-      import safetensors.torch  # pylint: disable=g-import-not-at-top
-      return dict(safetensors.torch.load_file(str(path), device='cpu'))
-    except Exception as e:  # safetensors raises its own SafetensorError
+      infos = hf_streaming.read_safetensors_header(path)
+      return hf_streaming.read_safetensors_tensors(path, infos)
+    except (OSError, ValueError, TypeError, KeyError) as e:
       raise CheckpointReadError(
           f'Could not read {str(path)!r} as a safetensors file (expected a '
           f'JSON header followed by tensor data; the file may be truncated or '
@@ -104,14 +117,28 @@ def load_raw_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) 
     raise CheckpointReadError(
         f'Checkpoint file {str(path)!r} has suffix {suffix!r}; expected one of '
         f'{TORCH_SUFFIXES + SAFETENSORS_SUFFIXES}.')
-  try:
+  torch = _torch()
+
+  def load(weights_only: bool, use_mmap: bool):
     with torch.serialization.safe_globals([argparse.Namespace]):
-      return torch.load(str(path), map_location='cpu', weights_only=True)
+      return torch.load(str(path), map_location='cpu', weights_only=weights_only,
+                        mmap=use_mmap)
+
+  try:
+    try:
+      return load(True, mmap)
+    except Exception as e:  # pylint: disable=broad-except
+      if not (mmap and _is_legacy_format_error(e)):
+        raise
+      logging.warning('%s is in the legacy (non-zip) torch format and cannot be '
+                      'memory-mapped; reading the whole file.', path)
+      mmap = False
+      return load(True, False)
   except Exception as e:  # pylint: disable=broad-except
     if isinstance(e, pickle.UnpicklingError) and trust_pickle:
       logging.warning('Safe loading of %s failed (%s); retrying with full '
                       'unpickling because trust_pickle=True.', path, e)
-      return torch.load(str(path), map_location='cpu', weights_only=False)
+      return load(False, mmap)
     hint = ('; it holds objects the safe loader refuses: pass trust_pickle=True '
             '(--trust_pickle) if you trust its source'
             if isinstance(e, pickle.UnpicklingError) else '')
@@ -122,10 +149,11 @@ def load_raw_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) 
 
 
 def _is_array(value: Any) -> bool:
+  """A numpy array or torch tensor (a tensor implies torch is already imported)."""
   if isinstance(value, np.ndarray):
     return True
-  torch = _torch()
-  return isinstance(value, torch.Tensor)
+  torch = sys.modules.get('torch')
+  return torch is not None and isinstance(value, torch.Tensor)
 
 
 def unwrap_checkpoint(
@@ -188,6 +216,8 @@ def to_numpy(value: Any, *, upcast_bf16: bool = True) -> np.ndarray:
   (`upcast_bf16=False`, for converting large checkpoints in low memory).
   """
   if isinstance(value, np.ndarray):
+    if upcast_bf16 and value.dtype == jnp.bfloat16:
+      return value.astype(np.float32)
     return value
   torch = _torch()
   tensor = value.detach().cpu()

@@ -19,7 +19,8 @@ the page cache does not count as resident memory; `.bin`: memory-mapped
 `torch.load`), so a converter that turns every tensor into its output form
 before asking for the next never holds the model twice. `assemble_params` is
 that loop for the converters in this package; `write_sharded_safetensors`
-writes the layout (tests, benchmark).
+writes the layout (tests, benchmark) from numpy arrays or torch tensors,
+without needing torch or the safetensors package for numpy input.
 """
 
 from __future__ import annotations
@@ -140,6 +141,26 @@ def _read_safetensors_tensor(f, info: TensorInfo) -> np.ndarray:
     raise ShardIndexError(f'{f.name!r}: short read for a tensor of {array.nbytes} bytes '
                           f'at offset {info.offset}; the file is truncated.')
   return array
+
+
+def read_safetensors_tensors(path: str | pathlib.Path, infos: Mapping[str, TensorInfo],
+                             names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+  """Reads the named tensors (default: all) of one safetensors file, nothing else.
+
+  Args:
+    path: the file.
+    infos: its header, from `read_safetensors_header`.
+    names: the tensors to read; the others' data is never touched.
+  Returns:
+    `{name: array}` in the stored dtype (bf16 as `ml_dtypes.bfloat16`).
+  """
+  names = list(infos) if names is None else list(names)
+  names.sort(key=lambda n: infos[n].offset)  # sequential reads
+  out = {}
+  with open(path, 'rb') as f:
+    for name in names:
+      out[name] = _read_safetensors_tensor(f, infos[name])
+  return out
 
 
 def _torch_load(path: pathlib.Path) -> dict[str, Any]:
@@ -364,43 +385,91 @@ def identity(array: np.ndarray) -> np.ndarray:
   return array
 
 
+_ST_CODES = {name: code for code, name in _ST_DTYPES.items()}
+
+
+def _as_numpy(tensor: Any) -> np.ndarray:
+  """A numpy array or torch tensor as a C-contiguous numpy array (bf16 kept)."""
+  if not isinstance(tensor, np.ndarray):
+    tensor = common.to_numpy(tensor, upcast_bf16=False)
+  return np.ascontiguousarray(tensor)
+
+
+def write_safetensors(path: str | pathlib.Path, tensors: Mapping[str, Any], *,
+                      metadata: Mapping[str, str] | None = None) -> None:
+  """Writes one safetensors file (8-byte header length, JSON header, raw data).
+
+  The format of the safetensors project (huggingface/safetensors): tensors
+  little-endian, C order, data back to back in the header's order, header
+  padded with spaces to a multiple of 8 bytes.
+
+  Args:
+    path: file to write.
+    tensors: `{name: numpy array or torch tensor}`; dtypes F64/F32/F16/BF16
+      and the integer/bool types.
+    metadata: optional string-to-string `__metadata__`.
+  """
+  arrays = {name: _as_numpy(t) for name, t in tensors.items()}
+  header: dict[str, Any] = {}
+  if metadata:
+    header['__metadata__'] = {str(k): str(v) for k, v in metadata.items()}
+  offset = 0
+  for name, array in arrays.items():
+    code = _ST_CODES.get(array.dtype.name)
+    if code is None:
+      raise ValueError(f'write_safetensors: tensor {name!r} has dtype {array.dtype.name}, '
+                       f'which safetensors cannot store here; use one of {sorted(_ST_CODES)}.')
+    header[name] = {'dtype': code, 'shape': list(array.shape),
+                    'data_offsets': [offset, offset + array.nbytes]}
+    offset += array.nbytes
+  encoded = json.dumps(header, separators=(',', ':')).encode('utf-8')
+  encoded += b' ' * (-len(encoded) % 8)
+  with open(path, 'wb') as f:
+    f.write(struct.pack('<Q', len(encoded)))
+    f.write(encoded)
+    for array in arrays.values():
+      if array.dtype.byteorder == '>':
+        array = array.astype(array.dtype.newbyteorder('<'))
+      f.write(memoryview(array.reshape(-1).view(np.uint8)))
+
+
 def write_sharded_safetensors(tensors: Iterable[tuple[str, Any]], out_dir: str | pathlib.Path,
                               *, max_shard_bytes: int) -> list[pathlib.Path]:
-  """Writes torch tensors in the HF layout: `model-0000k-of-0000n.safetensors` + index.
+  """Writes tensors in the HF layout: `model-0000k-of-0000n.safetensors` + index.
 
   Tensors are consumed one at a time and at most one shard is held in memory
   (tests and the conversion-memory benchmark use this to make checkpoints).
 
   Args:
-    tensors: `(name, torch.Tensor)` pairs.
+    tensors: `(name, numpy array or torch.Tensor)` pairs (torch is needed
+      only for torch tensors).
     out_dir: folder to write into (created if needed).
     max_shard_bytes: start a new shard once the current one would exceed this.
   Returns:
     The shard paths.
   """
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
-
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   shard_names: list[list[str]] = []
   temp_paths: list[pathlib.Path] = []
-  current: dict[str, Any] = {}
+  current: dict[str, np.ndarray] = {}
   current_bytes = total_bytes = 0
 
   def flush():
     nonlocal current, current_bytes
     if current:
       temp = out_dir / f'.shard-{len(temp_paths):05d}.tmp'
-      save_file(current, str(temp), metadata={'format': 'pt'})
+      write_safetensors(temp, current, metadata={'format': 'pt'})
       temp_paths.append(temp)
       shard_names.append(list(current))
       current, current_bytes = {}, 0
 
   for name, tensor in tensors:
-    size = tensor.numel() * tensor.element_size()
+    array = _as_numpy(tensor)
+    size = array.nbytes
     if current and current_bytes + size > max_shard_bytes:
       flush()
-    current[name] = tensor.contiguous()
+    current[name] = array
     current_bytes += size
     total_bytes += size
   flush()
