@@ -8,10 +8,15 @@ Usage:
 Reads `model.safetensors.index.json` and its shards (or a single
 `model.safetensors`) one tensor at a time, checks every key and shape against
 the config (default: `config.json` in `--input_dir`), converts (Linear weights
-transposed to Flax kernels, q/k norm params of shape (1, D) broadcast to every
-head) and writes the Orbax checkpoint atomically with `specdec_meta.json`
-(config, sha256 of every source file). The `model.vqmodel.*` tensors (the VQ
-encoder, unused for text-to-image) are not read.
+transposed to Flax kernels, q/k norm params expanded to one row per head, see
+`expand_norm_rows`) and writes the Orbax checkpoint atomically with
+`specdec_meta.json` (config, sha256 of every source file). The
+`model.vqmodel.*` tensors (the VQ encoder, unused for text-to-image) are not
+read.
+
+The RoPE base comes from `rope_theta` (transformers 4) or
+`rope_parameters.rope_theta` (transformers 5); a config asking for scaled
+RoPE is refused (see `models.chameleon.rope_theta_from_hf`).
 
 Param layout written: see `models/chameleon.py` (`ChameleonModel`).
 """
@@ -74,13 +79,30 @@ def expected_shapes(config: chameleon.ChameleonConfig) -> dict[str, tuple[int, .
   return shapes
 
 
-def _broadcast_heads(num_heads: int) -> Callable[[np.ndarray], np.ndarray]:
-  """(1, D) -> (H, D); (H, D) unchanged (the two released q/k norm layouts)."""
+def expand_norm_rows(num_heads: int) -> Callable[[np.ndarray], np.ndarray]:
+  """q/k LayerNorm params (R, D) -> (num_heads, D), R dividing num_heads.
+
+  Checkpoints store these norms in three layouts: (1, D) (Lumina-mGPT 7B),
+  (heads, D) (current Hugging Face conversions), and, for checkpoints trained
+  with tensor parallelism, (model_parallel_size, D): Lumina-mGPT's
+  `ChameleonLayerNorm` keeps one row per model-parallel shard and
+  repeat-interleaves it over that shard's `num_heads // model_parallel_size`
+  heads. All three are the same rule: row r applies to heads
+  [r * H / R, (r + 1) * H / R).
+  """
 
   def transform(array):
-    return np.broadcast_to(array, (num_heads, array.shape[-1]))
+    rows = array.shape[0]
+    if num_heads % rows:
+      raise ValueError(f'q/k norm with {rows} rows cannot be spread over {num_heads} heads.')
+    return np.repeat(array, num_heads // rows, axis=0)
 
   return transform
+
+
+def norm_rows_ok(rows: int, num_heads: int) -> bool:
+  """Whether a (rows, D) q/k norm tensor fits `num_heads` (see `expand_norm_rows`)."""
+  return rows >= 1 and num_heads % rows == 0
 
 
 def conversion_rules(config: chameleon.ChameleonConfig) -> dict[str, hf_streaming.Rule]:
@@ -97,7 +119,7 @@ def conversion_rules(config: chameleon.ChameleonConfig) -> dict[str, hf_streamin
     for name, heads in (('q_norm', config.num_heads), ('k_norm', config.num_kv_heads)):
       for field in ('weight', 'bias'):
         rules[f'{prefix}self_attn.{name}.{field}'] = (
-            layer + ('self_attn', name, field), _broadcast_heads(heads))
+            layer + ('self_attn', name, field), expand_norm_rows(heads))
   return rules
 
 
@@ -105,17 +127,33 @@ def validate_checkpoint(found: Mapping[str, tuple[int, ...]],
                         config: chameleon.ChameleonConfig, *, config_source: str) -> None:
   """Raises CheckpointMismatchError unless `found` is exactly `config`'s key set.
 
-  q/k norm tensors may be (1, D) (Lumina / early HF) or (heads, D) (current HF).
+  q/k norm tensors may have 1, model_parallel_size or `heads` rows (any row
+  count dividing the head count; see `expand_norm_rows`).
   """
   expected = expected_shapes(config)
+  bad_rows = []
   for name, shape in expected.items():
-    if re.search(r'\.[qk]_norm\.', name) and found.get(name) == (1, shape[1]):
-      expected[name] = (1, shape[1])
+    if not re.search(r'\.[qk]_norm\.', name) or name not in found:
+      continue
+    rows_shape = tuple(found[name])
+    heads = config.num_heads if '.q_norm.' in name else config.num_kv_heads
+    if len(rows_shape) == 2 and rows_shape[1] == shape[1] and norm_rows_ok(rows_shape[0], heads):
+      expected[name] = rows_shape
+    elif len(rows_shape) == 2 and rows_shape[1] == shape[1]:
+      bad_rows.append(f'{name} {rows_shape}')
   found = {k: v for k, v in found.items() if not k.startswith(IGNORED_PREFIXES)}
+  hint = ('Pass the config.json that came with the checkpoint (--config) or the '
+          'right preset (--config 7b|34b).')
+  if bad_rows:
+    hint = (f'{len(bad_rows)} q/k norm tensor(s) have a row count that does not divide '
+            f'their head count ({config.num_heads} query heads for q_norm, '
+            f'{config.num_kv_heads} key/value heads for k_norm; e.g. {bad_rows[0]}). '
+            'Accepted are (1, D), (model_parallel_size, D) with the heads split evenly '
+            'over the rows, and (heads, D); if the rows are right, the head counts '
+            'in the config are not. ' + hint)
   common.validate_keys(
       found, expected, what=f'Chameleon config from {config_source}: {config_summary(config)}',
-      hint='Pass the config.json that came with the checkpoint (--config) or the '
-           'right preset (--config 7b|34b).')
+      hint=hint)
 
 
 def config_summary(config: chameleon.ChameleonConfig) -> str:
@@ -151,6 +189,8 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
   except KeyError as e:
     raise ValueError(f'{str(path)!r} is not a Chameleon config.json: field {e} is '
                      'missing.') from e
+  except ValueError as e:
+    raise ValueError(f'{str(path)!r}: {e}') from e
 
 
 def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
