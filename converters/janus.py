@@ -16,6 +16,20 @@ Read: `language_model.model.*` (HF Llama), `gen_embed`, `gen_aligner`,
 `aligner.*`), the text `language_model.lm_head`, the VQ-16 tokenizer
 (`gen_vision_model.*`, converted by the VQ converter) and legacy
 `rotary_emb.inv_freq` buffers.
+
+The config is read from the release's config.json (`language_config`,
+`gen_head_config`, `gen_aligner_config`); dimensions it does not state are
+an error, never filled in. Only the fields the original code leaves to
+`LlamaConfig` defaults (it builds `LlamaConfig(**language_config)`) take those
+defaults: `num_key_value_heads`, `rms_norm_eps`, the RoPE base and
+`max_position_embeddings`.
+
+Checkpoints re-saved in transformers' own Janus layout
+(`JanusForConditionalGeneration`: `text_config` / `vq_config` in config.json,
+`model.language_model.*`, `model.generation_*` weights) are refused by name:
+that layout renames and re-nests every tensor, and its config.json leaves out
+values equal to transformers' defaults. Convert the original DeepSeek release
+(deepseek-ai/Janus-Pro-7B, -1B) instead.
 """
 
 from __future__ import annotations
@@ -34,16 +48,33 @@ import jax.numpy as jnp
 from specdec_jax.converters import chameleon as chameleon_converter
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
+from specdec_jax.models import chameleon as chameleon_model
 from specdec_jax.models import janus
 
 IGNORED_PREFIXES = ('vision_model.', 'aligner.', 'gen_vision_model.',
                     'language_model.lm_head.')
 IGNORED_SUFFIXES = ('.rotary_emb.inv_freq',)
 LM_PREFIX = 'language_model.model.'
-# Hugging Face LlamaConfig defaults, for fields a language_config leaves out.
-_LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                       num_hidden_layers=32, num_attention_heads=32, rms_norm_eps=1e-6,
-                       rope_theta=10000.0, max_position_embeddings=2048)
+# The language_config fields that fix the parameter shapes: never defaulted.
+REQUIRED_LM_FIELDS = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers',
+                      'num_attention_heads')
+# Hugging Face LlamaConfig defaults for the fields the released config.json
+# leaves out (the original builds LlamaConfig(**language_config)).
+LLAMA_DEFAULTS = dict(rms_norm_eps=1e-6, max_position_embeddings=2048)
+# transformers' native Janus layout (JanusForConditionalGeneration).
+HF_NATIVE_PREFIXES = ('model.language_model.', 'model.generation_', 'model.vqmodel.')
+HF_NATIVE_HINT = (
+    "transformers' native Janus layout (JanusForConditionalGeneration: config.json "
+    'with text_config / vq_config, weights model.language_model.*, '
+    'model.generation_embeddings/aligner/head.*, model.vqmodel.*) is not supported: it '
+    'renames every tensor and its config.json omits values equal to transformers\' '
+    'defaults. Convert the original DeepSeek release instead (deepseek-ai/Janus-Pro-7B '
+    'or Janus-Pro-1B: config.json with language_config, weights language_model.model.*, '
+    'gen_embed, gen_aligner, gen_head).')
+
+
+class UnsupportedLayoutError(common.CheckpointMismatchError):
+  """The checkpoint is in transformers' native Janus layout."""
 
 
 def expected_shapes(config: janus.JanusConfig) -> dict[str, tuple[int, ...]]:
@@ -111,7 +142,17 @@ def config_summary(config: janus.JanusConfig) -> str:
 
 def validate_checkpoint(found: Mapping[str, tuple[int, ...]], config: janus.JanusConfig,
                         *, config_source: str) -> None:
-  """Raises CheckpointMismatchError unless the generation-path keys match `config`."""
+  """Raises CheckpointMismatchError unless the generation-path keys match `config`.
+
+  Raises:
+    UnsupportedLayoutError: the keys are in transformers' native Janus layout.
+    common.CheckpointMismatchError: missing, unexpected or mis-shaped keys.
+  """
+  native = sorted(k for k in found if k.startswith(HF_NATIVE_PREFIXES))
+  if native:
+    raise UnsupportedLayoutError(
+        f'The checkpoint has {len(native)} tensors in transformers\' native Janus layout '
+        f'(e.g. {native[0]!r}). {HF_NATIVE_HINT}')
   found = {k: v for k, v in found.items() if not is_ignored(k)}
   common.validate_keys(
       found, expected_shapes(config),
@@ -120,12 +161,64 @@ def validate_checkpoint(found: Mapping[str, tuple[int, ...]], config: janus.Janu
            'right preset (--config pro-7b|pro-1b).')
 
 
-def config_from_hf(hf: dict[str, Any]) -> janus.JanusConfig:
-  """JanusConfig from the released config.json (`language_config`, `gen_*_config`)."""
-  lm = dict(_LLAMA_DEFAULTS)
-  lm.update(hf.get('language_config') or {})
-  head = (hf.get('gen_head_config') or {}).get('params', {})
-  aligner = (hf.get('gen_aligner_config') or {}).get('params', {})
+def _params_of(hf: Mapping[str, Any], name: str, source: str) -> dict[str, Any]:
+  """`hf[name]['params']` (the released sub-config layout), or an error naming it."""
+  entry = hf.get(name)
+  params = entry.get('params') if isinstance(entry, Mapping) else None
+  if not isinstance(params, Mapping):
+    raise ValueError(
+        f'{source}: {name}.params is missing; the released Janus-Pro config.json has it '
+        f'(e.g. {name}: {{"params": {{...}}}}). Pass the config.json that came with the '
+        'checkpoint or a preset (--config pro-7b|pro-1b).')
+  return dict(params)
+
+
+def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> janus.JanusConfig:
+  """JanusConfig from the released config.json (`language_config`, `gen_*_config`).
+
+  Args:
+    hf: the parsed config.json.
+    source: where it came from (for error messages).
+  Raises:
+    UnsupportedLayoutError: a transformers-native config (`text_config`).
+    ValueError: `language_config`, a shape-defining field of it, or a
+      gen_head/gen_aligner parameter is missing or unsupported (the message
+      names it).
+  """
+  if 'language_config' not in hf:
+    if 'text_config' in hf or hf.get('model_type') == 'janus':
+      raise UnsupportedLayoutError(f'{source} is a transformers-native Janus config '
+                                   f'(it has text_config). {HF_NATIVE_HINT}')
+    raise ValueError(
+        f'{source} has no language_config (the Janus-Pro language model dimensions; '
+        f'top-level fields: {sorted(hf)[:12]}). Pass the config.json of the original '
+        'release or a preset (--config pro-7b|pro-1b).')
+  lm = dict(hf['language_config'] or {})
+  missing = [f for f in REQUIRED_LM_FIELDS if lm.get(f) is None]
+  if missing:
+    raise ValueError(
+        f'{source}: language_config lacks {missing}, which fix the parameter shapes; '
+        'add them (the released config.json states them) or use a preset '
+        '(--config pro-7b|pro-1b).')
+  defaulted = sorted(f for f in LLAMA_DEFAULTS if lm.get(f) is None)
+  if defaulted:
+    logging.info('%s: language_config leaves %s to the LlamaConfig defaults %s, as the '
+                 'original code does.', source, defaulted,
+                 {f: LLAMA_DEFAULTS[f] for f in defaulted})
+  lm = {**LLAMA_DEFAULTS, **{k: v for k, v in lm.items() if v is not None}}
+  head = _params_of(hf, 'gen_head_config', source)
+  aligner = _params_of(hf, 'gen_aligner_config', source)
+  for name, params, fields in (('gen_head_config', head, ('image_token_size', 'image_token_embed')),
+                               ('gen_aligner_config', aligner, ('input_dim',))):
+    absent = [f for f in fields if params.get(f) is None]
+    if absent:
+      raise ValueError(f'{source}: {name}.params lacks {absent}; add them (the released '
+                       'config.json states them) or use a preset (--config pro-7b|pro-1b).')
+  if aligner.get('depth', 2) != 2 or aligner.get('projector_type', 'mlp_gelu') != 'mlp_gelu':
+    raise ValueError(
+        f'{source}: gen_aligner_config.params has depth {aligner.get("depth")!r}, '
+        f'projector_type {aligner.get("projector_type")!r}; only the released aligner '
+        '(mlp_gelu, depth 2) is implemented.')
   heads = int(lm['num_attention_heads'])
   hidden = int(lm['hidden_size'])
   return janus.JanusConfig(
@@ -133,10 +226,11 @@ def config_from_hf(hf: dict[str, Any]) -> janus.JanusConfig:
       num_layers=int(lm['num_hidden_layers']), num_heads=heads,
       num_kv_heads=int(lm.get('num_key_value_heads') or heads), head_dim=hidden // heads,
       intermediate_size=int(lm['intermediate_size']),
-      rms_norm_eps=float(lm['rms_norm_eps']), rope_theta=float(lm['rope_theta']),
-      image_vocab_size=int(head.get('image_token_size', 16384)),
-      gen_embed_dim=int(aligner.get('input_dim', 8)),
-      gen_head_dim=int(head.get('image_token_embed', hidden)),
+      rms_norm_eps=float(lm['rms_norm_eps']),
+      rope_theta=chameleon_model.rope_theta_from_hf(lm, what=f'{source} language_config'),
+      image_vocab_size=int(head['image_token_size']),
+      gen_embed_dim=int(aligner['input_dim']),
+      gen_head_dim=int(head['image_token_embed']),
       max_position_embeddings=int(lm['max_position_embeddings']))
 
 
@@ -149,8 +243,14 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
     raise ValueError(
         f'--config {config_arg!r}: neither a preset ({sorted(janus.CONFIGS)}) nor a '
         f'config.json file ({str(path)!r} does not exist).')
-  with open(path) as f:
-    return config_from_hf(json.load(f)), str(path)
+  try:
+    with open(path) as f:
+      hf = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{str(path)!r} is not valid JSON: {e}') from e
+  if not isinstance(hf, Mapping):
+    raise ValueError(f'{str(path)!r} must hold a JSON object, got {type(hf).__name__}.')
+  return config_from_hf(hf, repr(str(path))), str(path)
 
 
 def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
