@@ -3,7 +3,14 @@ r"""Converts LlamaGen GPT checkpoints (c2i, t2i) to a specdec Orbax checkpoint.
 Usage:
   python -m specdec_jax.converters.llamagen --input c2i_B_256.pt \
       --output ckpts/llamagen_c2i_B_256 --config GPT-B --model_type c2i \
-      --image_size 256 --dtype float32
+      [--image_size 256] --dtype float32
+
+`--image_size` (the training resolution) fixes the 2D RoPE grid and the
+number of image tokens, and nothing in the weights reveals it, so a wrong
+value would convert without error and generate wrong images. It is required
+unless the file name states it as the released files do (`c2i_XL_384.pt`,
+`t2i_XL_stage1_256.pt`, `t2i_XL_stage2_512.pt`): then it is inferred, and
+logged.
 
 Reads `.pt` training dicts (`model`, optionally `ema` with --use_ema),
 raw FSDP state dicts (`consolidated.pth`) and `.safetensors`. Drops what is not
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import re
 from collections.abc import MutableMapping, Mapping
 from typing import Any
@@ -45,6 +53,48 @@ from specdec_jax.models import llamagen
 
 NON_WEIGHT_KEYS = ('freqs_cis', 'kv_cache')
 CONVERTER_NAME = 'specdec_jax.converters.llamagen'
+# The released checkpoints end in _<resolution>: c2i_B_256.pt, c2i_XL_384.pt,
+# t2i_XL_stage1_256.pt, t2i_XL_stage2_512.pt (FoundationVision/LlamaGen README).
+_SIZE_IN_NAME = re.compile(r'_(\d{2,4})(?:px)?\.(?:pt|pth|bin|ckpt|safetensors)$',
+                           re.IGNORECASE)
+
+
+def infer_image_size(path: str | os.PathLike, downsample: int = 16) -> int | None:
+  """The training resolution a released file name states (`c2i_XL_384.pt` -> 384).
+
+  Returns None unless the name ends in `_<size>.<suffix>` with a size that is
+  a multiple of `downsample`.
+  """
+  match = _SIZE_IN_NAME.search(pathlib.Path(path).name)
+  if not match:
+    return None
+  size = int(match.group(1))
+  return size if size >= downsample and size % downsample == 0 else None
+
+
+def resolve_image_size(path: str | os.PathLike, image_size: int | None) -> int:
+  """--image_size, or the size the file name states (logged); an error if neither.
+
+  Raises:
+    ValueError: no --image_size and the file name states none.
+  """
+  inferred = infer_image_size(path)
+  if image_size is None:
+    if inferred is None:
+      raise ValueError(
+          f'--image_size is required: the file name {pathlib.Path(path).name!r} does not '
+          'state the training resolution (released files end in _256, _384 or _512, '
+          'e.g. c2i_XL_384.pt). Pass the resolution the checkpoint was trained at '
+          '(it sets the 2D RoPE grid; a wrong value gives wrong images without any '
+          'error).')
+    logging.info('--image_size not given: using %d from the file name %s.', inferred,
+                 pathlib.Path(path).name)
+    return inferred
+  if inferred is not None and inferred != image_size:
+    logging.warning('--image_size %d differs from the %d the file name %s states; '
+                    'converting with %d as asked.', image_size, inferred,
+                    pathlib.Path(path).name, image_size)
+  return image_size
 
 
 def describe(config: llamagen.GPTConfig) -> str:
@@ -225,7 +275,12 @@ def load_llamagen(out_dir: str | os.PathLike, dtype: str | None = None):
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-  """`['dim=64', 'rope_base=1e4']` -> typed GPTConfig overrides."""
+  """`['dim=64', 'rope_base=1e4']` -> typed GPTConfig overrides.
+
+  Raises:
+    ValueError: an item is not field=value, names no GPTConfig field, or its
+      value does not parse as the field's type (the message names the field).
+  """
   types = {f.name: f.type for f in dataclasses.fields(llamagen.GPTConfig)}
   out = {}
   for item in items:
@@ -234,8 +289,12 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
       raise ValueError(f'--set {item!r}: expected field=value with field one of '
                        f'{sorted(types)}.')
     kind = str(types[name])
-    out[name] = (float(value) if 'float' in kind else
-                 int(value) if 'int' in kind else value)
+    parse = float if 'float' in kind else int if 'int' in kind else str
+    try:
+      out[name] = parse(value)
+    except ValueError as e:
+      raise ValueError(f'--set {item!r}: {name} must be {parse.__name__}, got '
+                       f'{value!r}.') from e
   return out
 
 
@@ -249,8 +308,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       'GPT-XXXL, GPT-1B, GPT-3B, GPT-7B.', **fv)
   flags.DEFINE_enum('model_type', 'c2i', list(llamagen.MODEL_TYPES),
                     'Class- or text-conditional.', **fv)
-  flags.DEFINE_integer('image_size', 256, 'Training resolution (sets the 2D RoPE '
-                       'grid: (image_size/16)^2 tokens).', **fv)
+  flags.DEFINE_integer('image_size', None, 'Training resolution (sets the 2D RoPE '
+                       'grid: (image_size/16)^2 tokens). Required unless the file name '
+                       'states it (c2i_XL_384.pt -> 384).', **fv)
   flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Output dtype.', **fv)
   flags.DEFINE_bool('use_ema', False, 'Convert the "ema" weights.', **fv)
   flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.', **fv)
@@ -265,9 +325,13 @@ def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
   fv = flag_values
   if not fv.input or not fv.output:
     raise app.UsageError('--input and --output are required.')
-  config = llamagen.gpt_config(
-      fv.config, image_size=fv.image_size, model_type=fv.model_type, dtype=fv.dtype,
-      **parse_overrides(fv.set))
+  try:
+    image_size = resolve_image_size(fv.input, fv.image_size)
+    config = llamagen.gpt_config(
+        fv.config, image_size=image_size, model_type=fv.model_type, dtype=fv.dtype,
+        **parse_overrides(fv.set))
+  except (TypeError, ValueError) as e:  # config errors: a message, not a traceback
+    raise app.UsageError(str(e)) from e
   logging.info('converting %s as %s', fv.input, describe(config))
   out = convert_file(fv.input, fv.output, config, use_ema=fv.use_ema,
                      overwrite=fv.overwrite, trust_pickle=fv.trust_pickle)
