@@ -1,12 +1,24 @@
-"""Converts released VQ tokenizer checkpoints to Flax params for `models.vq`.
+r"""Converts released VQ tokenizer checkpoints to Flax params for `models.vq`.
 
 Kinds:
   llamagen_vq16    LlamaGen `vq_ds16_*.pt` ({'model': sd} or {'ema': sd}, or a
-                   raw state dict); Janus-Pro checkpoints too: keys under
-                   `gen_vision_model.` are taken and the prefix stripped.
+                   raw state dict); Janus-Pro checkpoints too (the tokenizer is
+                   stored under `gen_vision_model.`).
   chameleon_vqgan  Chameleon / Lumina-mGPT `vqgan.ckpt` ({'state_dict': sd});
                    only encoder/decoder/quantize/quant_conv/post_quant_conv keys
                    are kept (the loss/discriminator entries are dropped).
+
+Tokenizers inside language-model checkpoints. When the keys carry one of
+`TOKENIZER_PREFIXES` (`model.vqmodel.`, `vqmodel.`, `gen_vision_model.`), only
+the keys under it are read and the prefix is stripped. Such checkpoints are
+large, so nothing else is loaded: `.bin/.pt` files are memory-mapped
+(`torch.load(..., mmap=True)`), safetensors files are read tensor by tensor
+at their header offsets, and a Hugging Face folder (`--input` a directory with
+an index and shards) is streamed shard by shard; only the tokenizer's tensors
+are materialised. Hugging Face Chameleon / Lumina-mGPT checkpoints keep only
+the VQ *encoder* under `model.vqmodel.` (convert the decoder from Meta's
+`vqgan.ckpt`), and transformers' native Janus layout renames the VQ keys (not
+supported; use the original release's `gen_vision_model.*`).
 
 Every key and shape is checked against the assumed config before anything is
 written; the Orbax checkpoint and its `specdec_meta.json` (config, kind, source
@@ -16,16 +28,22 @@ Usage:
   python -m specdec_jax.converters.vq --input vq_ds16_c2i.pt --output out/vq16 \
       --kind llamagen_vq16 [--dtype float32] [--use_ema] [--config_json '{...}']
 
+LlamaGen's VQ-8 (`vq_ds8_c2i.pt`) is the same architecture with one stride-2
+step fewer: `--config_json '{"ch_mult": [1, 2, 2, 4], "attn_levels": [3]}'`
+(attention at the last level, as in FoundationVision/LlamaGen
+`tokenizer/tokenizer_image/vq_model.py`).
+
 Legend: V codebook size, Cq codebook dim; conv weights are OIHW in PyTorch and
 HWIO in Flax.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from absl import app
@@ -35,22 +53,48 @@ import jax
 import numpy as np
 
 from specdec_jax.converters import common
+from specdec_jax.converters import hf_streaming
 from specdec_jax.models import vq
 
 KINDS = ('llamagen_vq16', 'chameleon_vqgan')
 CONVERTER_NAME = 'specdec_jax.converters.vq'
 JANUS_PREFIX = 'gen_vision_model.'
+# Prefixes under which language-model checkpoints store their tokenizer:
+# Hugging Face Chameleon / Lumina-mGPT (`model.vqmodel.`, encoder only), the
+# same without the outer module (`vqmodel.`), Janus-Pro (`gen_vision_model.`).
+TOKENIZER_PREFIXES = ('model.vqmodel.', 'vqmodel.', JANUS_PREFIX)
+# LlamaGen VQ-8: VQ-16 with one level fewer; attention stays at the last level.
+VQ8_OVERRIDES = {'ch_mult': [1, 2, 2, 4], 'attn_levels': [3]}
 # Buffers that are not weights (LlamaGen's codebook usage counter).
 DROPPED_BUFFERS = ('quantize.codebook_used',)
 KEPT_PREFIXES = ('encoder.', 'decoder.', 'quantize.', 'quant_conv.', 'post_quant_conv.')
 
 
 def preset_config(kind: str, overrides: Mapping[str, Any] | None = None) -> vq.VQConfig:
-  """The VQConfig a kind assumes, with optional field overrides."""
+  """The VQConfig a kind assumes, with optional field overrides.
+
+  Raises:
+    ValueError: unknown kind, overrides that are not a mapping, unknown field
+      names (listed with the known ones), or values VQConfig rejects (the
+      message names the field).
+  """
   if kind not in KINDS:
     raise ValueError(f'kind must be one of {KINDS}, got {kind!r}.')
+  if overrides is not None and not isinstance(overrides, Mapping):
+    raise ValueError(f'config overrides must be a JSON object of VQConfig fields, got '
+                     f'{type(overrides).__name__} {overrides!r}.')
+  overrides = dict(overrides or {})
+  names = {f.name for f in dataclasses.fields(vq.VQConfig)}
+  unknown = sorted(set(overrides) - names)
+  if unknown:
+    raise ValueError(f'config overrides: unknown VQConfig field(s) {unknown}; known '
+                     f'fields: {sorted(names)}.')
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
   preset = vq.vq16_config if kind == 'llamagen_vq16' else vq.chameleon_vqgan_config
-  return preset(**dict(overrides or {}))
+  try:
+    return preset(**values)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'config overrides {overrides}: {e}') from e
 
 
 # ------------------------------------------------------------ key mapping ---
@@ -113,34 +157,80 @@ def expected_shapes(config: vq.VQConfig, kind: str) -> dict[str, tuple[int, ...]
 # -------------------------------------------------------------- filtering ---
 
 
+def tokenizer_prefix(names: Iterable[str]) -> str:
+  """The `TOKENIZER_PREFIXES` entry the tokenizer's keys are stored under ('' if none).
+
+  Raises:
+    common.CheckpointReadError: keys under two different known prefixes.
+  """
+  names = list(names)
+  found = [p for p in TOKENIZER_PREFIXES if any(n.startswith(p) for n in names)]
+  if len(found) > 1:
+    raise common.CheckpointReadError(
+        f'The checkpoint has tokenizer keys under several prefixes {found}; cannot tell '
+        'which tokenizer to convert. Pass a checkpoint holding one tokenizer.')
+  return found[0] if found else ''
+
+
+def _selected_names(names: Iterable[str], kind: str, prefix: str) -> dict[str, str]:
+  """{stored name: tokenizer name} of the entries to convert (prefix stripped,
+  buffers and, for the VQGAN, loss/discriminator entries dropped)."""
+  selected = {}
+  for name in names:
+    if prefix:
+      if not name.startswith(prefix):
+        continue
+      short = name[len(prefix):]
+    else:
+      short = name
+    if any(b in short for b in DROPPED_BUFFERS):
+      continue
+    if kind == 'chameleon_vqgan' and not short.startswith(KEPT_PREFIXES):
+      continue
+    selected[name] = short
+  return selected
+
+
 def select_weights(state: Mapping[str, Any], kind: str) -> dict[str, Any]:
-  """Drops what is not a tokenizer weight; strips Janus's `gen_vision_model.` prefix."""
-  if any(k.startswith(JANUS_PREFIX) for k in state):
-    logging.info('Found %s keys (Janus-Pro checkpoint): keeping only those.', JANUS_PREFIX)
-    state = {k[len(JANUS_PREFIX):]: v for k, v in state.items() if k.startswith(JANUS_PREFIX)}
-  state = common.drop_keys(state, DROPPED_BUFFERS)
-  if kind == 'chameleon_vqgan':
-    kept = {k: v for k, v in state.items() if k.startswith(KEPT_PREFIXES)}
-    if len(kept) != len(state):
-      dropped = sorted({k.split('.')[0] for k in state if k not in kept})
-      logging.info('Dropped %d non-tokenizer entries (prefixes: %s).',
-                   len(state) - len(kept), ', '.join(dropped))
-    state = kept
-  return dict(state)
+  """Keeps the tokenizer's entries of `state`, with a known prefix stripped.
+
+  Entries under one of `TOKENIZER_PREFIXES` (if any key has one) are kept
+  and renamed; buffers (`quantize.codebook_used`) are dropped; for
+  `chameleon_vqgan` so is everything outside encoder/decoder/quantize/
+  quant_conv/post_quant_conv. Values are not touched (no copies).
+  """
+  prefix = tokenizer_prefix(state)
+  selected = _selected_names(state, kind, prefix)
+  if prefix:
+    logging.info('Found keys under %r: keeping only those (%d of %d entries).', prefix,
+                 len(selected), len(state))
+  elif len(selected) != len(state):
+    dropped = sorted({k.split('.')[0] for k in state if k not in selected})
+    logging.info('Dropped %d non-tokenizer entries (prefixes: %s).',
+                 len(state) - len(selected), ', '.join(dropped))
+  return {short: state[name] for name, short in selected.items()}
 
 
-def _kind_hint(found: Sequence[str], kind: str, config: vq.VQConfig) -> str:
+def _kind_hint(found: Sequence[str], kind: str, config: vq.VQConfig, prefix: str = '') -> str:
   looks_chameleon = any('.up.' in k or '.down.' in k or 'mid.block_1' in k for k in found)
   looks_llamagen = any('conv_blocks.' in k for k in found)
   hints = []
-  if kind == 'llamagen_vq16' and looks_chameleon and not looks_llamagen:
+  if prefix in ('model.vqmodel.', 'vqmodel.') and kind == 'llamagen_vq16' and looks_chameleon:
+    hints.append(f'The tokenizer is stored under {prefix!r} with renamed keys '
+                 "(transformers' native Janus layout, not supported): convert the "
+                 "original Janus-Pro release's gen_vision_model.* instead.")
+  elif kind == 'llamagen_vq16' and looks_chameleon and not looks_llamagen:
     hints.append('The keys use taming/Chameleon names (up./down./mid.block_1): '
                  'pass --kind chameleon_vqgan.')
   if kind == 'chameleon_vqgan' and looks_llamagen and not looks_chameleon:
     hints.append('The keys use LlamaGen names (conv_blocks.): pass --kind llamagen_vq16.')
+  if found and not any(k.startswith('decoder.') for k in found):
+    hints.append('The checkpoint holds no decoder: Hugging Face Chameleon / Lumina-mGPT '
+                 'checkpoints keep only the VQ encoder under model.vqmodel.; convert '
+                 "Meta's vqgan.ckpt instead.")
   hints.append(f'Assumed config: {json.dumps(config.to_dict())}. A different '
-               'architecture (e.g. VQ-8: ch_mult [1,2,2,4]) needs --config_json '
-               'with the fields that differ.')
+               f'architecture (e.g. LlamaGen VQ-8: {json.dumps(VQ8_OVERRIDES)}) needs '
+               '--config_json with the fields that differ.')
   return '\n'.join(hints)
 
 
@@ -154,6 +244,7 @@ def convert_state_dict(
     *,
     dtype: Any = None,
     what: str | None = None,
+    prefix: str = '',
 ) -> dict[str, Any]:
   """Validates a filtered state dict and returns the Flax param tree.
 
@@ -163,6 +254,7 @@ def convert_state_dict(
     kind: one of KINDS (naming scheme).
     dtype: cast floating params to this dtype (default: keep).
     what: description for error messages.
+    prefix: the prefix the keys were stored under (for the hint).
   Returns:
     Nested dict of numpy arrays (conv kernels HWIO).
   Raises:
@@ -171,7 +263,7 @@ def convert_state_dict(
   layout = param_layout(config, kind)
   common.validate_keys(
       common.shapes_of(state), {k: s for k, (_, s) in layout.items()},
-      what=what or f'{kind} tokenizer', hint=_kind_hint(list(state), kind, config))
+      what=what or f'{kind} tokenizer', hint=_kind_hint(list(state), kind, config, prefix))
   params: dict[str, Any] = {}
   progress = common.Progress(len(layout), 'tensors')
   for name, (path, _) in layout.items():
@@ -186,21 +278,98 @@ def convert_state_dict(
   return common.cast_params(params, dtype)
 
 
-def _read_states(
-    paths: Sequence[str], kind: str, use_ema: bool, trust_pickle: bool
-) -> dict[str, Any]:
-  """Reads and merges the tokenizer entries of one or more checkpoint files."""
+@dataclasses.dataclass
+class LazySource:
+  """One input opened without reading tensor data.
+
+  Attributes:
+    path: the file or folder.
+    names: every tensor name it holds.
+    read: `names -> {name: tensor}`, materialising only those (memory-mapped
+      torch tensors, or numpy arrays read at their safetensors offsets).
+    files: the files behind it (recorded with their sha256).
+  """
+
+  path: pathlib.Path
+  names: list[str]
+  read: Callable[[Sequence[str]], dict[str, Any]]
+  files: list[pathlib.Path]
+
+
+def open_source(path: str | pathlib.Path, kind: str, *, use_ema: bool = False,
+                trust_pickle: bool = False) -> LazySource:
+  """Opens one checkpoint file or Hugging Face folder without reading its tensors."""
+  path = pathlib.Path(path)
+  if path.is_dir():
+    if use_ema:
+      raise ValueError(f'--use_ema: {str(path)!r} is a Hugging Face folder, which has no '
+                       'EMA weights; convert without --use_ema.')
+    ckpt = hf_streaming.open_checkpoint(path)
+
+    def read_folder(names):
+      wanted = set(names)
+      return dict(hf_streaming.iter_tensors(ckpt, keep=wanted.__contains__))
+
+    return LazySource(path, list(ckpt.tensors), read_folder, ckpt.files)
+  if path.is_file() and path.suffix.lower() in common.SAFETENSORS_SUFFIXES:
+    if use_ema:
+      raise ValueError(f'--use_ema: {str(path)!r} is a safetensors file, which has no '
+                       'EMA weights; convert without --use_ema.')
+    try:
+      infos = hf_streaming.read_safetensors_header(path)
+    except (common.CheckpointReadError, OSError, KeyError, TypeError) as e:
+      raise common.CheckpointReadError(
+          f'Could not read {str(path)!r} as a safetensors file (the file may be truncated '
+          f'or corrupt): {e}') from e
+    return LazySource(path, list(infos),
+                      lambda names: hf_streaming.read_safetensors_tensors(path, infos, names),
+                      [path])
   prefer = ('state_dict',) if kind == 'chameleon_vqgan' else ('model',)
-  merged: dict[str, Any] = {}
+  raw = common.load_raw_checkpoint(path, trust_pickle=trust_pickle, mmap=True)
+  state = common.unwrap_checkpoint(raw, prefer, use_ema=use_ema)
+  del raw
+  tensors = {k: v for k, v in state.items() if hasattr(v, 'shape')}  # tensors only
+  return LazySource(path, list(tensors), lambda names: {n: tensors[n] for n in names},
+                    [path])
+
+
+def read_tokenizer_state(
+    paths: Sequence[str | pathlib.Path], kind: str, *, use_ema: bool = False,
+    trust_pickle: bool = False,
+) -> tuple[dict[str, Any], str, list[pathlib.Path]]:
+  """Reads the tokenizer entries of one or more checkpoints, and nothing else.
+
+  Args:
+    paths: checkpoint files (`.pt/.pth/.bin/.ckpt/.safetensors`) or Hugging
+      Face folders (index + shards); entries of several are merged.
+    kind: one of KINDS.
+    use_ema: LlamaGen training checkpoints: the `ema` weights.
+    trust_pickle: see `common.load_raw_checkpoint`.
+  Returns:
+    ({tokenizer name: tensor}, the prefix stripped ('' if none), the files read).
+  Raises:
+    common.CheckpointReadError: unreadable input, or tokenizer keys under two
+      different prefixes.
+  """
+  sources = []
   for path in paths:
-    logging.info('reading %s', path)
-    raw = common.load_raw_checkpoint(path, trust_pickle=trust_pickle)
-    state = common.unwrap_checkpoint(raw, prefer, use_ema=use_ema)
-    del raw
-    state = {k: v for k, v in state.items() if hasattr(v, 'shape')}  # tensors only
-    # Filter before converting to numpy so a Janus LLM shard costs no copies.
-    merged.update(select_weights(state, kind))
-  return merged
+    logging.info('opening %s', path)
+    sources.append(open_source(path, kind, use_ema=use_ema, trust_pickle=trust_pickle))
+  prefix = tokenizer_prefix(n for source in sources for n in source.names)
+  if prefix:
+    logging.info('Tokenizer keys are stored under %r: reading only those.', prefix)
+  merged: dict[str, Any] = {}
+  files: list[pathlib.Path] = []
+  for source in sources:
+    selected = _selected_names(source.names, kind, prefix)
+    skipped = len(source.names) - len(selected)
+    if skipped:
+      logging.info('%s: reading %d tokenizer tensors, skipping %d others.', source.path,
+                   len(selected), skipped)
+    values = source.read(list(selected)) if selected else {}
+    merged.update({selected[name]: value for name, value in values.items()})
+    files.extend(source.files)
+  return merged, prefix, files
 
 
 def convert(
@@ -217,7 +386,8 @@ def convert(
   """Reads, validates and writes one tokenizer checkpoint.
 
   Args:
-    inputs: checkpoint file, or several (Janus shards); entries are merged.
+    inputs: checkpoint file or Hugging Face folder, or several (Janus shards);
+      entries are merged.
     output: destination folder (created atomically).
     kind: one of KINDS.
     dtype: output parameter dtype ('float32' or 'bfloat16').
@@ -240,13 +410,15 @@ def convert(
     raise FileExistsError(f'Output folder {str(output)!r} already exists. Choose '
                           'another --output or pass --overwrite.')
   config = preset_config(kind, config_overrides)
-  state = _read_states(paths, kind, use_ema, trust_pickle)
-  params = convert_state_dict(state, config, kind, dtype=dtype,
+  state, prefix, files = read_tokenizer_state(paths, kind, use_ema=use_ema,
+                                              trust_pickle=trust_pickle)
+  params = convert_state_dict(state, config, kind, dtype=dtype, prefix=prefix,
                               what=f'{kind} tokenizer ({", ".join(paths)})')
   del state
   return common.write_params_atomic(
-      output, params, config=config, source_files=paths, converter=CONVERTER_NAME,
-      extra_meta={'kind': kind, 'use_ema': use_ema}, overwrite=overwrite)
+      output, params, config=config, source_files=files, converter=CONVERTER_NAME,
+      extra_meta={'kind': kind, 'use_ema': use_ema, 'tokenizer_prefix': prefix},
+      overwrite=overwrite)
 
 
 def load_tokenizer(out_dir: str | pathlib.Path, dtype: Any = None) -> tuple[vq.VQTokenizer, Any]:
@@ -266,8 +438,9 @@ def load_tokenizer(out_dir: str | pathlib.Path, dtype: Any = None) -> tuple[vq.V
 def define_flags() -> None:
   """Defines the command-line flags (only when run as a program, so importing
   this module next to other converters does not clash on flag names)."""
-  flags.DEFINE_list('input', None, 'Checkpoint file(s): .pt/.pth/.bin/.ckpt/.safetensors; '
-                    'several for sharded Janus checkpoints.')
+  flags.DEFINE_list('input', None, 'Checkpoint file(s): .pt/.pth/.bin/.ckpt/.safetensors, '
+                    'or a Hugging Face folder (index + shards); several files for '
+                    'sharded Janus checkpoints.')
   flags.DEFINE_string('output', None, 'Output folder (must not exist).')
   flags.DEFINE_enum('kind', None, KINDS, 'Checkpoint family.')
   flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Output param dtype.')
@@ -278,11 +451,30 @@ def define_flags() -> None:
   flags.mark_flags_as_required(['input', 'output', 'kind'])
 
 
+def parse_config_json(text: str | None) -> dict[str, Any] | None:
+  """--config_json as a dict of VQConfig overrides (UsageError naming the flag)."""
+  if not text:
+    return None
+  try:
+    overrides = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise app.UsageError(f'--config_json is not valid JSON ({e}): {text!r}. Pass an object '
+                         f'of VQConfig fields, e.g. {json.dumps(VQ8_OVERRIDES)!r}.') from e
+  if not isinstance(overrides, dict):
+    raise app.UsageError(f'--config_json must be a JSON object of VQConfig fields, got '
+                         f'{text!r}.')
+  return overrides
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected positional arguments: {argv[1:]}.')
   values = flags.FLAGS
-  overrides = json.loads(values.config_json) if values.config_json else None
+  overrides = parse_config_json(values.config_json)
+  try:
+    preset_config(values.kind, overrides)  # config errors before any file is read
+  except ValueError as e:
+    raise app.UsageError(f'--config_json: {e}') from e
   out = convert(values.input, values.output, values.kind, dtype=values.dtype,
                 config_overrides=overrides, use_ema=values.use_ema,
                 overwrite=values.overwrite, trust_pickle=values.trust_pickle)

@@ -55,7 +55,9 @@ class VQConfig:
     in_channels: image channels read by the encoder.
     out_channels: image channels written by the decoder.
     attn_levels: ch_mult indices whose ResnetBlocks are each followed by an
-      AttnBlock (the middle always has one).
+      AttnBlock (the middle always has one). LlamaGen's VQs use the last
+      level only (VQ-16: (4,); VQ-8, ch_mult (1, 2, 2, 4): (3,)); the
+      Chameleon VQGAN none.
     norm_groups: GroupNorm groups (every width must divide by it).
     norm_eps: GroupNorm epsilon.
     uint8_style: 'llamagen' (clip(127.5 x + 128)) or 'chameleon'
@@ -90,9 +92,12 @@ class VQConfig:
       raise ValueError(f'VQConfig.ch_mult must be non-empty positive ints, got {self.ch_mult}.')
     bad = [i for i in self.attn_levels if not 0 <= i < len(self.ch_mult)]
     if bad:
+      last = len(self.ch_mult) - 1
       raise ValueError(
           f'VQConfig.attn_levels {self.attn_levels} has indices {bad} outside '
-          f'ch_mult (levels 0..{len(self.ch_mult) - 1}).')
+          f'ch_mult (levels 0..{last}). LlamaGen puts attention at the last '
+          f'level: with ch_mult {list(self.ch_mult)} pass attn_levels=({last},) '
+          f'(e.g. VQ-8: ch_mult [1, 2, 2, 4], attn_levels [3]).')
     widths = sorted({self.ch * m for m in self.ch_mult})
     odd = [w for w in widths if w % self.norm_groups]
     if odd:
