@@ -1,8 +1,9 @@
 """Tests for models/chameleon.py and converters/chameleon.py.
 
 Parity is against an independent PyTorch forward of Hugging Face Chameleon as
-Lumina-mGPT uses it (written here from the reference notes), on random weights
-in the exact HF key layout, saved as two safetensors shards plus an index.
+Lumina-mGPT uses it (`tests/torch_reference.py`), on random weights in the
+exact HF key layout, saved as two safetensors shards plus an index. Converter
+checks that need no reference forward run without torch.
 """
 
 import json
@@ -14,14 +15,13 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from specdec_jax.converters import chameleon as converter
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.models import chameleon
 from specdec_jax.models import lumina_layout as ll
+from tests import torch_reference as ref
 
 # Tiny config; vocab 8832 keeps every Lumina layout id (<= 8804 + grid) valid.
 TINY = dict(vocab_size=8832, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -41,9 +41,14 @@ def _rel_err(actual, expected):
 
 
 def random_hf_state(hf, *, qk_norm_rows, seed=0):
-  """Random weights in the HF Chameleon key layout (q/k norm rows: 1 or heads)."""
-  gen = torch.Generator().manual_seed(seed)
-  rand = lambda *shape, scale=0.2: torch.randn(*shape, generator=gen) * scale
+  """Random float32 weights in the HF Chameleon key layout.
+
+  qk_norm_rows: rows of every q/k norm tensor: 1 (Lumina 7B), None (one per
+  head, current HF), or a model-parallel size R (Lumina's ChameleonLayerNorm
+  layout of checkpoints trained with tensor parallelism).
+  """
+  rng = np.random.default_rng(seed)
+  rand = lambda *shape, scale=0.2: (rng.standard_normal(shape) * scale).astype(np.float32)
   e, f = hf['hidden_size'], hf['intermediate_size']
   heads, kv_heads = hf['num_attention_heads'], hf['num_key_value_heads']
   d = e // heads
@@ -71,56 +76,21 @@ def random_hf_state(hf, *, qk_norm_rows, seed=0):
   return state
 
 
-def torch_chameleon_logits(state, hf, ids):
-  """Reference forward (HF Chameleon, eager attention) -> float32 logits [B, L, V]."""
-  e = hf['hidden_size']
-  heads, kv_heads = hf['num_attention_heads'], hf['num_key_value_heads']
-  d, eps = e // heads, hf['rms_norm_eps']
-  batch, length = ids.shape
+def expand_qk_norm_rows(state, hf):
+  """The same weights with every q/k norm repeated to one row per head."""
+  out = dict(state)
+  for name, value in state.items():
+    if '.q_norm.' in name or '.k_norm.' in name:
+      heads = hf['num_attention_heads' if '.q_norm.' in name else 'num_key_value_heads']
+      out[name] = np.repeat(value, heads // value.shape[0], axis=0)
+  return out
 
-  def rms(x, w):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
-  def rotate_half(x):
-    return torch.cat([-x[..., d // 2:], x[..., :d // 2]], dim=-1)
-
-  inv_freq = 1.0 / (hf['rope_theta'] ** (torch.arange(0, d, 2).float() / d))
-  freqs = torch.arange(length).float()[:, None] * inv_freq[None, :]
-  emb = torch.cat([freqs, freqs], dim=-1)
-  cos, sin = emb.cos(), emb.sin()  # [L, D]
-  causal = torch.full((length, length), float('-inf')).triu(1)
-
-  def attention(x, p):
-    q = (x @ state[p + 'q_proj.weight'].T).view(batch, length, heads, d)
-    k = (x @ state[p + 'k_proj.weight'].T).view(batch, length, kv_heads, d)
-    v = (x @ state[p + 'v_proj.weight'].T).view(batch, length, kv_heads, d)
-    q = F.layer_norm(q, (d,), eps=1e-5) * state[p + 'q_norm.weight'] + state[p + 'q_norm.bias']
-    k = F.layer_norm(k, (d,), eps=1e-5) * state[p + 'k_norm.weight'] + state[p + 'k_norm.bias']
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, L, D]
-    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-    k = k.repeat_interleave(heads // kv_heads, dim=1)
-    v = v.repeat_interleave(heads // kv_heads, dim=1)
-    weights = torch.softmax(q @ k.transpose(-1, -2) / d ** 0.5 + causal, dim=-1)
-    out = (weights @ v).transpose(1, 2).reshape(batch, length, e)
-    return out @ state[p + 'o_proj.weight'].T
-
-  def mlp(x, p):
-    gate = F.silu(x @ state[p + 'gate_proj.weight'].T)
-    return (gate * (x @ state[p + 'up_proj.weight'].T)) @ state[p + 'down_proj.weight'].T
-
-  x = state['model.embed_tokens.weight'][ids]
-  for i in range(hf['num_hidden_layers']):
-    p = f'model.layers.{i}.'
-    in_norm = state[p + 'input_layernorm.weight']
-    post_norm = state[p + 'post_attention_layernorm.weight']
-    if hf['swin_norm']:
-      x = x + rms(attention(x, p + 'self_attn.'), in_norm)
-      x = x + rms(mlp(x, p + 'mlp.'), post_norm)
-    else:
-      x = x + attention(rms(x, in_norm), p + 'self_attn.')
-      x = x + mlp(rms(x, post_norm), p + 'mlp.')
-  x = rms(x, state['model.norm.weight'])
-  return (x @ state['lm_head.weight'].T).float().numpy()
+def transformers5_config(hf):
+  """`hf` as transformers 5 writes it: the RoPE base under rope_parameters."""
+  out = {k: v for k, v in hf.items() if k != 'rope_theta'}
+  out['rope_parameters'] = {'rope_theta': hf['rope_theta'], 'rope_type': 'default'}
+  return out
 
 
 def vocabulary_map():
@@ -131,7 +101,7 @@ def vocabulary_map():
 
 def write_hf_checkpoint(folder, state, hf):
   """Two safetensors shards + index + config.json (with vocabulary_map)."""
-  total = sum(t.numel() * t.element_size() for t in state.values())
+  total = sum(v.nbytes for v in state.values())
   shards = hf_streaming.write_sharded_safetensors(
       state.items(), folder, max_shard_bytes=int(total * 0.6))
   assert len(shards) == 2, shards
@@ -139,34 +109,48 @@ def write_hf_checkpoint(folder, state, hf):
     json.dump(dict(hf, vocabulary_map=vocabulary_map()), f)
 
 
+def _tempdir(test):
+  tmp = tempfile.TemporaryDirectory()
+  test.addCleanup(tmp.cleanup)
+  return pathlib.Path(tmp.name)
+
+
+def convert_hf(test, hf, state, config_json=None):
+  """Writes, converts and loads a checkpoint; config_json: the config.json to write."""
+  src, out = _tempdir(test) / 'hf', _tempdir(test) / 'jax'
+  write_hf_checkpoint(src, state, config_json or hf)
+  converter.convert(src, out, dtype='float32')
+  meta = common.read_meta(out)
+  test.assertLen(meta['source_files'], 4)  # 2 shards, index, config.json
+  test.assertEqual(meta['image_token_offset'], 4)
+  return converter.load_converted(out)
+
+
+@ref.requires_torch
 class ChameleonTest(parameterized.TestCase):
+  """Converted checkpoints reproduce the PyTorch reference (needs torch)."""
 
-  def _tempdir(self):
-    tmp = tempfile.TemporaryDirectory()
-    self.addCleanup(tmp.cleanup)
-    return pathlib.Path(tmp.name)
-
-  def _convert(self, hf, state):
-    src, out = self._tempdir() / 'hf', self._tempdir() / 'jax'
-    write_hf_checkpoint(src, state, hf)
-    converter.convert(src, out, dtype='float32')
-    meta = common.read_meta(out)
-    self.assertLen(meta['source_files'], 4)  # 2 shards, index, config.json
-    self.assertEqual(meta['image_token_offset'], 4)
-    return converter.load_converted(out)
+  def _convert(self, hf, state, config_json=None):
+    return convert_hf(self, hf, state, config_json)
 
   @parameterized.named_parameters(
-      ('lumina_qk_norm_1xD', dict(), 1),
-      ('hf_qk_norm_HxD', dict(), None),
-      ('swin_norm_gqa', dict(swin_norm=True, num_key_value_heads=2), None),
+      ('lumina_qk_norm_1xD', dict(), 1, False),
+      ('hf_qk_norm_HxD', dict(), None, False),
+      ('swin_norm_gqa', dict(swin_norm=True, num_key_value_heads=2), None, False),
+      # Lumina's ChameleonLayerNorm with model_parallel_size 2: (2, D) norms,
+      # each row shared by heads // 2 query heads and kv_heads // 2 kv heads.
+      ('model_parallel_qk_norm_2xD', dict(num_key_value_heads=2), 2, False),
+      # A transformers-5 config.json with a non-default RoPE base.
+      ('transformers5_rope_parameters', dict(rope_theta=500.0), None, True),
   )
-  def test_logit_parity_with_torch(self, overrides, qk_norm_rows):
+  def test_logit_parity_with_torch(self, overrides, qk_norm_rows, transformers5):
     hf = dict(TINY, **overrides)
     state = random_hf_state(hf, qk_norm_rows=qk_norm_rows)
-    model, params = self._convert(hf, state)
+    model, params = self._convert(hf, state, transformers5_config(hf) if transformers5 else None)
     self.assertEqual(model.config.swin_norm, hf['swin_norm'])
+    self.assertEqual(model.config.rope_theta, hf['rope_theta'])
     ids = np.random.default_rng(0).integers(0, hf['vocab_size'], (2, 11))
-    expected = torch_chameleon_logits(state, hf, torch.from_numpy(ids))
+    expected = ref.chameleon_logits(state, hf, ids)
     out = _fast_jit(model.forward)(params, model.init_cache(2, 16), jnp.asarray(ids, jnp.int32))
     self.assertEqual(out.logits.dtype, jnp.float32)
     self.assertLess(_rel_err(out.logits, expected), 1e-4)
@@ -190,8 +174,8 @@ class ChameleonTest(parameterized.TestCase):
     image = list(layout.body_tokens(np.arange(8).reshape(2, 4))[:7])  # 7 generated tokens
     cond_seq = text + list(layout.header_tokens()) + image
     uncond_seq = list(layout.header_tokens()) + image
-    cond_ref = torch_chameleon_logits(state, hf, torch.tensor([cond_seq]))[0]
-    uncond_ref = torch_chameleon_logits(state, hf, torch.tensor([uncond_seq]))[0]
+    cond_ref = ref.chameleon_logits(state, hf, [cond_seq])[0]
+    uncond_ref = ref.chameleon_logits(state, hf, [uncond_seq])[0]
 
     cache = model.init_cache(2, 32)
     out = _fast_jit(model.prefill)(params, cache, prompt)
@@ -234,21 +218,25 @@ class ChameleonTest(parameterized.TestCase):
       header = list(layout.header_tokens())
       generated = []
       for _ in range(num_tokens):
-        cond = torch_chameleon_logits(state, hf, torch.tensor([text + header + generated]))
-        uncond = torch_chameleon_logits(state, hf, torch.tensor([header + generated]))
+        cond = ref.chameleon_logits(state, hf, [text + header + generated])
+        uncond = ref.chameleon_logits(state, hf, [header + generated])
         guided = uncond[0, -1] + 3.0 * (cond[0, -1] - uncond[0, -1])
         generated.append(int(np.argmax(guided)))
       np.testing.assert_array_equal(tokens, generated)
 
+
+class ConverterTest(parameterized.TestCase):
+  """Config reading and key checks (no PyTorch needed)."""
+
   def test_wrong_config_is_reported_and_nothing_written(self):
     hf = TINY
     state = random_hf_state(hf, qk_norm_rows=None)
-    src = self._tempdir() / 'hf'
+    src = _tempdir(self) / 'hf'
     write_hf_checkpoint(src, state, hf)
-    wrong = self._tempdir() / 'config.json'
+    wrong = _tempdir(self) / 'config.json'
     with open(wrong, 'w') as f:
       json.dump(dict(hf, num_hidden_layers=3, intermediate_size=64), f)
-    out_parent = self._tempdir()
+    out_parent = _tempdir(self)
     with self.assertRaises(common.CheckpointMismatchError) as ctx:
       converter.convert(src, out_parent / 'jax', config=str(wrong))
     message = str(ctx.exception)
@@ -257,6 +245,69 @@ class ChameleonTest(parameterized.TestCase):
     self.assertIn('model.layers.0.mlp.gate_proj.weight: expected (64, 32), found (48, 32)',
                   message)
     self.assertIn('3 layers', message)  # the config assumed is named
+    self.assertEqual(list(out_parent.iterdir()), [])
+
+  def test_model_parallel_qk_norms_convert_like_the_per_head_layout(self):
+    # (model_parallel_size, D) q/k norms (Lumina's ChameleonLayerNorm, here
+    # model_parallel_size 2 over 4 query and 2 kv heads) give exactly the
+    # params of the same weights stored one row per head.
+    hf = dict(TINY, num_key_value_heads=2)
+    state = random_hf_state(hf, qk_norm_rows=2, seed=3)
+    _, params = convert_hf(self, hf, state)
+    _, expanded = convert_hf(self, hf, expand_qk_norm_rows(state, hf))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params, expanded)
+    q_norm = params['model']['layers_1']['self_attn']['q_norm']['weight']
+    self.assertEqual(q_norm.shape, (4, 8))
+    # Row r covers heads [2r, 2r + 2): heads 0 and 1 share row 0, 2 and 3 row 1.
+    np.testing.assert_array_equal(q_norm[1], state['model.layers.1.self_attn.q_norm.weight'][0])
+    np.testing.assert_array_equal(q_norm[2], state['model.layers.1.self_attn.q_norm.weight'][1])
+
+  def test_qk_norm_rows_that_fit_no_head_split_are_named(self):
+    hf = dict(TINY, num_key_value_heads=2)
+    state = random_hf_state(hf, qk_norm_rows=2)
+    state['model.layers.0.self_attn.q_norm.weight'] = np.ones((3, 8), np.float32)
+    src, out_parent = _tempdir(self) / 'hf', _tempdir(self)
+    write_hf_checkpoint(src, state, hf)
+    with self.assertRaises(common.CheckpointMismatchError) as ctx:
+      converter.convert(src, out_parent / 'jax')
+    message = str(ctx.exception)
+    self.assertIn('model.layers.0.self_attn.q_norm.weight: expected (4, 8), found (3, 8)',
+                  message)
+    self.assertIn('1 q/k norm tensor(s) have a row count that does not divide', message)
+    self.assertIn('(model_parallel_size, D)', message)
+    self.assertEqual(list(out_parent.iterdir()), [])
+
+  def test_transformers5_rope_parameters_are_read(self):
+    # transformers 5 writes rope_parameters instead of a top-level rope_theta.
+    hf = transformers5_config(dict(TINY, rope_theta=500000.0))
+    self.assertNotIn('rope_theta', hf)
+    self.assertEqual(chameleon.ChameleonConfig.from_hf_config(hf).rope_theta, 500000.0)
+    state = random_hf_state(TINY, qk_norm_rows=1)
+    model, _ = convert_hf(self, TINY, state, config_json=hf)
+    self.assertEqual(model.config.rope_theta, 500000.0)
+    # Both layouts at once must agree; the 4.x `rope_scaling: null` is fine.
+    both = dict(hf, rope_theta=500000.0, rope_scaling=None)
+    self.assertEqual(chameleon.ChameleonConfig.from_hf_config(both).rope_theta, 500000.0)
+    with self.assertRaisesRegex(ValueError, 'conflicting RoPE bases'):
+      chameleon.ChameleonConfig.from_hf_config(dict(hf, rope_theta=10000.0))
+
+  @parameterized.named_parameters(
+      ('transformers5_llama3', 'rope_parameters',
+       {'rope_type': 'llama3', 'rope_theta': 10000.0, 'factor': 8.0}, "RoPE type 'llama3'"),
+      ('transformers5_linear', 'rope_parameters',
+       {'rope_type': 'linear', 'factor': 2.0}, "RoPE type 'linear'"),
+      ('transformers4_dynamic', 'rope_scaling', {'type': 'dynamic', 'factor': 2.0},
+       "RoPE type 'dynamic'"),
+  )
+  def test_unknown_rope_type_is_refused(self, field, value, message):
+    hf = {k: v for k, v in TINY.items() if k != 'rope_theta'}
+    hf[field] = value
+    with self.assertRaisesRegex(ValueError, message):
+      chameleon.ChameleonConfig.from_hf_config(hf)
+    src, out_parent = _tempdir(self) / 'hf', _tempdir(self)
+    write_hf_checkpoint(src, random_hf_state(TINY, qk_norm_rows=1), hf)
+    with self.assertRaisesRegex(ValueError, rf'config\.json.*{field}.*{message}'):
+      converter.convert(src, out_parent / 'jax')
     self.assertEqual(list(out_parent.iterdir()), [])
 
   def test_configs(self):

@@ -1,4 +1,8 @@
-"""Tests for converters/common.py: reading, unwrapping, validation, atomic writes."""
+"""Tests for converters/common.py: reading, unwrapping, validation, atomic writes.
+
+Torch files need torch (those tests are skipped without it); safetensors
+files are written from numpy and read without torch.
+"""
 
 import argparse
 import json
@@ -11,10 +15,10 @@ from unittest import mock
 from absl.testing import absltest
 import jax.numpy as jnp
 import numpy as np
-import safetensors.torch
-import torch
 
 from specdec_jax.converters import common
+from specdec_jax.converters import hf_streaming
+from tests import torch_reference as ref
 
 
 def _tempdir(test):
@@ -25,11 +29,16 @@ def _tempdir(test):
 
 
 def _tiny_state():
-  generator = torch.Generator().manual_seed(0)
+  """Two float32 numpy arrays in a LlamaGen-like layout."""
+  rng = np.random.default_rng(0)
   return {
-      'tok_embeddings.weight': torch.randn(8, 4, generator=generator),
-      'norm.weight': torch.randn(4, generator=generator),
+      'tok_embeddings.weight': rng.standard_normal((8, 4)).astype(np.float32),
+      'norm.weight': rng.standard_normal(4).astype(np.float32),
   }
+
+
+def _torch_state():
+  return {k: ref.as_torch(v) for k, v in _tiny_state().items()}
 
 
 class LoadStateDictTest(absltest.TestCase):
@@ -38,11 +47,12 @@ class LoadStateDictTest(absltest.TestCase):
     super().setUp()
     self.dir = _tempdir(self)
 
+  @ref.requires_torch
   def test_llamagen_training_dict_with_namespace_args(self):
-    state = _tiny_state()
+    state = _torch_state()
     ema = {k: v + 1 for k, v in state.items()}
     path = self.dir / 'c2i.pt'
-    torch.save({'model': state, 'ema': ema, 'optimizer': {'state': {}},
+    ref.torch.save({'model': state, 'ema': ema, 'optimizer': {'state': {}},
                 'steps': 10, 'args': argparse.Namespace(gpt_model='GPT-B')}, path)
     loaded = common.load_state_dict(path)
     self.assertEqual(set(loaded), set(state))
@@ -50,27 +60,30 @@ class LoadStateDictTest(absltest.TestCase):
     loaded_ema = common.load_state_dict(path, use_ema=True)
     np.testing.assert_array_equal(loaded_ema['norm.weight'], ema['norm.weight'].numpy())
 
+  @ref.requires_torch
   def test_raw_fsdp_dict_and_prefixes(self):
-    state = {'module.' + k: v for k, v in _tiny_state().items()}
+    state = {'module.' + k: v for k, v in _torch_state().items()}
     path = self.dir / 'consolidated.pth'
-    torch.save(state, path)
+    ref.torch.save(state, path)
     loaded = common.load_state_dict(path)
     self.assertEqual(set(loaded), {'tok_embeddings.weight', 'norm.weight'})
 
+  @ref.requires_torch
   def test_deepspeed_and_state_dict_wrappers(self):
     for wrapper in ('module', 'state_dict'):
       path = self.dir / f'{wrapper}.bin'
-      torch.save({wrapper: _tiny_state(), 'global_step': 3}, path)
+      ref.torch.save({wrapper: _torch_state(), 'global_step': 3}, path)
       self.assertEqual(set(common.load_state_dict(path)),
                        {'tok_embeddings.weight', 'norm.weight'})
 
   def test_safetensors_bf16_upcast_and_zero_copy(self):
-    state = {k: v.to(torch.bfloat16) for k, v in _tiny_state().items()}
+    # Read without torch.
+    state = {k: v.astype(jnp.bfloat16) for k, v in _tiny_state().items()}
     path = self.dir / 'model.safetensors'
-    safetensors.torch.save_file(state, str(path))
+    hf_streaming.write_safetensors(path, state)
     upcast = common.load_state_dict(path)
     self.assertEqual(upcast['norm.weight'].dtype, np.float32)
-    np.testing.assert_array_equal(upcast['norm.weight'], state['norm.weight'].float().numpy())
+    np.testing.assert_array_equal(upcast['norm.weight'], state['norm.weight'].astype(np.float32))
     raw = common.load_state_dict(path, upcast_bf16=False)
     self.assertEqual(raw['norm.weight'].dtype, jnp.bfloat16)
     np.testing.assert_array_equal(raw['norm.weight'].astype(np.float32),
@@ -80,9 +93,10 @@ class LoadStateDictTest(absltest.TestCase):
     with self.assertRaisesRegex(common.CheckpointReadError, 'nope.pt.*does not exist'):
       common.load_state_dict(self.dir / 'nope.pt')
 
+  @ref.requires_torch
   def test_truncated_torch_file(self):
     path = self.dir / 'trunc.pt'
-    torch.save({'model': _tiny_state()}, path)
+    ref.torch.save({'model': _torch_state()}, path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with self.assertRaisesRegex(common.CheckpointReadError,
@@ -91,7 +105,7 @@ class LoadStateDictTest(absltest.TestCase):
 
   def test_truncated_safetensors_file(self):
     path = self.dir / 'trunc.safetensors'
-    safetensors.torch.save_file(_tiny_state(), str(path))
+    hf_streaming.write_safetensors(path, _tiny_state())
     data = path.read_bytes()
     path.write_bytes(data[:-16])
     with self.assertRaisesRegex(common.CheckpointReadError,
@@ -103,6 +117,28 @@ class LoadStateDictTest(absltest.TestCase):
     path.write_bytes(b'x')
     with self.assertRaisesRegex(common.CheckpointReadError, r"'\.npz'"):
       common.load_state_dict(path)
+
+  @ref.requires_torch
+  def test_mmap_reads_lazily_and_legacy_files_fall_back(self):
+    path = self.dir / 'big.bin'
+    ref.torch.save({'model': _torch_state()}, path)
+    with mock.patch.object(ref.torch, 'load', wraps=ref.torch.load) as load:
+      state = common.unwrap_checkpoint(common.load_raw_checkpoint(path, mmap=True))
+    self.assertTrue(load.call_args.kwargs['mmap'])
+    np.testing.assert_array_equal(common.to_numpy(state['norm.weight']),
+                                  _tiny_state()['norm.weight'])
+    # The pre-zip format cannot be memory-mapped: read whole, with a warning.
+    legacy = self.dir / 'legacy.bin'
+    ref.torch.save({'model': _torch_state()}, legacy, _use_new_zipfile_serialization=False)
+    with mock.patch.object(common.logging, 'warning') as warning:
+      state = common.unwrap_checkpoint(common.load_raw_checkpoint(legacy, mmap=True))
+    self.assertIn('legacy', warning.call_args.args[0])
+    self.assertEqual(set(state), set(_tiny_state()))
+
+  def test_numpy_bf16_is_upcast_on_request(self):
+    array = np.arange(3, dtype=np.float32).astype(jnp.bfloat16)
+    self.assertEqual(common.to_numpy(array).dtype, np.float32)
+    self.assertIs(common.to_numpy(array, upcast_bf16=False), array)
 
   def test_use_ema_without_ema(self):
     with self.assertRaisesRegex(common.CheckpointReadError, 'no "ema"'):

@@ -1,10 +1,11 @@
 """Tests for models/eagle.py and converters/lantern_drafter.py.
 
-The PyTorch reference is written from the reference notes
-(`algorithms_coolsd_lantern_eagle.md` section 3, `models_and_checkpoints.md`
-section 4): fc on [embedding, target feature], one decoder layer (LlamaGen:
-no input norm, interleaved 2D RoPE with LANTERN's table; Lumina: input norm,
-per-head q/k LayerNorm, rotate_half 1D RoPE), no final norm, target head.
+The PyTorch reference (`tests/torch_reference.py`: EAGLE-1 (Li et al. 2024)
+as LANTERN's drafters (jadohu/LANTERN) implement it: fc on [embedding, target
+feature], one decoder layer (LlamaGen: no input norm, interleaved 2D RoPE with
+LANTERN's table; Lumina: input norm, per-head q/k LayerNorm, rotate_half 1D
+RoPE), no final norm, target head) needs torch, as do `pytorch_model.bin`
+files; the engine-path and safetensors converter tests run without it.
 """
 
 import functools
@@ -20,14 +21,13 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import safetensors.torch
-import torch
-import torch.nn.functional as F
 
 from specdec_jax.converters import common
+from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import lantern_drafter as convert
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
+from tests import torch_reference as ref
 
 RTOL = 1e-4
 BATCH, LENGTH = 2, 7
@@ -46,89 +46,23 @@ def config_json(kind):
 
 
 def random_drafter_state(config, qk_norm_rows=1, seed=0):
-  """Random weights in LANTERN's key layout; q/k norms as (1, D) like Lumina."""
-  generator = torch.Generator().manual_seed(seed)
+  """Random float32 weights (numpy) in LANTERN's key layout; q/k norms (1, D) like Lumina."""
+  rng = np.random.default_rng(seed)
   state = {}
   for key, shape in convert.expected_shapes(config).items():
     if 'norm' in key and key.endswith('weight'):
       shape = (qk_norm_rows, shape[1]) if '_norm.' in key and 'self_attn' in key else shape
-      value = 1.0 + 0.1 * torch.randn(shape, generator=generator)
+      value = 1.0 + 0.1 * rng.standard_normal(shape)
     elif 'norm' in key and key.endswith('bias'):
-      value = 0.1 * torch.randn((qk_norm_rows, shape[1]), generator=generator)
+      value = 0.1 * rng.standard_normal((qk_norm_rows, shape[1]))
     elif key == 'fc.bias':
-      value = 0.1 * torch.randn(shape, generator=generator)
+      value = 0.1 * rng.standard_normal(shape)
     elif key == 'embed_tokens.weight':
-      value = torch.randn(shape, generator=generator)
+      value = rng.standard_normal(shape)
     else:
-      value = torch.randn(shape, generator=generator) * shape[-1] ** -0.5
-    state[key] = value.float()
+      value = rng.standard_normal(shape) * shape[-1] ** -0.5
+    state[key] = value.astype(np.float32)
   return state
-
-
-# ------------------------------------------------- PyTorch reference ---
-
-
-def torch_rope_2d_table(grid, head_dim, base, cls_token_num):
-  """LANTERN's LlamaGen table: zero rows for cls, the grid, 10 zero rows."""
-  half = head_dim // 2
-  freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-  per_axis = torch.outer(torch.arange(grid, dtype=torch.float32), freqs)
-  angles = torch.cat([per_axis[:, None, :].expand(grid, grid, -1),
-                      per_axis[None, :, :].expand(grid, grid, -1)], -1).reshape(-1, half)
-  zeros_front, zeros_back = torch.zeros(cls_token_num, half), torch.zeros(10, half)
-  return (torch.cat([zeros_front, angles.cos(), zeros_back]),
-          torch.cat([zeros_front, angles.sin(), zeros_back]))
-
-
-def torch_rotate_pairs(x, cos, sin):
-  pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-  c, s = cos[None, :, None, :], sin[None, :, None, :]
-  return torch.stack([pairs[..., 0] * c - pairs[..., 1] * s,
-                      pairs[..., 1] * c + pairs[..., 0] * s], -1).flatten(3)
-
-
-def torch_rotate_half(x, positions, head_dim, theta):
-  inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
-  freqs = positions.float()[:, None] * inv_freq[None, :]
-  emb = torch.cat([freqs, freqs], -1)
-  cos, sin = emb.cos()[None, :, None, :], emb.sin()[None, :, None, :]
-  rotated = torch.cat([-x[..., head_dim // 2:], x[..., : head_dim // 2]], -1)
-  return x * cos + rotated * sin
-
-
-def torch_rms(x, weight, eps):
-  return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def torch_drafter_forward(sd, cfg_json, kind, head_weight, tokens, hidden):
-  """tokens [B, L], hidden [B, L, E] -> (logits [B, L, V], features [B, L, E])."""
-  e, heads = cfg_json['hidden_size'], cfg_json['num_attention_heads']
-  hd, eps = e // heads, cfg_json['rms_norm_eps']
-  x = torch.cat([sd['embed_tokens.weight'][tokens], hidden], -1) @ sd['fc.weight'].T + sd['fc.bias']
-  batch, length, _ = x.shape
-  positions = torch.arange(length)
-  p = 'layers.0.'
-  h = torch_rms(x, sd[p + 'input_layernorm.weight'], eps) if kind == 'lumina' else x
-  q, k, v = (h @ sd[p + f'self_attn.{n}_proj.weight'].T for n in 'qkv')
-  q, k, v = (t.reshape(batch, length, heads, hd) for t in (q, k, v))
-  if kind == 'lumina':
-    norm = lambda t, n: (F.layer_norm(t, (hd,), eps=1e-5) * sd[p + f'self_attn.{n}.weight']
-                         + sd[p + f'self_attn.{n}.bias'])
-    q, k = norm(q, 'q_norm'), norm(k, 'k_norm')
-    q = torch_rotate_half(q, positions, hd, cfg_json['rope_theta'])
-    k = torch_rotate_half(k, positions, hd, cfg_json['rope_theta'])
-  else:
-    cos, sin = torch_rope_2d_table(24, hd, cfg_json['rope_theta'], 0)  # input_type c2i
-    q = torch_rotate_pairs(q, cos[positions], sin[positions])
-    k = torch_rotate_pairs(k, cos[positions], sin[positions])
-  causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
-  attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                        attn_mask=causal)
-  x = x + attn.transpose(1, 2).reshape(batch, length, e) @ sd[p + 'self_attn.o_proj.weight'].T
-  h = torch_rms(x, sd[p + 'post_attention_layernorm.weight'], eps)
-  mlp = (F.silu(h @ sd[p + 'mlp.gate_proj.weight'].T) * (h @ sd[p + 'mlp.up_proj.weight'].T))
-  x = x + mlp @ sd[p + 'mlp.down_proj.weight'].T
-  return x @ head_weight.T, x
 
 
 def rel_err(actual, expected):
@@ -142,25 +76,26 @@ def _tempdir(test):
   return pathlib.Path(path)
 
 
-def write_drafter_dir(path, kind, state, weights='pytorch_model.bin'):
+def write_drafter_dir(path, kind, state, weights='model.safetensors'):
+  """config.json + weights; `pytorch_model.bin` (the released name) needs torch."""
   path.mkdir(parents=True, exist_ok=True)
   (path / 'config.json').write_text(json.dumps(config_json(kind)))
   if weights.endswith('.bin'):
-    torch.save(state, path / weights)
+    ref.torch.save({k: ref.as_torch(v) for k, v in state.items()}, path / weights)
   else:
-    safetensors.torch.save_file(state, str(path / weights))
+    hf_streaming.write_safetensors(path / weights, state)
   return path
 
 
 @functools.lru_cache(maxsize=None)
 def fixture(kind):
-  """(config, state dict, torch head weight [V, E], inputs)."""
+  """(config, state dict, head weight [V, E], tokens [B, L], hidden [B, L, E]), numpy."""
   config = convert.drafter_config_from_json(config_json(kind), kind)
   state = random_drafter_state(config)
-  generator = torch.Generator().manual_seed(5)
-  head = torch.randn(config.vocab_size, config.hidden_size, generator=generator) * 0.2
-  tokens = torch.randint(0, config.vocab_size, (BATCH, LENGTH), generator=generator)
-  hidden = torch.randn(BATCH, LENGTH, config.hidden_size, generator=generator)
+  rng = np.random.default_rng(5)
+  head = (rng.standard_normal((config.vocab_size, config.hidden_size)) * 0.2).astype(np.float32)
+  tokens = rng.integers(0, config.vocab_size, (BATCH, LENGTH))
+  hidden = rng.standard_normal((BATCH, LENGTH, config.hidden_size)).astype(np.float32)
   return config, state, head, tokens, hidden
 
 
@@ -217,27 +152,29 @@ class ConfigTest(absltest.TestCase):
     self.assertLen(shapes, 16)
 
 
+@ref.requires_torch
 class ParityTest(parameterized.TestCase):
 
   @parameterized.parameters('llamagen', 'lumina')
   def test_converted_drafter_matches_torch(self, kind):
     config, state, head, tokens, hidden = fixture(kind)
-    folder = write_drafter_dir(_tempdir(self) / 'drafter', kind, state)
+    folder = write_drafter_dir(_tempdir(self) / 'drafter', kind, state,
+                               weights='pytorch_model.bin')
     out = convert.convert_dir(folder, folder.parent / 'converted')
-    model, params = convert.load_drafter(out, head.T.numpy())
+    model, params = convert.load_drafter(out, head.T)
     self.assertEqual(model.config, config)
-    expected_logits, expected_features = torch_drafter_forward(
+    expected_logits, expected_features = ref.drafter_forward(
         state, config_json(kind), kind, head, tokens, hidden)
     result = jit_forward(model, params, model.init_cache(BATCH, LENGTH + 3),
-                         jnp.asarray(tokens.numpy(), jnp.int32), jnp.asarray(hidden.numpy()))
+                         jnp.asarray(tokens, jnp.int32), jnp.asarray(hidden))
     chex.assert_shape(result.logits, (BATCH, LENGTH, config.vocab_size))
-    self.assertLess(rel_err(result.logits, expected_logits.numpy()), RTOL)
-    self.assertLess(rel_err(result.hidden, expected_features.numpy()), RTOL)
+    self.assertLess(rel_err(result.logits, expected_logits), RTOL)
+    self.assertLess(rel_err(result.hidden, expected_features), RTOL)
     np.testing.assert_array_equal(result.cache.lengths, LENGTH)
 
   def test_rope_2d_table_with_lantern_padding(self):
     # The drafter's table equals LANTERN's, including the zero rows past the grid.
-    cos_ref, sin_ref = torch_rope_2d_table(4, 16, 10000.0, 2)
+    cos_ref, sin_ref = ref.rope_2d_table(4, 16, 10000.0, 2, trailing_zeros=10)
     positions = jnp.arange(2 + 16 + 10)[None]
     cos, sin = jax.jit(llamagen.rope_2d, static_argnums=(1, 2, 3))(positions, 16, 4, 2)
     np.testing.assert_allclose(cos[0], cos_ref.numpy(), atol=1e-6)
@@ -249,8 +186,8 @@ class EnginePathTest(absltest.TestCase):
   def test_prefill_then_steps_and_tree_match_full_forward(self):
     config, state, head, tokens, hidden = fixture('llamagen')
     model = eagle.EagleDrafter(config)
-    params = eagle.attach_head(convert.convert_drafter(state, config), head.T.numpy())
-    tokens, hidden = jnp.asarray(tokens.numpy(), jnp.int32), jnp.asarray(hidden.numpy())
+    params = eagle.attach_head(convert.convert_drafter(state, config), head.T)
+    tokens, hidden = jnp.asarray(tokens, jnp.int32), jnp.asarray(hidden)
     cache = model.init_cache(BATCH, LENGTH + 3)
     full = jit_forward(model, params, cache, tokens, hidden)
     # prefill on the first 4 pairs, then 3 single steps.
@@ -297,25 +234,24 @@ class ConverterTest(absltest.TestCase):
 
   def test_safetensors_fallback_and_meta(self):
     config, state, head, _, _ = fixture('lumina')
-    folder = write_drafter_dir(self.dir / 'drafter', 'lumina',
-                               {k: v.contiguous() for k, v in state.items()},
+    folder = write_drafter_dir(self.dir / 'drafter', 'lumina', state,
                                weights='model.safetensors')
     out = convert.convert_dir(folder, self.dir / 'out')
-    model, params = convert.load_drafter(out, head.T.numpy())
+    model, params = convert.load_drafter(out, head.T)
     chex.assert_trees_all_close(
-        params, eagle.attach_head(convert.convert_drafter(state, config), head.T.numpy()))
+        params, eagle.attach_head(convert.convert_drafter(state, config), head.T))
     meta = common.read_meta(out)
     self.assertEqual(meta['source_files'][0]['sha256'],
                      common.sha256_file(folder / 'model.safetensors'))
     self.assertEqual(model.config.qk_norm, True)
     with self.assertRaisesRegex(ValueError, r'head_kernel must have shape \(64, 48\)'):
-      convert.load_drafter(out, head.numpy())
+      convert.load_drafter(out, head)
 
   def test_strict_keys(self):
     _, state, _, _, _ = fixture('llamagen')
     bad = dict(state)
     del bad['layers.0.post_attention_layernorm.weight']
-    bad['layers.0.input_layernorm.weight'] = torch.ones(64)  # LlamaGen layer 0 has none
+    bad['layers.0.input_layernorm.weight'] = np.ones(64, np.float32)  # LlamaGen layer 0 has none
     folder = write_drafter_dir(self.dir / 'drafter', 'llamagen', bad)
     with self.assertRaises(common.CheckpointMismatchError) as ctx:
       convert.convert_dir(folder, self.dir / 'out')
@@ -335,6 +271,7 @@ class ConverterTest(absltest.TestCase):
       convert.convert_dir(folder, self.dir / 'out')
     self._assert_only('drafter')
 
+  @ref.requires_torch
   def test_bad_folders(self):
     with self.assertRaisesRegex(common.CheckpointReadError, 'does not exist'):
       convert.convert_dir(self.dir / 'missing', self.dir / 'out')
@@ -343,7 +280,8 @@ class ConverterTest(absltest.TestCase):
     (folder / 'config.json').write_text(json.dumps(config_json('llamagen')))
     with self.assertRaisesRegex(common.CheckpointReadError, 'pytorch_model.bin'):
       convert.convert_dir(folder, self.dir / 'out')
-    torch.save(fixture('llamagen')[1], folder / 'pytorch_model.bin')
+    ref.torch.save({k: ref.as_torch(v) for k, v in fixture('llamagen')[1].items()},
+                   folder / 'pytorch_model.bin')
     data = (folder / 'pytorch_model.bin').read_bytes()
     (folder / 'pytorch_model.bin').write_bytes(data[: len(data) // 2])
     with self.assertRaisesRegex(common.CheckpointReadError, 'pytorch_model.bin.*truncated'):

@@ -1,4 +1,8 @@
-"""Tests for converters/hf_streaming.py: index validation and shard-by-shard reading."""
+"""Tests for converters/hf_streaming.py: index validation and shard-by-shard reading.
+
+Everything but the `.bin` shards runs without torch: test checkpoints are
+written from numpy arrays by `hf_streaming.write_sharded_safetensors`.
+"""
 
 import json
 import os
@@ -7,20 +11,21 @@ import tempfile
 
 from absl.testing import absltest
 import jax
+import jax.numpy as jnp
 import numpy as np
-import torch
 
 from specdec_jax.converters import chameleon as chameleon_converter
 from specdec_jax.converters import hf_streaming
+from tests import torch_reference as ref
 
 
 def _tensors():
-  gen = torch.Generator().manual_seed(0)
+  rng = np.random.default_rng(0)
   return {
-      'a.weight': torch.randn(6, 4, generator=gen),
-      'b.weight': torch.randn(5, generator=gen).to(torch.bfloat16),
-      'c.weight': torch.randn(3, 7, generator=gen).to(torch.float16),
-      'd.bias': torch.randn(8, generator=gen),
+      'a.weight': rng.standard_normal((6, 4)).astype(np.float32),
+      'b.weight': rng.standard_normal(5).astype(jnp.bfloat16),
+      'c.weight': rng.standard_normal((3, 7)).astype(np.float16),
+      'd.bias': rng.standard_normal(8).astype(np.float32),
   }
 
 
@@ -54,34 +59,35 @@ class HFStreamingTest(absltest.TestCase):
     for name, array in hf_streaming.iter_tensors(ckpt):
       seen_shards.append(ckpt.tensors[name].shard)
       expected = self.tensors[name]
-      self.assertEqual(array.dtype.name, str(expected.dtype).removeprefix('torch.'))
-      np.testing.assert_array_equal(array.astype(np.float32), expected.float().numpy())
+      self.assertEqual(array.dtype, expected.dtype)
+      np.testing.assert_array_equal(array, expected)
     # Shards are visited in order, each once.
     self.assertEqual(seen_shards, sorted(seen_shards))
     self.assertEqual(len(seen_shards), len(self.tensors))
 
   def test_single_file_and_keep_filter(self):
-    from safetensors.torch import save_file
-    save_file(self.tensors, str(self.dir / 'model.safetensors'))
+    hf_streaming.write_safetensors(self.dir / 'model.safetensors', self.tensors)
     ckpt = hf_streaming.open_checkpoint(self.dir)
     self.assertIsNone(ckpt.index_file)
     names = [n for n, _ in hf_streaming.iter_tensors(ckpt, keep=lambda n: n.endswith('bias'))]
     self.assertEqual(names, ['d.bias'])
 
+  @ref.requires_torch
   def test_torch_bin_shards_with_index(self):
     names = list(self.tensors)
     weight_map = {}
     for k, group in enumerate((names[:2], names[2:])):
       shard = f'pytorch_model-{k + 1:05d}-of-00002.bin'
-      torch.save({n: self.tensors[n] for n in group}, self.dir / shard)
+      ref.torch.save({n: ref.as_torch(self.tensors[n]) for n in group}, self.dir / shard)
       weight_map.update({n: shard for n in group})
     with open(self.dir / hf_streaming.TORCH_INDEX, 'w') as f:
       json.dump({'weight_map': weight_map}, f)
     ckpt = hf_streaming.open_checkpoint(self.dir)
     self.assertEqual(ckpt.kind, 'torch')
     got = dict(hf_streaming.iter_tensors(ckpt))
-    for name, tensor in self.tensors.items():
-      np.testing.assert_array_equal(got[name].astype(np.float32), tensor.float().numpy())
+    for name, array in self.tensors.items():
+      self.assertEqual(got[name].dtype, array.dtype)
+      np.testing.assert_array_equal(got[name], array)
 
   def test_missing_shard_is_named(self):
     shards = self._write()
@@ -128,7 +134,7 @@ class HFStreamingTest(absltest.TestCase):
              'b.weight': (('norm', 'weight'), hf_streaming.identity)}
     params = hf_streaming.assemble_params(ckpt, rules, dtype='float32')
     self.assertEqual(set(params), {'dense', 'norm'})
-    np.testing.assert_array_equal(params['dense']['kernel'], self.tensors['a.weight'].numpy().T)
+    np.testing.assert_array_equal(params['dense']['kernel'], self.tensors['a.weight'].T)
     self.assertEqual(params['norm']['weight'].dtype, np.float32)
     # Leaves are jax arrays on the host (Orbax writes them without another copy).
     self.assertIsInstance(params['dense']['kernel'], jax.Array)
@@ -160,6 +166,38 @@ class HFStreamingTest(absltest.TestCase):
     self.assertEqual(spec(('model', 'layers_0', 'mlp', 'down', 'kernel'), (4, 4)),
                      jax.sharding.PartitionSpec('model', None))
     self.assertEqual(spec(('model', 'norm', 'weight'), (4,)), jax.sharding.PartitionSpec(None))
+
+  def test_written_files_are_standard_safetensors(self):
+    # Header, dtype codes, offsets and padding as the safetensors format
+    # defines them: the reference reader (when installed) reads every tensor.
+    tensors = dict(self.tensors, i=np.arange(5, dtype=np.int64),
+                   empty=np.zeros((0, 3), np.float32), flag=np.array([True, False]))
+    path = self.dir / 'one.safetensors'
+    hf_streaming.write_safetensors(path, tensors, metadata={'format': 'pt'})
+    (header_len,) = np.frombuffer(path.read_bytes()[:8], '<u8')
+    self.assertEqual(header_len % 8, 0)
+    infos = hf_streaming.read_safetensors_header(path)
+    got = hf_streaming.read_safetensors_tensors(path, infos, ['c.weight', 'i'])
+    self.assertEqual(set(got), {'c.weight', 'i'})  # only what was asked for
+    np.testing.assert_array_equal(got['i'], tensors['i'])
+    self.assertEqual(infos['b.weight'].dtype, 'bfloat16')
+    if ref.HAVE_TORCH:
+      import safetensors.torch  # pylint: disable=g-import-not-at-top
+      loaded = safetensors.torch.load_file(str(path))
+      self.assertEqual(set(loaded), set(tensors))
+      for name, array in tensors.items():
+        np.testing.assert_array_equal(
+            np.asarray(loaded[name].float() if name == 'b.weight' else loaded[name]),
+            array.astype(np.float32) if name == 'b.weight' else array)
+
+  @ref.requires_torch
+  def test_torch_tensors_are_written_too(self):
+    tensors = {name: ref.as_torch(array) for name, array in self.tensors.items()}
+    hf_streaming.write_sharded_safetensors(tensors.items(), self.dir, max_shard_bytes=64)
+    got = dict(hf_streaming.iter_tensors(hf_streaming.open_checkpoint(self.dir)))
+    for name, array in self.tensors.items():
+      self.assertEqual(got[name].dtype, array.dtype)
+      np.testing.assert_array_equal(got[name], array)
 
   def test_failed_conversion_writes_nothing(self):
     shards = self._write()

@@ -1,9 +1,10 @@
 """Tests for models/llamagen.py and converters/llamagen.py.
 
-The PyTorch reference below is written from the reference notes
-(`models_and_checkpoints.md` section 1): a full-sequence forward of the
-original GPT on a state dict in the original key layout, with its 2D RoPE
-table (zero rows for condition tokens) and the t2i emb_masks + diagonal mask.
+The PyTorch reference (`tests/torch_reference.py`: a full-sequence forward of
+the original GPT on a state dict in the original key layout, with its 2D RoPE
+table, zero rows for condition tokens, and the t2i emb_masks + diagonal mask)
+needs torch; the engine-path, config and safetensors converter tests run
+without it (random weights are numpy arrays).
 """
 
 import argparse
@@ -11,7 +12,9 @@ import functools
 import pathlib
 import shutil
 import tempfile
+from unittest import mock
 
+from absl import app
 from absl import flags
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -19,13 +22,12 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import safetensors.torch
-import torch
-import torch.nn.functional as F
 
 from specdec_jax.converters import common
+from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import llamagen as convert
 from specdec_jax.models import llamagen
+from tests import torch_reference as ref
 
 RTOL = 1e-4
 
@@ -39,95 +41,23 @@ def tiny_config(model_type='c2i', **overrides):
 
 
 def random_state_dict(config, seed=0):
-  """Random weights in the original key layout and shapes."""
-  generator = torch.Generator().manual_seed(seed)
+  """Random float32 weights (numpy) in the original key layout and shapes."""
+  rng = np.random.default_rng(seed)
   state = {}
   for key, shape in convert.expected_shapes(config).items():
+    noise = rng.standard_normal(shape)
     if key.endswith('norm.weight'):
-      value = 1.0 + 0.1 * torch.randn(shape, generator=generator)
+      value = 1.0 + 0.1 * noise
     elif 'embedding' in key:
-      value = torch.randn(shape, generator=generator)
+      value = noise
     else:
-      value = torch.randn(shape, generator=generator) * shape[-1] ** -0.5
-    state[key] = value.float()
+      value = noise * shape[-1] ** -0.5
+    state[key] = value.astype(np.float32)
   return state
 
 
-# ------------------------------------------------- PyTorch reference ---
-
-
-def torch_rope_table(config):
-  """(cos, sin) [P + N, D/2]: zero rows for the P condition tokens."""
-  half = config.head_dim // 2
-  freqs = 1.0 / (config.rope_base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-  grid = config.grid_size
-  per_axis = torch.outer(torch.arange(grid, dtype=torch.float32), freqs)  # [G, D/4]
-  angles = torch.cat([per_axis[:, None, :].expand(grid, grid, -1),     # row
-                      per_axis[None, :, :].expand(grid, grid, -1)],    # column
-                     dim=-1).reshape(grid * grid, half)
-  zeros = torch.zeros(config.cls_token_num, half)
-  return torch.cat([zeros, angles.cos()]), torch.cat([zeros, angles.sin()])
-
-
-def torch_rotate(x, cos, sin):
-  """Interleaved pairs; x [B, L, H, D], cos/sin [L, D/2]."""
-  pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-  x0, x1 = pairs[..., 0], pairs[..., 1]
-  c, s = cos[None, :, None, :], sin[None, :, None, :]
-  return torch.stack([x0 * c - x1 * s, x1 * c + x0 * s], -1).flatten(3).type_as(x)
-
-
-def torch_rms(x, weight, eps):
-  normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-  return normed.type_as(x) * weight
-
-
-def torch_gpt_forward(sd, config, cond, idx, emb_mask=None):
-  """Original GPT.forward in training mode: logits [B, M + 1, V]."""
-  c = config
-  if c.model_type == 'c2i':
-    cond_embeds = sd['cls_embedding.embedding_table.weight'][cond][:, None]
-  else:
-    hidden = cond @ sd['cls_embedding.cap_proj.fc1.weight'].T
-    cond_embeds = F.gelu(hidden, approximate='tanh') @ sd['cls_embedding.cap_proj.fc2.weight'].T
-  x = torch.cat([cond_embeds, sd['tok_embeddings.weight'][idx]], dim=1)
-  batch, length, _ = x.shape
-  cos, sin = torch_rope_table(c)
-  cos, sin = cos[:length], sin[:length]
-  mask = torch.tril(torch.ones(length, length, dtype=torch.bool)).expand(batch, -1, -1).clone()
-  if emb_mask is not None:
-    mask[:, :, : c.cls_token_num] &= emb_mask[:, None, :].bool()
-    mask |= torch.eye(length, dtype=torch.bool)[None]
-  hd, q_rows = c.head_dim, c.n_head * c.head_dim
-  for i in range(c.n_layer):
-    p = f'layers.{i}.'
-    h = torch_rms(x, sd[p + 'attention_norm.weight'], c.norm_eps)
-    qkv = h @ sd[p + 'attention.wqkv.weight'].T
-    q, k, v = qkv.split([q_rows, c.n_kv_head * hd, c.n_kv_head * hd], dim=-1)
-    q = torch_rotate(q.reshape(batch, length, c.n_head, hd), cos, sin)
-    k = torch_rotate(k.reshape(batch, length, c.n_kv_head, hd), cos, sin)
-    v = v.reshape(batch, length, c.n_kv_head, hd)
-    attn = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None])
-    x = x + attn.transpose(1, 2).reshape(batch, length, -1) @ sd[p + 'attention.wo.weight'].T
-    h = torch_rms(x, sd[p + 'ffn_norm.weight'], c.norm_eps)
-    gate, up = h @ sd[p + 'feed_forward.w1.weight'].T, h @ sd[p + 'feed_forward.w3.weight'].T
-    x = x + (F.silu(gate) * up) @ sd[p + 'feed_forward.w2.weight'].T
-  logits = (torch_rms(x, sd['norm.weight'], c.norm_eps) @ sd['output.weight'].T).float()
-  return logits[:, c.cls_token_num - 1:]
-
-
-def torch_greedy_cfg(sd, config, labels, cfg_scale):
-  """Greedy CFG generation by full recomputation (c2i)."""
-  null = torch.full_like(labels, config.num_classes)
-  cond = torch.cat([labels, null])
-  tokens = torch.zeros(2 * len(labels), 0, dtype=torch.long)
-  for _ in range(config.block_size):
-    logits = torch_gpt_forward(sd, config, cond, tokens)[:, -1]
-    cond_logits, uncond_logits = logits.chunk(2)
-    nxt = (uncond_logits + (cond_logits - uncond_logits) * cfg_scale).argmax(-1)
-    tokens = torch.cat([tokens, torch.cat([nxt, nxt])[:, None]], dim=1)
-  return tokens[: len(labels)].numpy()
+def torch_state(state):
+  return {k: ref.as_torch(v) for k, v in state.items()}
 
 
 def rel_err(actual, expected):
@@ -136,16 +66,21 @@ def rel_err(actual, expected):
 
 
 def to_params(state, config):
-  return convert.convert_llamagen_gpt({k: v.numpy() for k, v in state.items()}, config)
+  return convert.convert_llamagen_gpt(dict(state), config)
 
 
 def t2i_inputs(config, batch=2, seed=1):
-  generator = torch.Generator().manual_seed(seed)
-  features = torch.randn(batch, config.cls_token_num, config.caption_dim, generator=generator)
-  mask = torch.ones(batch, config.cls_token_num, dtype=torch.bool)
+  """(caption features float32 [B, P, C], mask bool [B, P]), row 0 left-padded."""
+  rng = np.random.default_rng(seed)
+  features = rng.standard_normal((batch, config.cls_token_num, config.caption_dim))
+  mask = np.ones((batch, config.cls_token_num), bool)
   mask[0, :3] = False  # row 0: 3 padding slots on the left
-  features = features * mask[:, :, None]
-  return features, mask
+  return (features * mask[:, :, None]).astype(np.float32), mask
+
+
+def image_tokens(config, seed=2):
+  """The image tokens ParityTest and EnginePathTest share: int64 [2, N - 1]."""
+  return np.random.default_rng(seed).integers(0, config.vocab_size, (2, config.block_size - 1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -157,13 +92,12 @@ def fixture(model_type, seed=0):
 
 
 def example_cond(config):
-  """(torch cond, torch mask or None, jax cond) for a batch of 2 rows."""
+  """(reference cond, reference mask or None, jax cond) for a batch of 2 rows."""
   if config.model_type == 'c2i':
-    labels = torch.tensor([3, config.num_classes])
-    return labels, None, jnp.asarray(labels.numpy(), jnp.int32)
+    labels = np.array([3, config.num_classes])
+    return labels, None, jnp.asarray(labels, jnp.int32)
   features, mask = t2i_inputs(config)
-  return features, mask, llamagen.CaptionCond(jnp.asarray(features.numpy()),
-                                              jnp.asarray(mask.numpy()))
+  return features, mask, llamagen.CaptionCond(jnp.asarray(features), jnp.asarray(mask))
 
 
 # One jitted function per entry point, shared by every test, so each (model,
@@ -247,26 +181,27 @@ class Rope2DTest(absltest.TestCase):
     np.testing.assert_allclose(cos[0, 1, 16], np.cos(1.0), rtol=1e-6)
     np.testing.assert_allclose(sin[0, 1, 16], np.sin(1.0), rtol=1e-6)
 
+  @ref.requires_torch
   def test_matches_reference_table_head_dim_100(self):
     config = tiny_config(n_head=1, dim=100, block_size=36, cls_token_num=3)
     positions = jnp.arange(3 + 36)[None]
     cos, sin = rope_2d(positions, 100, 6, 3)
-    ref_cos, ref_sin = torch_rope_table(config)
+    ref_cos, ref_sin = ref.rope_2d_table(config.grid_size, config.head_dim, config.rope_base,
+                                         config.cls_token_num)
     np.testing.assert_allclose(cos[0], ref_cos.numpy(), atol=1e-6)
     np.testing.assert_allclose(sin[0], ref_sin.numpy(), atol=1e-6)
 
 
+@ref.requires_torch
 class ParityTest(parameterized.TestCase):
 
   @parameterized.parameters('c2i', 't2i')
   def test_forward_logits_match_torch(self, model_type):
     config, state, params = fixture(model_type)
-    generator = torch.Generator().manual_seed(2)
-    idx = torch.randint(0, config.vocab_size, (2, config.block_size - 1), generator=generator)
-    cond_torch, mask, cond_jax = example_cond(config)
-    expected = torch_gpt_forward(state, config, cond_torch, idx, mask).numpy()
-    actual = llamagen.forward_logits(params, config, cond_jax,
-                                     jnp.asarray(idx.numpy(), jnp.int32))
+    idx = image_tokens(config)
+    cond_ref, mask, cond_jax = example_cond(config)
+    expected = ref.gpt_forward(state, config, cond_ref, idx, mask).numpy()
+    actual = llamagen.forward_logits(params, config, cond_jax, jnp.asarray(idx, jnp.int32))
     chex.assert_shape(actual, (2, config.block_size, config.vocab_size))
     self.assertLess(rel_err(actual, expected), RTOL)
 
@@ -274,9 +209,9 @@ class ParityTest(parameterized.TestCase):
     # Guard against a vacuous t2i test: masking the padding changes the logits.
     config, state, _ = fixture('t2i')
     features, mask = t2i_inputs(config)
-    idx = torch.zeros(2, 3, dtype=torch.long)
-    masked = torch_gpt_forward(state, config, features, idx, mask)
-    unmasked = torch_gpt_forward(state, config, features, idx, None)
+    idx = np.zeros((2, 3), np.int64)
+    masked = ref.gpt_forward(state, config, features, idx, mask)
+    unmasked = ref.gpt_forward(state, config, features, idx, None)
     self.assertGreater(rel_err(masked[0], unmasked[0]), 1e-3)
 
 
@@ -285,9 +220,8 @@ class EnginePathTest(parameterized.TestCase):
   def _setup(self, model_type):
     config, _, params = fixture(model_type)
     model = llamagen.LlamaGenGPT(config)
-    generator = torch.Generator().manual_seed(2)  # same tokens as ParityTest
-    tokens = torch.randint(0, config.vocab_size, (2, config.block_size - 1), generator=generator)
-    return config, params, model, jnp.asarray(tokens.numpy(), jnp.int32), example_cond(config)[2]
+    tokens = image_tokens(config)  # same tokens as ParityTest
+    return config, params, model, jnp.asarray(tokens, jnp.int32), example_cond(config)[2]
 
   @parameterized.parameters('c2i', 't2i')
   def test_one_by_one_and_chunked_match_teacher_forced(self, model_type):
@@ -357,14 +291,15 @@ class EnginePathTest(parameterized.TestCase):
     np.testing.assert_array_equal(cond.mask, [[0, 0, 1, 1], [1, 1, 1, 1]])
 
 
+@ref.requires_torch
 class GreedyEndToEndTest(absltest.TestCase):
 
   def test_greedy_cfg_generation_matches_torch(self):
     config = tiny_config('c2i')
     state = random_state_dict(config, seed=3)
     tmp = _tempdir(self)
-    torch.save({'model': state, 'args': argparse.Namespace(gpt_model='tiny'), 'steps': 1},
-               tmp / 'ckpt.pt')
+    ref.torch.save({'model': torch_state(state), 'args': argparse.Namespace(gpt_model='tiny'),
+                    'steps': 1}, tmp / 'ckpt.pt')
     out_dir = convert.convert_file(tmp / 'ckpt.pt', tmp / 'out', config)
     model, params = convert.load_llamagen(out_dir)
     label, cfg_scale = 7, 2.0
@@ -380,7 +315,7 @@ class GreedyEndToEndTest(absltest.TestCase):
         if compiled is None:
           compiled = _jit_forward._cache_size()
     self.assertEqual(_jit_forward._cache_size(), compiled)  # no retrace per step
-    expected = torch_greedy_cfg(state, config, torch.tensor([label]), cfg_scale)
+    expected = ref.greedy_cfg(state, config, [label], cfg_scale)
     np.testing.assert_array_equal(generated, expected[0])
     self.assertGreater(len(set(generated)), 3)  # not a degenerate constant
 
@@ -393,7 +328,7 @@ class GreedyEndToEndTest(absltest.TestCase):
       np.testing.assert_array_equal(result.tokens[0], expected[0], err_msg=type(mode).__name__)
 
 
-class ConverterTest(absltest.TestCase):
+class ConverterTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
@@ -401,15 +336,22 @@ class ConverterTest(absltest.TestCase):
     self.config, self.state, _ = fixture('c2i')
 
   def _assert_no_output(self):
-    self.assertEqual(sorted(p.name for p in self.dir.iterdir() if p.name != 'ckpt.pt'), [])
+    self.assertEqual(sorted(p.name for p in self.dir.iterdir()
+                            if p.suffix not in ('.pt', '.pth', '.safetensors')), [])
 
+  def _save(self, state, name='ckpt.safetensors'):
+    """The state as a safetensors file (no torch needed)."""
+    hf_streaming.write_safetensors(self.dir / name, state)
+    return self.dir / name
+
+  @ref.requires_torch
   def test_formats_give_identical_params_and_buffers_are_dropped(self):
-    with_buffers = dict(self.state)
-    with_buffers['freqs_cis'] = torch.zeros(17, 8, 2)
-    with_buffers['layers.0.attention.kv_cache.k_cache'] = torch.zeros(1, 4, 24, 16)
-    torch.save({'model': with_buffers, 'optimizer': {}, 'steps': 5}, self.dir / 'ddp.pt')
-    torch.save(self.state, self.dir / 'consolidated.pth')
-    safetensors.torch.save_file(self.state, str(self.dir / 'model.safetensors'))
+    with_buffers = torch_state(self.state)
+    with_buffers['freqs_cis'] = ref.torch.zeros(17, 8, 2)
+    with_buffers['layers.0.attention.kv_cache.k_cache'] = ref.torch.zeros(1, 4, 24, 16)
+    ref.torch.save({'model': with_buffers, 'optimizer': {}, 'steps': 5}, self.dir / 'ddp.pt')
+    ref.torch.save(torch_state(self.state), self.dir / 'consolidated.pth')
+    self._save(self.state, 'model.safetensors')
     expected = fixture('c2i')[2]
     for name in ('ddp.pt', 'consolidated.pth', 'model.safetensors'):
       out = convert.convert_file(self.dir / name, self.dir / f'out_{name}', self.config)
@@ -421,19 +363,26 @@ class ConverterTest(absltest.TestCase):
                        common.sha256_file(self.dir / name))
       self.assertEqual(meta['config']['dim'], 64)
 
+  def test_safetensors_without_torch(self):
+    state = dict(self.state, freqs_cis=np.zeros((17, 8, 2), np.float32))
+    out = convert.convert_file(self._save(state), self.dir / 'out', self.config)
+    _, params = convert.load_llamagen(out)
+    chex.assert_trees_all_equal(params, fixture('c2i')[2])
+
+  @ref.requires_torch
   def test_use_ema(self):
     ema = {k: v * 2 for k, v in self.state.items()}
-    torch.save({'model': self.state, 'ema': ema}, self.dir / 'ckpt.pt')
+    ref.torch.save({'model': torch_state(self.state), 'ema': torch_state(ema)},
+                   self.dir / 'ckpt.pt')
     out = convert.convert_file(self.dir / 'ckpt.pt', self.dir / 'out', self.config,
                                use_ema=True)
     _, params = convert.load_llamagen(out)
-    np.testing.assert_allclose(params['norm']['weight'], ema['norm.weight'].numpy())
+    np.testing.assert_allclose(params['norm']['weight'], ema['norm.weight'])
 
   def test_bfloat16_output(self):
-    torch.save({'model': {k: v.bfloat16() for k, v in self.state.items()}},
-               self.dir / 'ckpt.pt')
+    path = self._save({k: v.astype(jnp.bfloat16) for k, v in self.state.items()})
     config = tiny_config('c2i', dtype='bfloat16')
-    out = convert.convert_file(self.dir / 'ckpt.pt', self.dir / 'out', config)
+    out = convert.convert_file(path, self.dir / 'out', config)
     model, params = convert.load_llamagen(out)
     self.assertEqual(params['output']['kernel'].dtype, jnp.bfloat16)
     self.assertEqual(model.init_cache(1, 1).keys[0].dtype, jnp.bfloat16)
@@ -448,10 +397,10 @@ class ConverterTest(absltest.TestCase):
     self.assertLess(rel_err(bf16.logits, fp32.logits), 5e-2)
 
   def test_wrong_config_lists_mis_shaped_keys(self):
-    torch.save({'model': self.state}, self.dir / 'ckpt.pt')
+    path = self._save(self.state)
     wrong = tiny_config('c2i', dim=32, n_head=2)
     with self.assertRaises(common.CheckpointMismatchError) as ctx:
-      convert.convert_file(self.dir / 'ckpt.pt', self.dir / 'out', wrong)
+      convert.convert_file(path, self.dir / 'out', wrong)
     message = str(ctx.exception)
     self.assertIn('custom c2i (2 layers, dim 32', message)
     self.assertIn('tok_embeddings.weight: expected (64, 32), found (64, 64)', message)
@@ -463,38 +412,79 @@ class ConverterTest(absltest.TestCase):
   def test_wrong_model_type_and_missing_keys(self):
     state = dict(self.state)
     del state['layers.1.ffn_norm.weight']
-    state['extra.weight'] = torch.zeros(3)
-    torch.save({'model': state}, self.dir / 'ckpt.pt')
+    state['extra.weight'] = np.zeros(3, np.float32)
+    path = self._save(state)
     with self.assertRaises(common.CheckpointMismatchError) as ctx:
-      convert.convert_file(self.dir / 'ckpt.pt', self.dir / 'out', self.config)
+      convert.convert_file(path, self.dir / 'out', self.config)
     message = str(ctx.exception)
     self.assertIn('layers.1.ffn_norm.weight (expected shape (64,))', message)
     self.assertIn('extra.weight (shape (3,))', message)
     with self.assertRaisesRegex(common.CheckpointMismatchError,
                                 'cls_embedding.cap_proj.fc1.weight'):
-      convert.convert_file(self.dir / 'ckpt.pt', self.dir / 'out', tiny_config('t2i'))
+      convert.convert_file(path, self.dir / 'out', tiny_config('t2i'))
     self._assert_no_output()
 
+  @ref.requires_torch
   def test_truncated_file(self):
-    torch.save({'model': self.state}, self.dir / 'ckpt.pt')
+    ref.torch.save({'model': torch_state(self.state)}, self.dir / 'ckpt.pt')
     data = (self.dir / 'ckpt.pt').read_bytes()
     (self.dir / 'ckpt.pt').write_bytes(data[: len(data) // 3])
     with self.assertRaisesRegex(common.CheckpointReadError, 'ckpt.pt.*truncated'):
       convert.convert_file(self.dir / 'ckpt.pt', self.dir / 'out', self.config)
     self._assert_no_output()
 
-  def test_command_line(self):
-    torch.save({'model': self.state}, self.dir / 'ckpt.pt')
-    argv = ['llamagen', f'--input={self.dir / "ckpt.pt"}', f'--output={self.dir / "out"}',
-            '--config=GPT-B', '--model_type=c2i', '--image_size=64', '--set=n_layer=2',
+  def _main(self, *args):
+    argv = ['llamagen', f'--output={self.dir / "out"}', '--config=GPT-B', '--set=n_layer=2',
             '--set=n_head=4', '--set=dim=64', '--set=vocab_size=64', '--set=num_classes=10',
-            '--set=caption_dim=24']
+            '--set=caption_dim=24', *args]
     flag_values = flags.FlagValues()
     convert.define_flags(flag_values)
     flag_values(argv)
     convert.main(argv, flag_values)
+
+  def test_command_line(self):
+    self._main(f'--input={self._save(self.state)}', '--model_type=c2i', '--image_size=64')
     model, _ = convert.load_llamagen(self.dir / 'out')
     self.assertEqual(model.config, self.config)
+
+  @parameterized.named_parameters(
+      ('c2i_xl_384', 'c2i_XL_384.pt', 384),
+      ('c2i_b_256', 'c2i_B_256.pt', 256),
+      ('t2i_stage1', 't2i_XL_stage1_256.pt', 256),
+      ('t2i_stage2', 't2i_XL_stage2_512.pt', 512),
+      ('safetensors', 'c2i_3B_384.safetensors', 384),
+      ('fsdp', 'consolidated.pth', None),
+      ('vq', 'vq_ds16_c2i.pt', None),
+      ('not_a_multiple_of_16', 'c2i_B_100.pt', None),
+  )
+  def test_image_size_from_released_file_names(self, name, size):
+    self.assertEqual(convert.infer_image_size(name), size)
+
+  def test_image_size_is_required_or_inferred(self):
+    path = self._save(self.state)  # ckpt.safetensors: no size in the name
+    with self.assertRaisesRegex(app.UsageError, r'--image_size is required.*ckpt\.safetensors'):
+      self._main(f'--input={path}')
+    self._assert_no_output()
+    named = self._save(self.state, 'c2i_tiny_64.safetensors')
+    with mock.patch.object(convert.logging, 'info') as info:
+      self._main(f'--input={named}')
+    logged = [call.args[0] % call.args[1:] for call in info.call_args_list]
+    self.assertIn('--image_size not given: using 64 from the file name '
+                  'c2i_tiny_64.safetensors.', logged)
+    model, _ = convert.load_llamagen(self.dir / 'out')
+    self.assertEqual(model.config, self.config)  # block_size (64/16)^2 = 16
+
+  @parameterized.named_parameters(
+      ('bad_int', '--set=dim=abc', 'dim must be int'),
+      ('unknown_field', '--set=width=3', "--set 'width=3'.*field one of"),
+      ('bad_preset', '--config=GPT-Q', 'Unknown LlamaGen config'),
+      ('not_a_grid', '--image_size=72', 'image_size 72 must be a multiple'),
+  )
+  def test_config_errors_are_usage_errors(self, flag, message):
+    path = self._save(self.state, 'c2i_tiny_64.safetensors')
+    with self.assertRaisesRegex(app.UsageError, message):
+      self._main(f'--input={path}', flag)
+    self._assert_no_output()
 
 
 if __name__ == '__main__':

@@ -1,12 +1,13 @@
 """Tests for models/vq.py, models/vq_blocks.py and converters/vq.py.
 
-The parity tests hold an independent PyTorch forward of the original
-architectures, written from the reference notes
-(`models_and_checkpoints.md` 1.10 and 2.5): LlamaGen's VQ-16 with its
+The parity tests use an independent PyTorch forward of the original
+architectures (`tests/torch_reference.py`): LlamaGen's VQ-16
+(FoundationVision/LlamaGen `tokenizer/tokenizer_image/vq_model.py`) with its
 `conv_blocks.{i}.res/attn/downsample|upsample` names and the taming/Chameleon
 VQGAN with `down/up.{i}.block/attn`, `mid.block_1/attn_1/block_2`. Random
 weights in those key layouts are saved in the original file formats,
-converted, loaded, and compared at fp32.
+converted, loaded, and compared at fp32. Converter checks that need no
+reference run without torch, on numpy weights saved as safetensors.
 """
 
 import argparse
@@ -17,19 +18,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
+from absl import app
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
-from torch import nn
-import torch.nn.functional as F
 
 from specdec_jax.converters import common
+from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import vq as vq_converter
 from specdec_jax.models import vq
+from tests import torch_reference as ref
 
 # Tiny shapes (compile time dominates): widths 32/64 (GroupNorm 32 needs
 # multiples of 32), 2 levels, 8x8 images -> 4x4 token grids. Still covers a
@@ -54,279 +56,31 @@ def relative_error(actual, expected) -> float:
   return float(np.max(np.abs(actual - expected)) / np.max(np.abs(expected)))
 
 
-# ------------------------------------------------ PyTorch reference (original) ---
+def numpy_state(kind: str, overrides, seed: int = 0) -> dict[str, np.ndarray]:
+  """Random float32 weights in the original key layout (no torch), plus the
+  LlamaGen `quantize.codebook_used` buffer."""
+  rng = np.random.default_rng(seed)
+  config = vq_converter.preset_config(kind, overrides)
+  state = {name: (rng.standard_normal(shape) * 0.1).astype(np.float32)
+           for name, shape in vq_converter.expected_shapes(config, kind).items()}
+  if kind == 'llamagen_vq16':
+    state['quantize.codebook_used'] = np.zeros(64, np.float32)
+  return state
 
 
-def swish(x):
-  return x * torch.sigmoid(x)
-
-
-def group_norm(channels):
-  return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
-
-
-class ResnetBlock(nn.Module):
-
-  def __init__(self, cin, cout):
-    super().__init__()
-    self.norm1 = group_norm(cin)
-    self.conv1 = nn.Conv2d(cin, cout, 3, 1, 1)
-    self.norm2 = group_norm(cout)
-    self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1)
-    if cin != cout:
-      self.nin_shortcut = nn.Conv2d(cin, cout, 1, 1, 0)
-
-  def forward(self, x):
-    h = self.conv1(swish(self.norm1(x)))
-    h = self.conv2(swish(self.norm2(h)))
-    if hasattr(self, 'nin_shortcut'):
-      x = self.nin_shortcut(x)
-    return x + h
-
-
-class AttnBlock(nn.Module):
-
-  def __init__(self, channels):
-    super().__init__()
-    self.norm = group_norm(channels)
-    self.q = nn.Conv2d(channels, channels, 1)
-    self.k = nn.Conv2d(channels, channels, 1)
-    self.v = nn.Conv2d(channels, channels, 1)
-    self.proj_out = nn.Conv2d(channels, channels, 1)
-
-  def forward(self, x):
-    h = self.norm(x)
-    q, k, v = self.q(h), self.k(h), self.v(h)
-    b, c, height, width = q.shape
-    q = q.reshape(b, c, height * width).permute(0, 2, 1)  # b, hw, c
-    k = k.reshape(b, c, height * width)  # b, c, hw
-    weights = torch.softmax(torch.bmm(q, k) * (int(c) ** -0.5), dim=2)
-    out = torch.bmm(v.reshape(b, c, height * width), weights.permute(0, 2, 1))
-    return x + self.proj_out(out.reshape(b, c, height, width))
-
-
-class Downsample(nn.Module):
-
-  def __init__(self, channels):
-    super().__init__()
-    self.conv = nn.Conv2d(channels, channels, 3, 2, 0)
-
-  def forward(self, x):
-    return self.conv(F.pad(x, (0, 1, 0, 1), mode='constant', value=0))
-
-
-class Upsample(nn.Module):
-
-  def __init__(self, channels):
-    super().__init__()
-    self.conv = nn.Conv2d(channels, channels, 3, 1, 1)
-
-  def forward(self, x):
-    return self.conv(F.interpolate(x, scale_factor=2.0, mode='nearest'))
-
-
-class LlamaGenEncoder(nn.Module):
-  """LlamaGen names: conv_blocks.{i}.res/attn/downsample, mid.{0,1,2}."""
-
-  def __init__(self, ch, ch_mult, num_res_blocks, z_channels, attn_levels, in_channels=3):
-    super().__init__()
-    self.conv_in = nn.Conv2d(in_channels, ch, 3, 1, 1)
-    self.conv_blocks = nn.ModuleList()
-    block_in = ch
-    for level, mult in enumerate(ch_mult):
-      block = nn.Module()
-      block.res, block.attn = nn.ModuleList(), nn.ModuleList()
-      for _ in range(num_res_blocks):
-        block.res.append(ResnetBlock(block_in, ch * mult))
-        block_in = ch * mult
-        if level in attn_levels:
-          block.attn.append(AttnBlock(block_in))
-      if level != len(ch_mult) - 1:
-        block.downsample = Downsample(block_in)
-      self.conv_blocks.append(block)
-    self.mid = nn.ModuleList([ResnetBlock(block_in, block_in), AttnBlock(block_in),
-                              ResnetBlock(block_in, block_in)])
-    self.norm_out = group_norm(block_in)
-    self.conv_out = nn.Conv2d(block_in, z_channels, 3, 1, 1)
-
-  def forward(self, x):
-    h = self.conv_in(x)
-    for block in self.conv_blocks:
-      for j, res in enumerate(block.res):
-        h = res(h)
-        if len(block.attn):
-          h = block.attn[j](h)
-      if hasattr(block, 'downsample'):
-        h = block.downsample(h)
-    for layer in self.mid:
-      h = layer(h)
-    return self.conv_out(swish(self.norm_out(h)))
-
-
-class LlamaGenDecoder(nn.Module):
-  """conv_blocks.{k}: k = 0 is the lowest resolution (ch_mult index n-1)."""
-
-  def __init__(self, ch, ch_mult, num_res_blocks, z_channels, attn_levels, out_channels=3):
-    super().__init__()
-    block_in = ch * ch_mult[-1]
-    self.conv_in = nn.Conv2d(z_channels, block_in, 3, 1, 1)
-    self.mid = nn.ModuleList([ResnetBlock(block_in, block_in), AttnBlock(block_in),
-                              ResnetBlock(block_in, block_in)])
-    self.conv_blocks = nn.ModuleList()
-    for level in reversed(range(len(ch_mult))):
-      block = nn.Module()
-      block.res, block.attn = nn.ModuleList(), nn.ModuleList()
-      for _ in range(num_res_blocks + 1):
-        block.res.append(ResnetBlock(block_in, ch * ch_mult[level]))
-        block_in = ch * ch_mult[level]
-        if level in attn_levels:
-          block.attn.append(AttnBlock(block_in))
-      if level != 0:
-        block.upsample = Upsample(block_in)
-      self.conv_blocks.append(block)
-    self.norm_out = group_norm(block_in)
-    self.conv_out = nn.Conv2d(block_in, out_channels, 3, 1, 1)
-
-  def forward(self, z):
-    h = self.conv_in(z)
-    for layer in self.mid:
-      h = layer(h)
-    for block in self.conv_blocks:
-      for j, res in enumerate(block.res):
-        h = res(h)
-        if len(block.attn):
-          h = block.attn[j](h)
-      if hasattr(block, 'upsample'):
-        h = block.upsample(h)
-    return self.conv_out(swish(self.norm_out(h)))
-
-
-class TamingEncoder(nn.Module):
-  """Chameleon/taming names: down.{i}.block/attn/downsample, mid.block_1/attn_1/block_2."""
-
-  def __init__(self, ch, ch_mult, num_res_blocks, z_channels, in_channels=3):
-    super().__init__()
-    self.conv_in = nn.Conv2d(in_channels, ch, 3, 1, 1)
-    self.down = nn.ModuleList()
-    block_in = ch
-    for level, mult in enumerate(ch_mult):
-      down = nn.Module()
-      down.block, down.attn = nn.ModuleList(), nn.ModuleList()  # attn_resolutions = []
-      for _ in range(num_res_blocks):
-        down.block.append(ResnetBlock(block_in, ch * mult))
-        block_in = ch * mult
-      if level != len(ch_mult) - 1:
-        down.downsample = Downsample(block_in)
-      self.down.append(down)
-    self.mid = nn.Module()
-    self.mid.block_1 = ResnetBlock(block_in, block_in)
-    self.mid.attn_1 = AttnBlock(block_in)
-    self.mid.block_2 = ResnetBlock(block_in, block_in)
-    self.norm_out = group_norm(block_in)
-    self.conv_out = nn.Conv2d(block_in, z_channels, 3, 1, 1)  # double_z False
-
-  def forward(self, x):
-    h = self.conv_in(x)
-    for down in self.down:
-      for block in down.block:
-        h = block(h)
-      if hasattr(down, 'downsample'):
-        h = down.downsample(h)
-    h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
-    return self.conv_out(swish(self.norm_out(h)))
-
-
-class TamingDecoder(nn.Module):
-  """up.{i} is ch_mult index i; up.{n-1} (lowest resolution) runs first."""
-
-  def __init__(self, ch, ch_mult, num_res_blocks, z_channels, out_channels=3):
-    super().__init__()
-    block_in = ch * ch_mult[-1]
-    self.conv_in = nn.Conv2d(z_channels, block_in, 3, 1, 1)
-    self.mid = nn.Module()
-    self.mid.block_1 = ResnetBlock(block_in, block_in)
-    self.mid.attn_1 = AttnBlock(block_in)
-    self.mid.block_2 = ResnetBlock(block_in, block_in)
-    self.up = nn.ModuleList()
-    for level in reversed(range(len(ch_mult))):
-      up = nn.Module()
-      up.block, up.attn = nn.ModuleList(), nn.ModuleList()
-      for _ in range(num_res_blocks + 1):
-        up.block.append(ResnetBlock(block_in, ch * ch_mult[level]))
-        block_in = ch * ch_mult[level]
-      if level != 0:
-        up.upsample = Upsample(block_in)
-      self.up.insert(0, up)
-    self.norm_out = group_norm(block_in)
-    self.conv_out = nn.Conv2d(block_in, out_channels, 3, 1, 1)
-
-  def forward(self, z):
-    h = self.conv_in(z)
-    h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
-    for level in reversed(range(len(self.up))):
-      for block in self.up[level].block:
-        h = block(h)
-      if level != 0:
-        h = self.up[level].upsample(h)
-    return self.conv_out(swish(self.norm_out(h)))
-
-
-class TorchVQ(nn.Module):
-  """VQModel: encoder, quant_conv, quantize.embedding, post_quant_conv, decoder."""
-
-  def __init__(self, style, codebook_size, codebook_dim, ch, ch_mult, num_res_blocks,
-               z_channels, attn_levels=()):
-    super().__init__()
-    self.style = style
-    if style == 'llamagen':
-      self.encoder = LlamaGenEncoder(ch, ch_mult, num_res_blocks, z_channels, attn_levels)
-      self.decoder = LlamaGenDecoder(ch, ch_mult, num_res_blocks, z_channels, attn_levels)
-    else:
-      self.encoder = TamingEncoder(ch, ch_mult, num_res_blocks, z_channels)
-      self.decoder = TamingDecoder(ch, ch_mult, num_res_blocks, z_channels)
-    self.quantize = nn.Module()
-    self.quantize.embedding = nn.Embedding(codebook_size, codebook_dim)
-    if style == 'llamagen':
-      self.quantize.register_buffer('codebook_used', torch.zeros(65536))
-    self.quant_conv = nn.Conv2d(z_channels, codebook_dim, 1)
-    self.post_quant_conv = nn.Conv2d(codebook_dim, z_channels, 1)
-    self.l2_norm = style == 'llamagen'
-
-  def table(self):
-    weight = self.quantize.embedding.weight
-    return F.normalize(weight, p=2, dim=-1) if self.l2_norm else weight
-
-  def encode(self, x):
-    """-> (pre-quant latents NCHW, token ids [B, h*w])."""
-    latents = self.quant_conv(self.encoder(x))
-    z = latents.permute(0, 2, 3, 1).reshape(-1, latents.shape[1])
-    if self.l2_norm:
-      z = F.normalize(z, p=2, dim=-1)
-    table = self.table()
-    dist = (torch.sum(z ** 2, dim=1, keepdim=True) + torch.sum(table ** 2, dim=1)
-            - 2 * z @ table.t())
-    return latents, torch.argmin(dist, dim=1).reshape(x.shape[0], -1)
-
-  def decode_code(self, codes, grid):
-    quant = self.table()[codes].reshape(codes.shape[0], *grid, -1).permute(0, 3, 1, 2)
-    return self.decoder(self.post_quant_conv(quant))
-
-
-def randomize_(module: nn.Module, seed: int) -> None:
-  """Random weights everywhere (norm scales around 1) so no key is left at its init."""
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, param in module.named_parameters():
-      noise = torch.randn(param.shape, generator=gen)
-      if 'norm' in name and name.endswith('weight'):
-        param.copy_(1.0 + 0.2 * noise)
-      elif name.endswith('bias'):
-        param.copy_(0.1 * noise)
-      elif 'embedding' in name:
-        param.copy_(noise)
-      else:
-        fan_in = param[0].numel()
-        param.copy_(noise / np.sqrt(fan_in))
+def expected_params(state, kind, overrides):
+  """What converting `state` must give, built from the layout alone."""
+  config = vq_converter.preset_config(kind, overrides)
+  params = {}
+  for name, (path, _) in vq_converter.param_layout(config, kind).items():
+    value = state[name]
+    if path[-1] == 'kernel':
+      value = np.transpose(value, (2, 3, 1, 0))
+    node = params
+    for part in path[:-1]:
+      node = node.setdefault(part, {})
+    node[path[-1]] = value
+  return params
 
 
 def random_images(seed: int, batch: int = 2) -> np.ndarray:
@@ -334,43 +88,51 @@ def random_images(seed: int, batch: int = 2) -> np.ndarray:
   return rng.integers(0, 256, size=(batch, IMAGE_SIZE, IMAGE_SIZE, 3)).astype(np.uint8)
 
 
-def torch_images(seed: int, batch: int = 2) -> tuple[np.ndarray, torch.Tensor]:
+def torch_images(seed: int, batch: int = 2):
   images = random_images(seed, batch)
-  nchw = torch.from_numpy(images.astype(np.float32) / 127.5 - 1.0).permute(0, 3, 1, 2)
+  nchw = ref.torch.from_numpy(images.astype(np.float32) / 127.5 - 1.0).permute(0, 3, 1, 2)
   return images, nchw
 
 
 def make_llamagen(seed=0):
-  model = TorchVQ('llamagen', **TINY_VQ16)
-  randomize_(model, seed)
+  model = ref.TorchVQ('llamagen', **TINY_VQ16)
+  ref.randomize_(model, seed)
   return model.eval()
 
 
 def make_chameleon(seed=1):
-  model = TorchVQ('chameleon', **TINY_CHAMELEON)
-  randomize_(model, seed)
+  model = ref.TorchVQ('chameleon', **TINY_CHAMELEON)
+  ref.randomize_(model, seed)
   return model.eval()
 
 
 def save_llamagen(model, path, *, extra=None):
   state = dict(model.state_dict())
   state.update(extra or {})
-  torch.save({'model': state, 'optimizer': {'state': {}}, 'steps': 7,
-              'args': argparse.Namespace(codebook_size=64)}, path)
+  ref.torch.save({'model': state, 'optimizer': {'state': {}}, 'steps': 7,
+                  'args': argparse.Namespace(codebook_size=64)}, path)
 
 
 def save_chameleon(model, path, *, extra=None):
   state = dict(model.state_dict())
   # What a taming/Lightning vqgan.ckpt also holds next to the tokenizer weights.
-  state['loss.logvar'] = torch.zeros(())
-  state['loss.discriminator.main.0.weight'] = torch.zeros(8, 3, 4, 4)
+  state['loss.logvar'] = ref.torch.zeros(())
+  state['loss.discriminator.main.0.weight'] = ref.torch.zeros(8, 3, 4, 4)
   state.update(extra or {})
-  torch.save({'state_dict': state, 'global_step': 3}, path)
+  ref.torch.save({'state_dict': state, 'global_step': 3}, path)
+
+
+def decode_reference(model, codes):
+  """The torch model's decode_code as NHWC numpy."""
+  with ref.torch.no_grad():
+    return model.decode_code(ref.torch.from_numpy(np.asarray(codes)), GRID).permute(
+        0, 2, 3, 1).numpy()
 
 
 # ----------------------------------------------------------------- tests ---
 
 
+@ref.requires_torch
 class ParityTest(parameterized.TestCase):
   """Converted checkpoints reproduce the PyTorch originals at fp32."""
 
@@ -387,7 +149,7 @@ class ParityTest(parameterized.TestCase):
     self.assertEqual(tokenizer.config, vq.vq16_config(**TINY_VQ16))
 
     images, nchw = torch_images(0)
-    with torch.no_grad():
+    with ref.torch.no_grad():
       ref_latents, ref_tokens = model.encode(nchw)
     latents = tokenizer.encode_latents(params, images)
     self.assertLess(relative_error(latents, ref_latents.permute(0, 2, 3, 1)), 1e-4)
@@ -396,8 +158,7 @@ class ParityTest(parameterized.TestCase):
     np.testing.assert_array_equal(tokens, ref_tokens.numpy())
 
     codes = np.random.default_rng(1).integers(0, 64, size=(2, 16))
-    with torch.no_grad():
-      ref_images = model.decode_code(torch.from_numpy(codes), GRID).permute(0, 2, 3, 1)
+    ref_images = decode_reference(model, codes)
     decoded = tokenizer.decode(params, codes, GRID)
     self.assertEqual(decoded.shape, (2, IMAGE_SIZE, IMAGE_SIZE, 3))
     self.assertLess(relative_error(decoded, ref_images), 1e-4)
@@ -412,13 +173,12 @@ class ParityTest(parameterized.TestCase):
     self.assertNotIn('loss', params)
 
     codes = np.random.default_rng(2).integers(0, 64, size=(2, 16))
-    with torch.no_grad():
-      ref_images = model.decode_code(torch.from_numpy(codes), GRID).permute(0, 2, 3, 1)
+    ref_images = decode_reference(model, codes)
     decoded = tokenizer.decode(params, codes, GRID)
     self.assertLess(relative_error(decoded, ref_images), 1e-4)
 
     images, nchw = torch_images(3)
-    with torch.no_grad():
+    with ref.torch.no_grad():
       ref_latents, ref_tokens = model.encode(nchw)
     self.assertLess(relative_error(tokenizer.encode_latents(params, images),
                                    ref_latents.permute(0, 2, 3, 1)), 1e-4)
@@ -427,16 +187,18 @@ class ParityTest(parameterized.TestCase):
   def test_janus_prefix_is_stripped_and_other_weights_ignored(self):
     model = make_llamagen(seed=5)
     state = {f'gen_vision_model.{k}': v for k, v in model.state_dict().items()}
-    state['language_model.model.embed_tokens.weight'] = torch.zeros(10, 4)
-    state['gen_head.vision_head.weight'] = torch.zeros(64, 4)
-    torch.save(state, self.tmp / 'pytorch_model.bin')  # raw state dict, no wrapper
-    out = vq_converter.convert(self.tmp / 'pytorch_model.bin', self.tmp / 'flax',
-                               'llamagen_vq16', config_overrides=TINY_VQ16)
+    state['language_model.model.embed_tokens.weight'] = ref.torch.zeros(10, 4)
+    state['gen_head.vision_head.weight'] = ref.torch.zeros(64, 4)
+    ref.torch.save(state, self.tmp / 'pytorch_model.bin')  # raw state dict, no wrapper
+    with mock.patch.object(ref.torch, 'load', wraps=ref.torch.load) as load:
+      out = vq_converter.convert(self.tmp / 'pytorch_model.bin', self.tmp / 'flax',
+                                 'llamagen_vq16', config_overrides=TINY_VQ16)
+    self.assertTrue(load.call_args.kwargs['mmap'])  # the LLM shard is memory-mapped
     tokenizer, params = vq_converter.load_tokenizer(out)
     codes = np.arange(16).reshape(1, 16)
-    with torch.no_grad():
-      ref = model.decode_code(torch.from_numpy(codes), GRID).permute(0, 2, 3, 1)
-    self.assertLess(relative_error(tokenizer.decode(params, codes, GRID), ref), 1e-4)
+    expected = decode_reference(model, codes)
+    self.assertLess(relative_error(tokenizer.decode(params, codes, GRID), expected), 1e-4)
+    self.assertEqual(common.read_meta(out)['tokenizer_prefix'], 'gen_vision_model.')
 
   def test_expected_key_counts_of_released_configs(self):
     # The released VQ-16 has 344 keys (343 + codebook_used), 194 of them in the
@@ -471,9 +233,13 @@ class ConverterErrorTest(parameterized.TestCase):
     folder.mkdir(exist_ok=True)
     return folder / name
 
+  def _safetensors(self, state, name='vq.safetensors'):
+    path = self._input(name)
+    hf_streaming.write_safetensors(path, state)
+    return path
+
   def test_wrong_kind_names_the_right_one(self):
-    path = self._input('vqgan.ckpt')
-    save_chameleon(make_chameleon(), path)
+    path = self._safetensors(numpy_state('chameleon_vqgan', TINY_CHAMELEON))
     with self.assertRaises(common.CheckpointMismatchError) as ctx:
       vq_converter.convert(path, self.tmp / 'out', 'llamagen_vq16',
                            config_overrides=dict(TINY_CHAMELEON, attn_levels=()))
@@ -484,12 +250,10 @@ class ConverterErrorTest(parameterized.TestCase):
     self.assert_nothing_written()
 
   def test_missing_keys_are_listed(self):
-    model = make_llamagen()
-    path = self._input('vq.pt')
-    state = dict(model.state_dict())
+    state = numpy_state('llamagen_vq16', TINY_VQ16)
     del state['decoder.conv_out.bias']
     del state['quantize.embedding.weight']
-    torch.save({'model': state}, path)
+    path = self._safetensors(state)
     with self.assertRaisesRegex(common.CheckpointMismatchError,
                                 r'2 missing(.|\n)*decoder\.conv_out\.bias(.|\n)*'
                                 r'quantize\.embedding\.weight'):
@@ -497,8 +261,7 @@ class ConverterErrorTest(parameterized.TestCase):
     self.assert_nothing_written()
 
   def test_wrong_config_lists_misshaped_keys(self):
-    path = self._input('vq.pt')
-    save_llamagen(make_llamagen(), path)
+    path = self._safetensors(numpy_state('llamagen_vq16', TINY_VQ16))
     with self.assertRaises(common.CheckpointMismatchError) as ctx:
       vq_converter.convert(path, self.tmp / 'out', 'llamagen_vq16',
                            config_overrides=dict(TINY_VQ16, codebook_size=128))
@@ -508,25 +271,33 @@ class ConverterErrorTest(parameterized.TestCase):
     self.assert_nothing_written()
 
   def test_default_config_against_tiny_checkpoint(self):
-    path = self._input('vq.pt')
-    save_llamagen(make_llamagen(), path)
+    path = self._safetensors(numpy_state('llamagen_vq16', TINY_VQ16))
     with self.assertRaisesRegex(common.CheckpointMismatchError, 'mis-shaped'):
       vq_converter.convert(path, self.tmp / 'out', 'llamagen_vq16')
     self.assert_nothing_written()
 
   def test_unexpected_key_in_llamagen_checkpoint(self):
-    path = self._input('vq.pt')
-    save_llamagen(make_llamagen(), path, extra={'decoder.extra.weight': torch.zeros(3)})
+    state = dict(numpy_state('llamagen_vq16', TINY_VQ16),
+                 **{'decoder.extra.weight': np.zeros(3, np.float32)})
+    path = self._safetensors(state)
     with self.assertRaisesRegex(common.CheckpointMismatchError,
                                 r'unexpected keys:\n\s+decoder\.extra\.weight'):
       vq_converter.convert(path, self.tmp / 'out', 'llamagen_vq16', config_overrides=TINY_VQ16)
     self.assert_nothing_written()
 
+  @ref.requires_torch
   def test_truncated_file(self):
     path = self._input('vq.pt')
     save_llamagen(make_llamagen(), path)
     path.write_bytes(path.read_bytes()[:2000])
     with self.assertRaisesRegex(common.CheckpointReadError, 'truncated or corrupt'):
+      vq_converter.convert(path, self.tmp / 'out', 'llamagen_vq16', config_overrides=TINY_VQ16)
+    self.assert_nothing_written()
+
+  def test_truncated_safetensors_file(self):
+    path = self._safetensors(numpy_state('llamagen_vq16', TINY_VQ16))
+    path.write_bytes(path.read_bytes()[:-100])
+    with self.assertRaisesRegex(common.CheckpointReadError, r'vq\.safetensors.*truncated'):
       vq_converter.convert(path, self.tmp / 'out', 'llamagen_vq16', config_overrides=TINY_VQ16)
     self.assert_nothing_written()
 
@@ -543,9 +314,160 @@ class ConverterErrorTest(parameterized.TestCase):
       vq_converter.convert(self._input('x.pt'), self.tmp / 'out', kwargs['kind'],
                            dtype=kwargs['dtype'])
 
+  @parameterized.named_parameters(
+      ('unknown_field', {'channels': 3}, r"unknown VQConfig field\(s\) \['channels'\]"),
+      ('bad_value', {'ch': 48}, 'ch=48.*norm_groups'),
+      ('vq8_without_attn_levels', {'ch_mult': [1, 2, 2, 4]},
+       r'attn_levels \(4,\).*attn_levels=\(3,\)'),
+      ('not_an_object', [1, 2], 'must be a JSON object'),
+  )
+  def test_config_override_errors_name_the_field(self, overrides, message):
+    with self.assertRaisesRegex(ValueError, message):
+      vq_converter.preset_config('llamagen_vq16', overrides)
+    with self.assertRaisesRegex(ValueError, message):  # before any file is read
+      vq_converter.convert(self._input('missing.pt'), self.tmp / 'out', 'llamagen_vq16',
+                           config_overrides=overrides)
+    self.assert_nothing_written()
+
+  def test_bad_config_json_is_a_usage_error(self):
+    with self.assertRaisesRegex(app.UsageError, '--config_json is not valid JSON'):
+      vq_converter.parse_config_json('{"ch_mult": [1, 2, 2, 4]')
+    with self.assertRaisesRegex(app.UsageError, '--config_json must be a JSON object'):
+      vq_converter.parse_config_json('[1, 2]')
+    self.assertEqual(vq_converter.parse_config_json('{"ch": 64}'), {'ch': 64})
+
+
+class PrefixedTokenizerTest(parameterized.TestCase):
+  """Tokenizers inside language-model checkpoints: only their tensors are read."""
+
+  def setUp(self):
+    super().setUp()
+    self.tmp = make_tmp_dir(self)
+
+  def _spy_reads(self):
+    """Records the offset of every safetensors tensor read from disk."""
+    read = hf_streaming._read_safetensors_tensor  # pylint: disable=protected-access
+    offsets = []
+
+    def spy(f, info):
+      offsets.append(info.offset)
+      return read(f, info)
+
+    patcher = mock.patch.object(hf_streaming, '_read_safetensors_tensor', side_effect=spy)
+    patcher.start()
+    self.addCleanup(patcher.stop)
+    return offsets
+
+  def _llm_with_tokenizer(self, prefix, kind, overrides, seed=0):
+    tokenizer = numpy_state(kind, overrides, seed)
+    rng = np.random.default_rng(seed + 1)
+    state = {f'{prefix}{k}': v for k, v in tokenizer.items()}
+    state.update({'model.embed_tokens.weight': rng.standard_normal((100, 16)).astype(np.float32),
+                  'model.layers.0.mlp.up_proj.weight': np.ones((32, 16), np.float32),
+                  'lm_head.weight': np.zeros((100, 16), np.float32)})
+    return tokenizer, state
+
+  def _offsets(self, path, prefix):
+    infos = hf_streaming.read_safetensors_header(path)
+    return {i.offset for n, i in infos.items() if n.startswith(prefix)}
+
+  @parameterized.named_parameters(
+      ('hf_chameleon', 'model.vqmodel.', 'chameleon_vqgan', TINY_CHAMELEON),
+      ('bare_vqmodel', 'vqmodel.', 'chameleon_vqgan', TINY_CHAMELEON),
+      ('janus', 'gen_vision_model.', 'llamagen_vq16', TINY_VQ16),
+  )
+  def test_prefix_is_stripped_and_nothing_else_is_read(self, prefix, kind, overrides):
+    tokenizer, state = self._llm_with_tokenizer(prefix, kind, overrides)
+    path = self.tmp / 'model.safetensors'
+    hf_streaming.write_safetensors(path, state)
+    reads = self._spy_reads()
+    out = vq_converter.convert(path, self.tmp / 'out', kind, config_overrides=overrides)
+    self.assertTrue(reads)
+    self.assertLessEqual(set(reads), self._offsets(path, prefix))  # LLM tensors never read
+    _, params = vq_converter.load_tokenizer(out)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params,
+                           expected_params(tokenizer, kind, overrides))
+    self.assertEqual(common.read_meta(out)['tokenizer_prefix'], prefix)
+
+  def test_hugging_face_folder_and_tokenizer_in_one_shard_of_two(self):
+    # Janus-Pro: the tokenizer sits in one shard; the other holds only LLM
+    # tensors (it used to be taken whole as the tokenizer).
+    tokenizer, state = self._llm_with_tokenizer('gen_vision_model.', 'llamagen_vq16', TINY_VQ16)
+    llm = {k: v for k, v in state.items() if not k.startswith('gen_vision_model.')}
+    vq_part = {k: v for k, v in state.items() if k.startswith('gen_vision_model.')}
+    hf_streaming.write_safetensors(self.tmp / 'llm.safetensors', llm)
+    hf_streaming.write_safetensors(self.tmp / 'vq.safetensors', vq_part)
+    expected = expected_params(tokenizer, 'llamagen_vq16', TINY_VQ16)
+    out = vq_converter.convert([self.tmp / 'llm.safetensors', self.tmp / 'vq.safetensors'],
+                               self.tmp / 'out_files', 'llamagen_vq16',
+                               config_overrides=TINY_VQ16)
+    jax.tree_util.tree_map(np.testing.assert_array_equal,
+                           vq_converter.load_tokenizer(out)[1], expected)
+    # The same weights as a Hugging Face folder (index + shards), streamed.
+    folder = self.tmp / 'hf'
+    hf_streaming.write_sharded_safetensors(state.items(), folder, max_shard_bytes=20000)
+    reads = self._spy_reads()
+    out = vq_converter.convert(folder, self.tmp / 'out_folder', 'llamagen_vq16',
+                               config_overrides=TINY_VQ16)
+    jax.tree_util.tree_map(np.testing.assert_array_equal,
+                           vq_converter.load_tokenizer(out)[1], expected)
+    self.assertLen(reads, len(tokenizer) - 1)  # every tokenizer weight, no buffer, no LLM
+    self.assertLen(common.read_meta(out)['source_files'], len(list(folder.iterdir())))
+
+  @ref.requires_torch
+  def test_janus_bin_shards_are_memory_mapped(self):
+    tokenizer, state = self._llm_with_tokenizer('gen_vision_model.', 'llamagen_vq16', TINY_VQ16)
+    names = sorted(state)
+    paths = []
+    for k, group in enumerate((names[::2], names[1::2])):
+      paths.append(self.tmp / f'pytorch_model-{k + 1:05d}-of-00002.bin')
+      ref.torch.save({n: ref.as_torch(state[n]) for n in group}, paths[-1])
+    with mock.patch.object(ref.torch, 'load', wraps=ref.torch.load) as load:
+      out = vq_converter.convert(paths, self.tmp / 'out', 'llamagen_vq16',
+                                 config_overrides=TINY_VQ16)
+    self.assertEqual([c.kwargs['mmap'] for c in load.call_args_list], [True, True])
+    jax.tree_util.tree_map(np.testing.assert_array_equal, vq_converter.load_tokenizer(out)[1],
+                           expected_params(tokenizer, 'llamagen_vq16', TINY_VQ16))
+
+  def test_two_prefixes_are_refused(self):
+    _, state = self._llm_with_tokenizer('gen_vision_model.', 'llamagen_vq16', TINY_VQ16)
+    state['model.vqmodel.quantize.embedding.weight'] = np.zeros((64, 8), np.float32)
+    path = self.tmp / 'model.safetensors'
+    hf_streaming.write_safetensors(path, state)
+    with self.assertRaisesRegex(common.CheckpointReadError, 'several prefixes'):
+      vq_converter.convert(path, self.tmp / 'out', 'llamagen_vq16', config_overrides=TINY_VQ16)
+    self.assertFalse((self.tmp / 'out').exists())
+
+  def test_encoder_only_vqmodel_gets_a_hint(self):
+    # Hugging Face Chameleon / Lumina-mGPT keep only the VQ encoder.
+    _, state = self._llm_with_tokenizer('model.vqmodel.', 'chameleon_vqgan', TINY_CHAMELEON)
+    state = {k: v for k, v in state.items() if not k.startswith('model.vqmodel.decoder.')}
+    path = self.tmp / 'model.safetensors'
+    hf_streaming.write_safetensors(path, state)
+    with self.assertRaisesRegex(common.CheckpointMismatchError,
+                                "(?s)missing.*decoder.conv_in.weight.*holds no decoder.*"
+                                "vqgan.ckpt"):
+      vq_converter.convert(path, self.tmp / 'out', 'chameleon_vqgan',
+                           config_overrides=TINY_CHAMELEON)
+    self.assertFalse((self.tmp / 'out').exists())
+
+  def test_vq8_hint_is_a_valid_llamagen_vq8(self):
+    # VQ-8 (FoundationVision/LlamaGen): ch_mult [1, 2, 2, 4], attention at the last level.
+    config = vq_converter.preset_config('llamagen_vq16', vq_converter.VQ8_OVERRIDES)
+    self.assertEqual((config.ch_mult, config.attn_levels), ((1, 2, 2, 4), (3,)))
+    self.assertEqual(config.downsample_factor, 8)
+    shapes = vq_converter.expected_shapes(config, 'llamagen_vq16')
+    self.assertIn('encoder.conv_blocks.3.attn.1.q.weight', shapes)
+    self.assertIn('decoder.conv_blocks.0.attn.2.q.weight', shapes)
+    self.assertNotIn('encoder.conv_blocks.2.attn.0.q.weight', shapes)
+    hint = vq_converter._kind_hint(  # pylint: disable=protected-access
+        ['a'], 'llamagen_vq16', config)
+    self.assertIn('"attn_levels": [3]', hint)
+
 
 class ConverterOutputTest(absltest.TestCase):
 
+  @ref.requires_torch
   def test_meta_and_bfloat16_output(self):
     tmp = make_tmp_dir(self)
     model = make_llamagen()
@@ -560,21 +482,31 @@ class ConverterOutputTest(absltest.TestCase):
     dtypes = {str(x.dtype) for x in jax.tree_util.tree_leaves(params)}
     self.assertEqual(dtypes, {'bfloat16'})
     codes = np.arange(16).reshape(1, 16) * 3
-    with torch.no_grad():
-      ref = model.decode_code(torch.from_numpy(codes), GRID).permute(0, 2, 3, 1)
+    expected = decode_reference(model, codes)
     # Decoding the bf16 weights in float32 (reusing the compiled fp32 decode) stays
     # close to the fp32 original.
     decoded = tokenizer.decode(common.cast_params(params, 'float32'), codes, GRID)
-    self.assertLess(relative_error(decoded, ref), 5e-2)
+    self.assertLess(relative_error(decoded, expected), 5e-2)
 
   def test_command_line(self):
     tmp = make_tmp_dir(self)
-    save_chameleon(make_chameleon(), tmp / 'vqgan.ckpt')
-    cmd = [sys.executable, '-m', 'specdec_jax.converters.vq', f'--input={tmp / "vqgan.ckpt"}',
-           f'--output={tmp / "out"}', '--kind=chameleon_vqgan',
-           f'--config_json={json.dumps(TINY_CHAMELEON)}']
+    state = numpy_state('chameleon_vqgan', TINY_CHAMELEON)
+    state['loss.logvar'] = np.zeros((), np.float32)  # dropped: not a tokenizer weight
+    hf_streaming.write_safetensors(tmp / 'vqgan.safetensors', state)
     env = dict(os.environ, JAX_PLATFORMS='cpu')
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+    def run(*flags_):
+      cmd = [sys.executable, '-m', 'specdec_jax.converters.vq',
+             f'--input={tmp / "vqgan.safetensors"}', f'--output={tmp / "out"}',
+             '--kind=chameleon_vqgan', *flags_]
+      return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+    # A config error is a one-line usage error naming the field, not a traceback.
+    result = run('--config_json={"channels": 3}')
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("unknown VQConfig field(s) ['channels']", result.stderr)
+    self.assertNotIn('Traceback', result.stderr)
+    result = run(f'--config_json={json.dumps(TINY_CHAMELEON)}')
     self.assertEqual(result.returncode, 0, result.stderr[-2000:])
     self.assertIn('converting', result.stderr)  # absl progress lines
     self.assertTrue((tmp / 'out' / common.META_FILENAME).is_file())
@@ -638,7 +570,9 @@ class TokenizerTest(parameterized.TestCase):
     self.assertEqual(out.dtype, jnp.uint8)
     np.testing.assert_array_equal(out, expected)
 
+  @ref.requires_torch
   def test_to_uint8_matches_the_original_expressions(self):
+    torch = ref.torch
     x = np.random.default_rng(2).uniform(-1.3, 1.3, size=1000).astype(np.float32)
     xt = torch.from_numpy(x)
     llamagen = torch.clamp(127.5 * xt + 128.0, 0, 255).to(torch.uint8).numpy()
