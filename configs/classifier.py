@@ -10,6 +10,7 @@ def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.batch_size = 128
+  config.train_minutes = 0.0  # > 0: wall-time schedule (training.TimeBudget); num_steps caps
   config.num_steps = 3000
   config.learning_rate = 2e-3
   config.warmup_steps = 100

@@ -15,8 +15,8 @@ import ml_collections
 def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0
-  config.target_dir = 'runs/fashion_target/model'  # written by specdec_jax.train.gpt
-  config.tokens_path = 'runs/fashion_vq/tokens.npz'  # written by specdec_jax.train.vq
+  config.target_dir = 'runs/family/target/model'  # written by specdec_jax.train.gpt
+  config.tokens_path = 'runs/family/tokenizer/tokens.npz'  # written by specdec_jax.train.vq
   config.data_source = 'dataset'  # 'dataset' (tokens.npz) or 'target' (target samples)
   config.num_target_samples = 20000  # data_source='target'
   config.sample_batch_size = 250
@@ -29,6 +29,7 @@ def get_config():
   config.reg_weight = 1.0  # v_w, SmoothL1 on features
   config.cls_weight = 0.1  # p_w, soft cross-entropy against the target
   config.batch_size = 32
+  config.train_minutes = 0.0  # > 0: wall-time schedule (training.TimeBudget); num_steps caps
   config.num_steps = 10000
   config.learning_rate = 3e-4
   config.warmup_steps = 300

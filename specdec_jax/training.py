@@ -4,10 +4,16 @@ Used by the training entry points in `specdec_jax.train` (classifier, VQ,
 target GPT, drafters). A training job is a pure `step(state, batch, key) ->
 (state, metrics)` plus a batch iterator; `fit` runs it, logs progress, saves
 every `save_every` steps and resumes from the latest checkpoint in `workdir`.
+
+Two learning-rate schedules: by step count (linear warm-up, cosine decay to
+5% over `total_steps`), or by wall time (`TimeBudget`: linear warm-up over
+steps, constant, then linear decay to 5% over the last fifth of the time
+budget), so a run on a busy machine still ends on time with a decayed rate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -21,26 +27,122 @@ import optax
 import orbax.checkpoint as ocp
 
 
+FINAL_LR_SCALE = 0.05  # both schedules end at 5% of the peak rate
+
+
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+  elapsed_s: jax.Array  # float32 training seconds so far (carried across resumes)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeBudget:
+  """A wall-time learning-rate schedule: warm-up by steps, constant, decay by time.
+
+  Attributes:
+    minutes: the training budget; `fit` stops when it is spent.
+    peak_lr: the constant rate after warm-up.
+    warmup_steps: linear warm-up from 0 over this many steps.
+    decay_fraction: the last fraction of the budget decays linearly to
+      FINAL_LR_SCALE * peak_lr.
+  """
+
+  minutes: float
+  peak_lr: float
+  warmup_steps: int = 0
+  decay_fraction: float = 0.2
+
+  def __post_init__(self):
+    if not self.minutes > 0 or not self.peak_lr > 0 or self.warmup_steps < 0 or not (
+        0 < self.decay_fraction <= 1):
+      raise ValueError(f'TimeBudget: need minutes > 0, peak_lr > 0, warmup_steps >= 0 and '
+                       f'0 < decay_fraction <= 1; got {self}.')
+
+  @property
+  def seconds(self) -> float:
+    return 60.0 * self.minutes
+
+  def learning_rate(self, step: int, elapsed_s: float) -> float:
+    """The rate for `step` after `elapsed_s` seconds of training."""
+    rate = self.peak_lr * min(1.0, (step + 1) / max(self.warmup_steps, 1))
+    decay_start = (1.0 - self.decay_fraction) * self.seconds
+    if elapsed_s > decay_start:
+      progress = min(1.0, (elapsed_s - decay_start) / (self.seconds - decay_start))
+      rate *= 1.0 - (1.0 - FINAL_LR_SCALE) * progress
+    return rate
+
+
+def time_budget_from(config) -> TimeBudget | None:
+  """`TimeBudget` of a trainer config with `train_minutes` > 0, else None (step schedule)."""
+  minutes = float(config.get('train_minutes', 0.0) or 0.0)
+  if minutes < 0:
+    raise ValueError(f'config.train_minutes must be >= 0 (0 = step-count schedule), got {minutes}.')
+  if minutes == 0:
+    return None
+  return TimeBudget(minutes=minutes, peak_lr=config.learning_rate,
+                    warmup_steps=config.get('warmup_steps', 0))
+
+
+def _adamw_chain(learning_rate, *, b1: float, b2: float, weight_decay: float,
+                 clip_norm: float | None) -> optax.GradientTransformation:
+  parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
+  parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
+  return optax.chain(*parts)
 
 
 def adamw(learning_rate: float, *, total_steps: int, warmup_steps: int = 0,
           weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.95,
-          clip_norm: float | None = 1.0) -> optax.GradientTransformation:
-  """AdamW with linear warm-up and cosine decay, optionally clipping the global norm."""
+          clip_norm: float | None = 1.0,
+          time_budget: bool = False) -> optax.GradientTransformation:
+  """AdamW, optionally clipping the global norm, with its rate an injected hyperparameter.
+
+  time_budget=False: linear warm-up and cosine decay over `total_steps`.
+  time_budget=True: the rate starts at 0 and `fit` sets it every step from a
+  `TimeBudget` (`set_learning_rate`).
+  """
   if total_steps < 1 or warmup_steps < 0 or learning_rate <= 0:
     raise ValueError(f'adamw: need learning_rate > 0, total_steps >= 1, warmup_steps >= 0; got '
                      f'{learning_rate}, {total_steps}, {warmup_steps}.')
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, learning_rate, max(warmup_steps, 1), max(total_steps, warmup_steps + 1),
-      end_value=learning_rate * 0.05)
-  parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
-  parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
-  return optax.chain(*parts)
+  if time_budget:
+    schedule = 0.0
+  else:
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, max(warmup_steps, 1), max(total_steps, warmup_steps + 1),
+        end_value=learning_rate * FINAL_LR_SCALE)
+  return optax.inject_hyperparams(
+      _adamw_chain, static_args=('b1', 'b2', 'weight_decay', 'clip_norm'))(
+          learning_rate=schedule, b1=b1, b2=b2, weight_decay=weight_decay, clip_norm=clip_norm)
+
+
+def _is_injected(node) -> bool:
+  # optax.inject_hyperparams' state (InjectStatefulHyperparamsState in current optax).
+  return isinstance(node, tuple) and hasattr(node, 'hyperparams') and hasattr(node, 'inner_state')
+
+
+def set_learning_rate(state: TrainState, rate: float) -> TrainState:
+  """Sets the injected rate of every `adamw` inside the state's optimizer state."""
+  value = jax.device_put(np.float32(rate), jax.devices()[0])
+
+  def replace(node):
+    if _is_injected(node):
+      return node._replace(hyperparams=dict(node.hyperparams, learning_rate=value))
+    return node
+
+  opt_state = jax.tree_util.tree_map(
+      replace, state.opt_state, is_leaf=_is_injected)
+  return state.replace(opt_state=opt_state)
+
+
+def learning_rate_of(state: TrainState) -> float:
+  """The current injected rate (of the first `adamw` in the optimizer state)."""
+  found = [n for n in jax.tree_util.tree_leaves(state.opt_state, is_leaf=_is_injected)
+           if _is_injected(n)]
+  if not found:
+    raise ValueError('the optimizer state holds no injected learning rate (use training.adamw).')
+  return float(found[0].hyperparams['learning_rate'])
 
 
 def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
@@ -51,7 +153,8 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
   caches on committedness).
   """
   state = TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params,
-                     opt_state=optimizer.init(params))
+                     opt_state=optimizer.init(params),
+                     elapsed_s=jax.numpy.zeros((), jax.numpy.float32))
   return jax.device_put(state, jax.devices()[0])
 
 
@@ -67,8 +170,9 @@ def define_train_flags() -> None:
 
 def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator], *,
         num_steps: int, workdir: str, key: jax.Array, log_every: int = 50,
-        save_every: int = 500, name: str = 'train') -> tuple[TrainState, list[dict]]:
-  """Runs step_fn until `num_steps`, resuming from `workdir` if it has a checkpoint.
+        save_every: int = 500, name: str = 'train',
+        budget: TimeBudget | None = None) -> tuple[TrainState, list[dict]]:
+  """Runs step_fn until `num_steps` (or the time budget), resuming from `workdir`.
 
   Args:
     step_fn: jitted (state, batch, key) -> (state, metrics dict of scalars).
@@ -78,6 +182,9 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
     num_steps: total steps of the run.
     workdir: checkpoint folder (Orbax CheckpointManager, last 2 kept).
     key: base PRNG key; step i uses fold_in(key, i).
+    budget: a wall-time schedule (the optimizer must be `adamw(...,
+      time_budget=True)`); training stops when `budget.minutes` of training
+      time (summed over resumes) are spent, or at `num_steps`.
   Returns:
     (final state, history of logged metrics).
   """
@@ -90,24 +197,43 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
     state = manager.restore(latest, args=ocp.args.StandardRestore(state))
     logging.info('%s: resumed from step %d in %s', name, latest, workdir)
   start = int(state.step)
+  elapsed_before = float(state.elapsed_s)
   history = []
-  window, tick = [], time.time()
+  window, tick, began = [], time.time(), time.time()
   for batch in batches(start):
     step = int(state.step)
-    if step >= num_steps:
+    elapsed = elapsed_before + time.time() - began
+    out_of_time = budget is not None and elapsed >= budget.seconds
+    if step >= num_steps or out_of_time:
+      if out_of_time and step > start and manager.latest_step() != step:
+        logging.info('%s: time budget of %.1f min spent at step %d', name, budget.minutes, step)
+        manager.save(step, args=ocp.args.StandardSave(state.replace(
+            elapsed_s=np.float32(elapsed))), force=True)
       break
+    if budget is not None:
+      state = set_learning_rate(state, budget.learning_rate(step, elapsed))
     state, metrics = step_fn(state, batch, jax.random.fold_in(key, step))
     window.append(metrics)
     if (step + 1) % log_every == 0 or step + 1 == num_steps:
       means = {k: float(np.mean([float(m[k]) for m in window])) for k in window[0]}
       rate = len(window) / max(time.time() - tick, 1e-9)
-      logging.info('%s: step %d/%d (%.1f%%) %s  %.2f steps/s', name, step + 1, num_steps,
-                   100 * (step + 1) / num_steps,
+      elapsed = elapsed_before + time.time() - began
+      if budget is not None:
+        progress = (f'{elapsed / 60:.1f}/{budget.minutes:.1f} min, '
+                    f'ETA {max(budget.seconds - elapsed, 0) / 60:.1f} min, '
+                    f'lr {learning_rate_of(state):.2e}')
+      else:
+        progress = (f'{100 * (step + 1) / num_steps:.1f}%, '
+                    f'ETA {(num_steps - step - 1) / max(rate, 1e-9) / 60:.1f} min')
+      logging.info('%s: step %d/%d (%s) %s  %.2f steps/s', name, step + 1, num_steps, progress,
                    ' '.join(f'{k}={v:.4f}' for k, v in means.items()), rate)
-      history.append(dict(step=step + 1, **means))
+      history.append(dict(step=step + 1, elapsed_s=elapsed, **means))
       window, tick = [], time.time()
     if (step + 1) % save_every == 0 or step + 1 == num_steps:
-      manager.save(step + 1, args=ocp.args.StandardSave(state))
+      elapsed = elapsed_before + time.time() - began
+      manager.save(step + 1, args=ocp.args.StandardSave(state.replace(
+          elapsed_s=np.float32(elapsed))))
+  state = state.replace(elapsed_s=np.float32(elapsed_before + time.time() - began))
   manager.wait_until_finished()
   with open(os.path.join(workdir, f'{name}_history.json'), 'w') as f:
     json.dump(history, f, indent=1)

@@ -63,14 +63,16 @@ def train(config, workdir, train_data, test_data):
   model = classifier.Classifier()
   key = jax.random.key(config.seed)
   params = model.init(key, train_data[0][:1])
+  budget = training.time_budget_from(config)
   optimizer = training.adamw(config.learning_rate, total_steps=config.num_steps,
-                             warmup_steps=config.warmup_steps, weight_decay=config.weight_decay)
+                             warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
+                             time_budget=budget is not None)
   state = training.init_state(params, optimizer)
   state, history = training.fit(
       make_step(model, optimizer), state,
       training.epoch_batches(train_data, config.batch_size, config.seed),
       num_steps=config.num_steps, workdir=workdir, key=key, log_every=config.log_every,
-      save_every=config.save_every, name='classifier')
+      save_every=config.save_every, name='classifier', budget=budget)
   logits, features = predict(model, state.params, test_data[0])
   accuracy = evaluation.class_accuracy(logits, test_data[1])
   mean, cov = evaluation.feature_statistics(features)

@@ -178,7 +178,8 @@ def optimizer_from(config) -> optax.GradientTransformation:
   """AdamW(b1, b2) with warm-up/cosine decay, after clipping gradients by value."""
   adamw = training.adamw(config.learning_rate, total_steps=config.num_steps,
                          warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
-                         b1=config.b1, b2=config.b2, clip_norm=config.clip_norm or None)
+                         b1=config.b1, b2=config.b2, clip_norm=config.clip_norm or None,
+                         time_budget=training.time_budget_from(config) is not None)
   if config.grad_clip_value:
     return optax.chain(optax.clip(config.grad_clip_value), adamw)
   return adamw
@@ -334,7 +335,8 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
       lambda state, batch, key: jitted(state, frozen, target_params, batch, key), state,
       training.epoch_batches((tokens, labels), config.batch_size, config.seed),
       num_steps=config.num_steps, workdir=workdir, key=jax.random.key(config.seed + 1),
-      log_every=config.log_every, save_every=config.save_every, name='drafter')
+      log_every=config.log_every, save_every=config.save_every, name='drafter',
+      budget=training.time_budget_from(config))
   final = evaluate(target, drafter, target_params, dict(state.params, **frozen), *eval_data,
                    config.eval_batch_size, config)
   metrics = dict(final, initial=initial, steps=int(state.step), eval_examples=num_eval)

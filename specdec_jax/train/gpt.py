@@ -206,10 +206,12 @@ def train(config, workdir: str, data: dict):
   num_params = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(params)))
   logging.info('gpt: %d parameters (%d layers, dim %d), vocab %d, %d tokens', num_params,
                gpt.n_layer, gpt.dim, gpt.vocab_size, gpt.block_size)
+  budget = training.time_budget_from(config)
   optimizer = training.adamw(config.learning_rate, total_steps=config.num_steps,
                              warmup_steps=config.warmup_steps,
                              weight_decay=config.weight_decay, b1=config.b1, b2=config.b2,
-                             clip_norm=config.clip_norm or None)
+                             clip_norm=config.clip_norm or None,
+                             time_budget=budget is not None)
   state = training.init_state(params, optimizer)
   state, history = training.fit(
       make_step(gpt, optimizer, config.class_dropout, train_vq.step_compiler_options(config)),
@@ -217,7 +219,7 @@ def train(config, workdir: str, data: dict):
       training.epoch_batches((train_tokens, data['train_labels']), config.batch_size,
                              config.seed),
       num_steps=config.num_steps, workdir=workdir, key=jax.random.key(config.seed + 1),
-      log_every=config.log_every, save_every=config.save_every, name='gpt')
+      log_every=config.log_every, save_every=config.save_every, name='gpt', budget=budget)
   metrics = evaluate_nll(state.params, gpt, data['test_tokens'], data['test_labels'],
                          config.eval_batch_size)
   metrics['steps'] = int(state.step)
