@@ -54,6 +54,7 @@ import numpy as np
 
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
+from specdec_jax.models import patch_tokenizer
 from specdec_jax.models import vq
 
 KINDS = ('llamagen_vq16', 'chameleon_vqgan')
@@ -421,9 +422,14 @@ def convert(
       overwrite=overwrite)
 
 
-def load_tokenizer(out_dir: str | pathlib.Path, dtype: Any = None) -> tuple[vq.VQTokenizer, Any]:
-  """Reads a converted tokenizer: (VQTokenizer, params)."""
+def load_tokenizer(out_dir: str | pathlib.Path, dtype: Any = None) -> tuple[Any, Any]:
+  """Reads a converted or trained tokenizer: (VQTokenizer or PatchTokenizer, params)."""
   params, meta = common.load_params(out_dir, dtype)
+  if isinstance(meta.get('config'), dict) and meta['config'].get('kind') == 'patch_kmeans':
+    config = patch_tokenizer.PatchTokenizerConfig.from_dict(meta['config'])
+    tokenizer = patch_tokenizer.PatchTokenizer(config)
+    tokenizer.codebook(params)  # validates the codebook shape
+    return tokenizer, params
   try:
     config = vq.VQConfig.from_dict(meta['config'])
   except (KeyError, TypeError, ValueError) as e:
