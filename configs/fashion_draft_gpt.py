@@ -14,6 +14,7 @@ def get_config():
   config.model.dim = 64
   config.model.n_layer = 2
   config.model.n_head = 4
+  config.batch_size = 64
   config.num_steps = 10000
   config.learning_rate = 2e-3
   config.weight_decay = 0.0

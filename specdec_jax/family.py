@@ -146,7 +146,8 @@ def write_bundle(directory, *, tokenizer, tokenizer_params, target, target_param
   root.mkdir(parents=True, exist_ok=True)
   eagle_params = {k: v for k, v in eagle_params.items() if k != 'lm_head'}
   parts = {
-      'tokenizer': (tokenizer_params, tokenizer.config, dict(kind='fashion_vq')),
+      'tokenizer': (tokenizer_params, tokenizer.config.to_dict(),
+                    dict(kind=tokenizer.config.to_dict().get('kind', 'vq'))),
       'target': (target_params, dataclasses.asdict(target.config), dict(model='llamagen_gpt')),
       'draft_gpt': (draft_gpt_params, dataclasses.asdict(draft_gpt.config),
                     dict(model='llamagen_gpt')),

@@ -1,0 +1,207 @@
+"""Trains the whole bundled Fashion-MNIST family in one resumable command.
+
+  python -m specdec_jax.train.family --workdir runs/family
+  python -m specdec_jax.train.family --workdir runs/family --config.target.train_minutes=20
+
+Stages (configs/family.py), each in its own sub-folder of --workdir and
+skipped when its outputs exist, so an interrupted run continues where it
+stopped (a stage interrupted mid-training resumes from its checkpoints):
+
+  tokenizer   patch k-means tokenizer and the token grids of both splits
+  classifier  evaluation CNN (class accuracy, Frechet features)
+  target      LlamaGen c2i target GPT
+  draft_gpt   small LlamaGen GPT (independent draft model)
+  eagle       EAGLE-1 head on the target's features
+  bundle      assembles specdec_jax/assets/fashion_mnist (or --config.bundle_dir)
+
+Logs each stage's progress and the whole run's elapsed time and ETA (the
+remaining stages' time budgets), and writes `family_manifest.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import numpy as np
+
+from specdec_jax import evaluation
+from specdec_jax import family as family_lib
+from specdec_jax import training
+from specdec_jax.configs import family as family_config
+from specdec_jax.converters import common
+from specdec_jax.converters import lantern_drafter
+from specdec_jax.converters import llamagen as llamagen_converter
+from specdec_jax.converters import vq as vq_converter
+from specdec_jax.train import classifier as train_classifier
+from specdec_jax.train import drafter as train_drafter
+from specdec_jax.train import gpt as train_gpt
+from specdec_jax.train import kmeans_tokenizer
+from specdec_jax.train import vq as train_vq
+
+STAGES = family_config.STAGES
+MANIFEST = 'family_manifest.json'
+OVERHEAD_MINUTES = {'tokenizer': 1.0, 'classifier': 0.5, 'target': 1.5, 'draft_gpt': 1.0,
+                    'eagle': 1.5, 'bundle': 0.5}  # encoding, evaluation, compilation
+
+
+def stage_dirs(workdir: str) -> dict:
+  return {name: os.path.join(workdir, name) for name in STAGES if name != 'bundle'}
+
+
+def stage_done(name: str, workdir: str, bundle_dir: str) -> bool:
+  """Whether a stage's final outputs exist (then it is skipped)."""
+  d = stage_dirs(workdir)
+  meta = common.META_FILENAME
+  if name == 'tokenizer':
+    return (os.path.isfile(os.path.join(d[name], train_vq.TOKENS_FILE))
+            and os.path.isfile(os.path.join(d[name], train_vq.TOKENIZER_DIR, meta)))
+  if name == 'classifier':
+    return os.path.isfile(os.path.join(d[name], 'classifier', meta))
+  if name in ('target', 'draft_gpt'):
+    return os.path.isfile(os.path.join(d[name], train_gpt.MODEL_DIR, meta))
+  if name == 'eagle':
+    return os.path.isfile(os.path.join(d[name], train_drafter.DRAFTER_DIR, meta))
+  if name == 'bundle':
+    return family_lib.bundle_available(bundle_dir) and os.path.isfile(
+        os.path.join(bundle_dir, 'manifest.json')) and json.load(
+            open(os.path.join(bundle_dir, 'manifest.json'))).get('workdir') == os.path.abspath(
+                workdir)
+  raise ValueError(f'unknown stage {name!r}; stages are {STAGES}.')
+
+
+def planned_minutes(config, name: str) -> float:
+  sub = config.get(name)
+  minutes = float(sub.get('train_minutes', 0.0)) if sub is not None and hasattr(sub, 'get') else 0
+  return minutes + OVERHEAD_MINUTES[name]
+
+
+def run_stage(name: str, config, workdir: str, bundle_dir: str, splits) -> None:
+  d = stage_dirs(workdir)
+  tokens_path = os.path.join(d['tokenizer'], train_vq.TOKENS_FILE)
+  if name == 'tokenizer':
+    kmeans_tokenizer.train(config.tokenizer, d[name], *splits)
+  elif name == 'classifier':
+    (train_images, train_labels), (test_images, test_labels), _ = splits
+    train_classifier.train(config.classifier, d[name], (train_images, train_labels),
+                           (test_images, test_labels))
+  elif name in ('target', 'draft_gpt'):
+    sub = config[name]
+    with sub.unlocked():
+      sub.tokens_path = tokens_path
+    train_gpt.train(sub, d[name], train_gpt.load_tokens(tokens_path))
+  elif name == 'eagle':
+    sub = config.eagle
+    target_dir = os.path.join(d['target'], train_gpt.MODEL_DIR)
+    with sub.unlocked():
+      sub.tokens_path, sub.target_dir = tokens_path, target_dir
+    target, target_params = llamagen_converter.load_llamagen(target_dir, dtype='float32')
+    train_drafter.train(sub, d[name], target, target_params, train_gpt.load_tokens(tokens_path))
+  elif name == 'bundle':
+    assemble_bundle(config, workdir, bundle_dir)
+
+
+def read_json(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def assemble_bundle(config, workdir: str, bundle_dir: str) -> str:
+  """Writes the bundle from the stages' outputs, with a manifest of the whole run."""
+  d = stage_dirs(workdir)
+  tokenizer, tokenizer_params = vq_converter.load_tokenizer(
+      os.path.join(d['tokenizer'], train_vq.TOKENIZER_DIR))
+  target, target_params = llamagen_converter.load_llamagen(
+      os.path.join(d['target'], train_gpt.MODEL_DIR), dtype='float32')
+  draft_gpt, draft_gpt_params = llamagen_converter.load_llamagen(
+      os.path.join(d['draft_gpt'], train_gpt.MODEL_DIR), dtype='float32')
+  eagle, eagle_params = lantern_drafter.load_drafter(
+      os.path.join(d['eagle'], train_drafter.DRAFTER_DIR), target_params['output']['kernel'])
+  classifier_params, classifier_meta = common.load_params(os.path.join(d['classifier'],
+                                                                       'classifier'))
+  reference = np.load(os.path.join(d['classifier'], 'test_features.npz'))
+  manifest = {
+      'command': 'python -m specdec_jax.train.family ' + ' '.join(sys.argv[1:]),
+      'workdir': os.path.abspath(workdir),
+      'data': read_json(os.path.join(d['tokenizer'], 'manifest.json')).get('data'),
+  }
+  for name in ('tokenizer', 'classifier', 'target', 'draft_gpt', 'eagle'):
+    path = os.path.join(d[name], 'manifest.json')
+    part = read_json(path) if os.path.isfile(path) else {}
+    manifest[name] = {k: part.get(k) for k in ('config', 'steps', 'metrics', 'num_params',
+                                               'date', 'training_sequences', 'wall_seconds')}
+    manifest[name]['final_metrics'] = part.get('metrics')
+  manifest['classifier']['final_metrics'] = read_json(
+      os.path.join(d['classifier'], 'classifier_eval.json'))
+  run_log = os.path.join(workdir, MANIFEST)
+  if os.path.isfile(run_log):
+    manifest['stage_wall_seconds'] = read_json(run_log).get('stage_wall_seconds')
+  out = family_lib.write_bundle(
+      bundle_dir, tokenizer=tokenizer, tokenizer_params=tokenizer_params, target=target,
+      target_params=target_params, eagle=eagle, eagle_params=eagle_params,
+      draft_gpt=draft_gpt, draft_gpt_params=draft_gpt_params,
+      classifier_params=classifier_params,
+      classifier_test_accuracy=float(classifier_meta.get('test_accuracy', float('nan'))),
+      reference_mean=reference['mean'], reference_cov=reference['cov'], manifest=manifest,
+      overwrite=True)
+  logging.info('family: wrote the bundle to %s (%.1f MB)', out, directory_megabytes(out))
+  return str(out)
+
+
+def directory_megabytes(path) -> float:
+  total = 0
+  for root, _, files in os.walk(path):
+    total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+  return total / 1e6
+
+
+def train_family(config, workdir: str) -> str:
+  """Runs the stages in order, skipping finished ones; returns the bundle folder."""
+  unknown = [s for s in config.stages if s not in STAGES]
+  if unknown:
+    raise ValueError(f'config.stages has unknown names {unknown}; stages are {STAGES}.')
+  bundle_dir = config.bundle_dir or str(family_lib.BUNDLE_DIR)
+  os.makedirs(workdir, exist_ok=True)
+  log_path = os.path.join(workdir, MANIFEST)
+  run_log = read_json(log_path) if os.path.isfile(log_path) else {'stage_wall_seconds': {}}
+  pending = [s for s in config.stages if not stage_done(s, workdir, bundle_dir)]
+  logging.info('family: stages to run %s (done: %s); planned %.0f min', pending,
+               [s for s in config.stages if s not in pending],
+               sum(planned_minutes(config, s) for s in pending))
+  splits = None
+  began = time.time()
+  for index, name in enumerate(pending):
+    if splits is None and name in ('tokenizer', 'classifier'):
+      splits = kmeans_tokenizer.load_splits(config.tokenizer)
+    remaining = sum(planned_minutes(config, s) for s in pending[index:])
+    logging.info('family: stage %d/%d %s; elapsed %.1f min, ETA %.1f min', index + 1,
+                 len(pending), name, (time.time() - began) / 60, remaining)
+    start = time.time()
+    run_stage(name, config, workdir, bundle_dir, splits)
+    run_log['stage_wall_seconds'][name] = run_log['stage_wall_seconds'].get(name, 0.0) + (
+        time.time() - start)
+    run_log.update(command=list(sys.argv), config=config.to_dict())
+    with open(log_path + '.tmp', 'w') as f:
+      json.dump(run_log, f, indent=1, default=str)
+    os.replace(log_path + '.tmp', log_path)
+  logging.info('family: done in %.1f min; bundle in %s', (time.time() - began) / 60, bundle_dir)
+  return bundle_dir
+
+
+def main(argv):
+  del argv
+  train_family(flags.FLAGS.config, flags.FLAGS.workdir)
+
+
+if __name__ == '__main__':
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file('config', os.path.join(
+      os.path.dirname(os.path.abspath(family_config.__file__)), 'family.py'),
+                                  'Family configuration.')
+  flags.DEFINE_string('workdir', 'runs/family', 'Output folder of the stages.')
+  app.run(main)
