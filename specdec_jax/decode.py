@@ -30,6 +30,7 @@ step, so an image's tokens do not depend on the other images in the batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any
 
@@ -297,7 +298,8 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
 
 # ---------------------------------------------------------------- public API
 
-_COMPILED: dict = {}
+_COMPILED: dict = {}  # (plan, options, argument signature) -> compiled program
+_PREPARED: dict = {}  # generate()'s call signature -> (plan, compiled program)
 
 # Cheaper XLA:CPU compilation (about 2x faster on the test models) for tests.
 FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
@@ -306,12 +308,78 @@ FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive
 def clear_compile_cache() -> None:
   """Forgets compiled decodes (tests that monkeypatch the loop use it)."""
   _COMPILED.clear()
+  _PREPARED.clear()
 
 
 def _signature(tree):
   leaves, treedef = jax.tree.flatten(tree)
   return treedef, tuple((jnp.shape(x), jnp.result_type(x), getattr(x, 'sharding', None))
                         for x in leaves)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _per_image_keys(key, num_images: int):
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_images))
+
+
+def _arguments(plan: _Plan, target_params, cond, key, rule, draft_params, draft_cond,
+               target_rules, draft_rules) -> tuple:
+  """The traced arguments of the compiled decode for one call."""
+  # COOL-SD's mean-normalised schedule needs the window length; Vanilla has no rule.
+  rule = None if isinstance(plan.mode, Vanilla) or rule is None else rule.for_window(
+      draft_slots(plan.mode))
+  if draft_cond is None:
+    draft_cond = cond
+  row_keys = _per_image_keys(key, plan.num_images) if modes_lib.is_single_key(key) else key
+  mesh = plan.mesh
+  if mesh is not None:
+    target_params = sharding.shard_params(target_params, mesh, target_rules)
+    if draft_params is not None:
+      draft_params = sharding.shard_params(draft_params, mesh, draft_rules)
+    cond = jax.device_put(cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), cond))
+    draft_cond = jax.device_put(
+        draft_cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), draft_cond))
+  return (target_params, draft_params, cond, draft_cond, row_keys, rule)
+
+
+def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
+             draft_params, draft_cond, capacity, mesh, target_rules, draft_rules,
+             options) -> tuple:
+  """Validates one call's arguments and compiles (or reuses) its program.
+
+  Returns:
+    (plan, compiled program).
+  """
+  num_images = modes_lib.validate(target, target_params, draft, mode, sampling, rule, cond,
+                                  draft_cond, num_tokens, key, draft_params)
+  prefix = int(target.prefix_length(cond))
+  needed = required_capacity(prefix, num_tokens, mode)
+  capacity = needed if capacity is None else int(capacity)
+  kv.check_capacity(capacity, needed, 'generate: target cache')
+  draft_capacity = 1
+  if isinstance(mode, (ChainDraft, TreeDraft)):
+    # Catch-up (K+1 slots) plus drafting writes (chain k-1 more; a tree re-runs
+    # its drafted nodes) beyond the committed length; drafters are small.
+    draft_prefix = (int(draft.prefix_length(draft_cond if draft_cond is not None else cond))
+                    if hasattr(draft, 'prefix_length') else prefix)
+    draft_capacity = draft_prefix + num_tokens + 2 * window_width(mode) + 2
+  plan = _Plan(target=target, draft=draft, mode=mode, sampling=sampling, num_tokens=num_tokens,
+               num_images=num_images, cfg=sampling.uses_cfg, target_capacity=capacity,
+               draft_capacity=draft_capacity, mesh=mesh)
+  args = _arguments(plan, target_params, cond, key, rule, draft_params, draft_cond,
+                    target_rules, draft_rules)
+  signature = (plan, options, _signature(args))
+  compiled = _COMPILED.get(signature)
+  if compiled is None:
+    start = time.perf_counter()
+    # A fresh wrapper: our cache above is the only one, so nothing traced
+    # with a different `_decode` (tests patch it) is ever reused.
+    program = jax.jit(lambda *a: _decode(*a), static_argnums=0)
+    compiled = program.lower(plan, *args).compile(compiler_options=dict(options) or None)
+    _COMPILED[signature] = compiled
+    logging.info('generate: compiled %s for %d images x %d tokens in %.2f s',
+                 type(mode).__name__, num_images, num_tokens, time.perf_counter() - start)
+  return plan, compiled
 
 
 def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(),
@@ -343,54 +411,29 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
       e.g. `FAST_COMPILE` for tests on CPU.
   Returns:
     DecodeResult(tokens int32[B, n], metrics, compile_seconds, run_seconds);
-    compile_seconds is 0.0 when a compiled program was reused.
+    compile_seconds (validation plus compilation) is 0.0 when the call reused
+    a prepared program: a call with the same models, mode, sampling, shapes,
+    dtypes, shardings and rule structure as an earlier one skips validation,
+    tracing and compilation (host overhead about a millisecond; README
+    "The decoding engine").
   """
-  num_images = modes_lib.validate(target, target_params, draft, mode, sampling, rule, cond,
-                                  draft_cond, num_tokens, key, draft_params)
-  prefix = int(target.prefix_length(cond))
-  needed = required_capacity(prefix, num_tokens, mode)
-  capacity = needed if capacity is None else int(capacity)
-  kv.check_capacity(capacity, needed, 'generate: target cache')
-  draft_capacity = 1
-  if isinstance(mode, (ChainDraft, TreeDraft)):
-    # Catch-up (K+1 slots) plus drafting writes (chain k-1 more; a tree re-runs
-    # its drafted nodes) beyond the committed length; drafters are small.
-    draft_prefix = (int(draft.prefix_length(draft_cond if draft_cond is not None else cond))
-                    if hasattr(draft, 'prefix_length') else prefix)
-    draft_capacity = draft_prefix + num_tokens + 2 * window_width(mode) + 2
-  # COOL-SD's mean-normalised schedule needs the window length; Vanilla has no rule.
-  rule = None if isinstance(mode, Vanilla) or rule is None else rule.for_window(
-      draft_slots(mode))
-  if draft_cond is None:
-    draft_cond = cond
-  row_keys = key
-  if modes_lib.is_single_key(key):
-    row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_images))
-  if mesh is not None:
-    target_params = sharding.shard_params(target_params, mesh, target_rules)
-    if draft_params is not None:
-      draft_params = sharding.shard_params(draft_params, mesh, draft_rules)
-    cond = jax.device_put(cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), cond))
-    draft_cond = jax.device_put(
-        draft_cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), draft_cond))
-  plan = _Plan(target=target, draft=draft, mode=mode, sampling=sampling, num_tokens=num_tokens,
-               num_images=num_images, cfg=sampling.uses_cfg, target_capacity=capacity,
-               draft_capacity=draft_capacity, mesh=mesh)
-  args = (target_params, draft_params, cond, draft_cond, row_keys, rule)
   options = tuple(sorted((compiler_options or {}).items()))
-  signature = (plan, options, _signature(args))
+  # A repeated call (same models, mode, sampling, shapes and rule structure)
+  # skips validation and compilation: its cheap signature finds the program.
+  call_signature = (target, draft, mode, sampling, int(num_tokens), capacity, mesh, options,
+                    _signature((target_params, draft_params, cond, draft_cond, key, rule)))
+  prepared = _PREPARED.get(call_signature)
   compile_seconds = 0.0
-  compiled = _COMPILED.get(signature)
-  if compiled is None:
+  if prepared is None:
     start = time.perf_counter()
-    # A fresh wrapper: our cache above is the only one, so nothing traced
-    # with a different `_decode` (tests patch it) is ever reused.
-    program = jax.jit(lambda *a: _decode(*a), static_argnums=0)
-    compiled = program.lower(plan, *args).compile(compiler_options=dict(options) or None)
+    prepared = _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
+                        draft, draft_params, draft_cond, capacity, mesh, target_rules,
+                        draft_rules, options)
     compile_seconds = time.perf_counter() - start
-    _COMPILED[signature] = compiled
-    logging.info('generate: compiled %s for %d images x %d tokens in %.2f s',
-                 type(mode).__name__, num_images, num_tokens, compile_seconds)
+    _PREPARED[call_signature] = prepared
+  plan, compiled = prepared
+  args = _arguments(plan, target_params, cond, key, rule, draft_params, draft_cond,
+                    target_rules, draft_rules)
   start = time.perf_counter()
   tokens, metrics = compiled(*args)
   tokens = jax.block_until_ready(tokens)

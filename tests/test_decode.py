@@ -152,6 +152,36 @@ class RelaxedRuleTest(absltest.TestCase):
       self._check_second_token(np.asarray(result.tokens), rules.CoolSD(delta=delta).for_window(2))
 
 
+class RepeatedCallTest(absltest.TestCase):
+
+  def test_repeated_call_skips_validation_and_compilation(self):
+    """A second generate() with the same shapes (new key, new parameter values, new
+    rule hyperparameters) neither validates nor traces again; a new shape does."""
+    decode.clear_compile_cache()
+    sampling = logits.Sampling()
+    first = _run(decode.ChainDraft(2, 'model'), sampling, num_images=4,
+                 rule=rules.CoolSD(delta=2.0))
+    self.assertGreater(first.compile_seconds, 0.0)
+    original_validate, original_decode = decode.modes_lib.validate, decode._decode
+    calls = []
+    decode.modes_lib.validate = lambda *a, **k: calls.append(1) or original_validate(*a, **k)
+    decode._decode = chex.assert_max_traces(original_decode, n=0)
+    try:
+      second = _run(decode.ChainDraft(2, 'model'), sampling, num_images=4, seed=11,
+                    rule=rules.CoolSD(delta=3.0))
+      self.assertEqual(calls, [])
+      self.assertEqual(second.compile_seconds, 0.0)
+      self.assertFalse(np.array_equal(np.asarray(first.tokens), np.asarray(second.tokens)))
+    finally:
+      decode._decode = original_decode
+      chex.clear_trace_counter()
+    try:
+      _run(decode.ChainDraft(2, 'model'), sampling, num_images=2, rule=rules.CoolSD(delta=3.0))
+      self.assertEqual(calls, [1])  # a new batch size is validated (and compiled)
+    finally:
+      decode.modes_lib.validate = original_validate
+
+
 def _softmax64(logits_row) -> np.ndarray:
   x = np.asarray(logits_row, np.float64)
   e = np.exp(x - x.max())
