@@ -15,6 +15,7 @@ def get_config():
   config.patch_size = 2
   config.num_patches = 200_000  # sampled from the training split for the fit
   config.iterations = 20  # Lloyd iterations
+  config.init = 'kmeans++'  # or 'random' (distinct random patches; configs without `init`)
   config.eval_batch_size = 1000
   config.max_examples = 0  # first N images of each split (smoke runs); 0 = all
   config.data_dir = ''  # '' = $FASHION_MNIST_DIR or Debian's dataset-fashion-mnist

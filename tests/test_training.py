@@ -8,6 +8,10 @@ from absl.testing import absltest
 import ml_collections
 import numpy as np
 
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import training
 from specdec_jax.train import classifier as train_classifier
 
 
@@ -37,6 +41,62 @@ class ClassifierTrainingTest(absltest.TestCase):
       self.assertEqual(int(state.step), 40)
       history = json.load(open(os.path.join(workdir, 'classifier_history.json')))
       self.assertEqual(history[0]['step'], 40)
+
+
+class TimeBudgetTest(absltest.TestCase):
+
+  def test_schedule_closed_form(self):
+    """Warm-up by steps, constant, then linear decay to 5% over the last fifth of the time."""
+    budget = training.TimeBudget(minutes=10.0, peak_lr=2.0, warmup_steps=4)
+    self.assertAlmostEqual(budget.learning_rate(0, 0.0), 0.5)  # step 1 of 4
+    self.assertAlmostEqual(budget.learning_rate(3, 10.0), 2.0)
+    self.assertAlmostEqual(budget.learning_rate(100, 479.0), 2.0)  # before 80% of 600 s
+    self.assertAlmostEqual(budget.learning_rate(100, 540.0), 2.0 * (1 - 0.95 * 0.5))
+    self.assertAlmostEqual(budget.learning_rate(100, 600.0), 0.1)
+    self.assertAlmostEqual(budget.learning_rate(100, 900.0), 0.1)
+    with self.assertRaisesRegex(ValueError, 'minutes > 0'):
+      training.TimeBudget(minutes=0.0, peak_lr=1.0)
+    config = ml_collections.ConfigDict(dict(train_minutes=-1.0, learning_rate=1.0))
+    with self.assertRaisesRegex(ValueError, 'train_minutes must be >= 0'):
+      training.time_budget_from(config)
+    config.train_minutes = 0.0
+    self.assertIsNone(training.time_budget_from(config))
+
+  def test_fit_stops_on_time_sets_the_rate_and_resumes_the_clock(self):
+    """A step that takes 50 ms under a 0.5 s budget stops after about 10 steps, with
+    the rate set from the budget every step, and a resumed run does not restart the clock."""
+    optimizer = training.adamw(1.0, total_steps=10_000, time_budget=True, clip_norm=None)
+    rates = []
+
+    def step(state, batch, key):
+      del batch, key
+      import time  # pylint: disable=g-import-not-at-top
+      time.sleep(0.05)
+      rates.append(training.learning_rate_of(state))
+      return state.replace(step=state.step + 1), {'loss': jnp.zeros(())}
+
+    budget = training.TimeBudget(minutes=0.5 / 60, peak_lr=1.0, warmup_steps=2)
+    batches = lambda start: iter(lambda: (), None)
+    with tempfile.TemporaryDirectory() as workdir:
+      state = training.init_state({'w': jnp.ones(3)}, optimizer)
+      state, _ = training.fit(step, state, batches, num_steps=10_000, workdir=workdir,
+                              key=jax.random.key(0), log_every=5, save_every=10_000,
+                              budget=budget)
+      steps = int(state.step)
+      self.assertBetween(steps, 3, 11)
+      self.assertGreaterEqual(float(state.elapsed_s), 0.5)
+      self.assertAlmostEqual(rates[0], 0.5)  # warm-up step 1 of 2
+      self.assertAlmostEqual(rates[1], 1.0)
+      self.assertLess(rates[-1], 1.0)  # inside the final decay
+      fresh = training.init_state({'w': jnp.ones(3)}, optimizer)
+      resumed, _ = training.fit(step, fresh, batches, num_steps=10_000, workdir=workdir,
+                                key=jax.random.key(0), budget=budget)
+      self.assertEqual(int(resumed.step), steps)  # the budget was already spent
+
+  def test_step_schedule_is_kept(self):
+    optimizer = training.adamw(1.0, total_steps=100, warmup_steps=10)
+    state = training.init_state({'w': jnp.ones(3)}, optimizer)
+    self.assertAlmostEqual(training.learning_rate_of(state), 0.0)
 
 
 if __name__ == '__main__':

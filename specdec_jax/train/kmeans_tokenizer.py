@@ -3,9 +3,11 @@
   python -m specdec_jax.train.kmeans_tokenizer --config configs/fashion_tokenizer.py --workdir runs/family/tokenizer
 
 Lloyd's k-means on non-overlapping p x p pixel patches (pixels in [-1, 1])
-sampled from the training split: initial centres are distinct random
-patches; a centre left empty by an iteration is moved to the patch farthest
-from its centre (so every code stays in use). The tokenizer is
+sampled from the training split, seeded by k-means++ (Arthur and
+Vassilvitskii, 2007: each new centre drawn with probability proportional to
+the squared distance to the nearest chosen one); a centre left empty by an
+iteration is moved to the patch farthest from its centre (so every code
+stays in use). The tokenizer is
 `models.patch_tokenizer.PatchTokenizer`.
 
 Outputs in --workdir (the same files `specdec_jax.train.vq` writes, so the
@@ -58,15 +60,43 @@ def lloyd_step(centres: jax.Array, patches: jax.Array):
   return new, jnp.mean(squared), counts
 
 
-def fit_kmeans(patches: np.ndarray, num_codes: int, iterations: int, seed: int) -> tuple:
-  """k-means codebook float32[V, D] of patches float[M, D]; returns (codebook, history)."""
+def kmeans_plus_plus(points: np.ndarray, num_codes: int, seed: int) -> np.ndarray:
+  """k-means++ seeding: float32[M, D] -> float32[V, D] centres (distinct points)."""
+  generator = np.random.default_rng(seed)
+  chosen = [int(generator.integers(len(points)))]
+  nearest = np.sum(np.square(points - points[chosen[0]]), -1)
+  for _ in range(num_codes - 1):
+    total = nearest.sum()
+    if total <= 0:  # fewer distinct points than codes (checked by the caller)
+      raise ValueError('k-means++: every point coincides with a chosen centre.')
+    index = int(generator.choice(len(points), p=nearest / total))
+    chosen.append(index)
+    nearest = np.minimum(nearest, np.sum(np.square(points - points[index]), -1))
+  return points[chosen].astype(np.float32)
+
+
+INITS = ('kmeans++', 'random')
+
+
+def fit_kmeans(patches: np.ndarray, num_codes: int, iterations: int, seed: int,
+               init: str = 'kmeans++') -> tuple:
+  """k-means codebook float32[V, D] of patches float[M, D]; returns (codebook, history).
+
+  init: 'kmeans++' seeding, or 'random' (distinct random patches).
+  """
+  if init not in INITS:
+    raise ValueError(f'k-means init must be one of {INITS}, got {init!r}.')
   if len(patches) < num_codes:
     raise ValueError(f'k-means needs at least {num_codes} patches, got {len(patches)}.')
-  generator = np.random.default_rng(seed)
   unique = np.unique(patches, axis=0)
   if len(unique) < num_codes:
     raise ValueError(f'only {len(unique)} distinct patches for {num_codes} codes.')
-  centres = jnp.asarray(unique[generator.choice(len(unique), num_codes, replace=False)])
+  if init == 'kmeans++':
+    centres = kmeans_plus_plus(np.asarray(patches, np.float32), num_codes, seed)
+  else:
+    generator = np.random.default_rng(seed)
+    centres = unique[generator.choice(len(unique), num_codes, replace=False)]
+  centres = jnp.asarray(centres, jnp.float32)
   data = jnp.asarray(patches, jnp.float32)
   history = []
   for iteration in range(iterations):
@@ -109,7 +139,8 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   patches = sample_patches(train_data[0], config.patch_size, config.num_patches, config.seed)
   logging.info('kmeans: %d codes on %d patches of %d values', config.codebook_size,
                len(patches), patches.shape[1])
-  codebook, history = fit_kmeans(patches, config.codebook_size, config.iterations, config.seed)
+  codebook, history = fit_kmeans(patches, config.codebook_size, config.iterations, config.seed,
+                                 config.get('init', 'random'))
   params = patch_tokenizer.init_params(tokenizer.config, codebook)
   fit_seconds = time.time() - start
 
