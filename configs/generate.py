@@ -16,8 +16,10 @@ def get_config():
   config = ml_collections.ConfigDict()
   config.bundle_dir = ''  # '' = the bundled family shipped inside the package
   config.seed = 0
-  config.images_per_class = 5  # a class-conditional batch of 10 x this many images
-  config.timing_repeats = 2  # timed runs per method after the compile run (best is kept)
+  config.images_per_class = 10  # quality pass: a batch of 10 x this many images
+  config.latency_classes = (0, 5, 9)  # latency pass: one image with CFG per class
+  config.timing_repeats = 3  # timed batch-1 runs per class after the compile run (best kept)
+  config.side_by_side_per_class = 3  # images per class of each method in side_by_side.png
   config.grid_scale = 3  # PNG pixel repeat
 
   config.sampling = ml_collections.ConfigDict(dict(

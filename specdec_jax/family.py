@@ -1,13 +1,14 @@
 """The bundled default model family (Fashion-MNIST) and what the main job needs from it.
 
-Legend: N images, L = 256 tokens per image (16 x 16 grid), V codebook size,
-E target width, F classifier feature width.
+Legend: N images, L tokens per image (the shipped family: 14 x 14 = 196
+2x2-pixel patches of 28x28 images), V codebook size, E target width, F
+classifier feature width.
 
 A bundle folder holds one `write_params_atomic` folder per model (the same
 format and loaders as converted LlamaGen checkpoints), the test split's
 classifier feature statistics and a manifest:
 
-  tokenizer/   VQ tokenizer          (converters.vq.load_tokenizer)
+  tokenizer/   patch or VQ tokenizer (converters.vq.load_tokenizer)
   target/      LlamaGen c2i target   (converters.llamagen.load_llamagen)
   eagle/       EAGLE-1 head          (converters.lantern_drafter.load_drafter)
   draft_gpt/   small LlamaGen GPT    (converters.llamagen.load_llamagen)
@@ -24,6 +25,7 @@ import json
 import pathlib
 from typing import Any
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,13 +87,13 @@ class Family:
     return jnp.asarray(self.target_params['tok_embeddings']['embedding'], jnp.float32)
 
   def decode(self, tokens) -> np.ndarray:
-    """Token grids int[N, L] -> uint8[N, 32, 32, 1] images."""
+    """Token grids int[N, L] -> uint8[N, H, W, 1] images."""
     images = self.tokenizer.decode(self.tokenizer_params, jnp.asarray(tokens, jnp.int32),
                                    self.grid)
     return np.asarray(self.tokenizer.to_uint8(images))
 
   def classify(self, images) -> tuple[np.ndarray, np.ndarray]:
-    """uint8[N, 32, 32, 1] -> (class logits [N, 10], features [N, F])."""
+    """uint8[N, H, W, 1] -> (class logits [N, 10], features [N, F])."""
     logits, features = _classifier_apply(self.classifier_params, jnp.asarray(images))
     return np.asarray(logits), np.asarray(features)
 
@@ -178,7 +180,16 @@ def load(directory: str | pathlib.Path | None = None) -> Family:
     raise FileNotFoundError(
         f'{root} is not a complete model bundle (missing: {missing or "reference_features.npz"}). '
         'The repository ships one in specdec_jax/assets/fashion_mnist; rebuild it with '
-        'bench/train_family.sh, or pass --config.bundle_dir.')
+        '`python -m specdec_jax.train.family`, or pass --config.bundle_dir.')
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every array it reads at INFO
+  try:
+    return _load_parts(root)
+  finally:
+    logging.set_verbosity(verbosity)
+
+
+def _load_parts(root: pathlib.Path) -> Family:
   tokenizer, tokenizer_params = vq_converter.load_tokenizer(root / 'tokenizer')
   target, target_params = llamagen_converter.load_llamagen(root / 'target')
   draft_gpt, draft_gpt_params = llamagen_converter.load_llamagen(root / 'draft_gpt')

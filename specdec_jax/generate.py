@@ -2,16 +2,24 @@
 
   python -m specdec_jax.generate --out results          (also: specdec-generate)
 
-On the bundled Fashion-MNIST family (VQ tokenizer, LlamaGen-architecture
+On the bundled Fashion-MNIST family (patch tokenizer, LlamaGen-architecture
 target, EAGLE-1 head, small draft GPT, evaluation classifier) it runs each
-method of `configs/generate.py` on the same labels, saves one PNG grid per
-method, prints a table and writes `results.json` with, per method:
-tokens_per_forward, speedup (wall clock against vanilla in this run),
-nll_gap (target NLL of the generated tokens minus that of the vanilla
-samples, under the same guided distribution), frechet (in the classifier's
-feature space, against the test split), class_accuracy and the
-hyperparameters used. It needs no data set: the bundle carries the test
-split's feature statistics.
+method of `configs/generate.py` twice:
+
+- quality pass: `images_per_class` images of every class in one batch;
+  tokens_per_forward, nll_gap (target NLL of the generated tokens minus that
+  of the vanilla samples, under the same guided distribution), frechet (in
+  the classifier's feature space, against the test split) and
+  class_accuracy;
+- latency pass: one image with CFG (batch 1, the regime speculative decoding
+  is for), for each of `latency_classes`, best of `timing_repeats` runs
+  after compilation; speedup = vanilla's latency / the method's, measured in
+  this run.
+
+It saves one PNG grid per method and `side_by_side.png` (the first
+`side_by_side_per_class` images of each class, methods left to right in
+the table's order), prints a table and writes `results.json`. It needs no
+data set: the bundle carries the test split's feature statistics.
 """
 
 from __future__ import annotations
@@ -71,40 +79,47 @@ def build_methods(config, family: family_lib.Family) -> list[Method]:
   catalogue = {
       'vanilla': Method('vanilla', decode.Vanilla()),
       'vanilla_seed1': Method('vanilla_seed1', decode.Vanilla(), seed_offset=1),
-      'eagle': Method('eagle', eagle_chain, rules.Lossless(), 'eagle', hyperparameters=dict(k=k)),
+      'eagle': Method('eagle', eagle_chain, rules.Lossless(), 'eagle', hyperparameters=dict(draft_length=k)),
       'draft_model': Method('draft_model', decode.ChainDraft(k=k, drafter='model'),
-                            rules.Lossless(), 'draft_model', hyperparameters=dict(k=k)),
+                            rules.Lossless(), 'draft_model', hyperparameters=dict(draft_length=k)),
       'lantern_pp': Method(
           'lantern_pp', eagle_chain,
           rules.LanternPP(neighbors=neighbors, k=config.lantern_k, lam=config.lantern_lam,
                           residual_mode=config.lantern_residual), 'eagle',
-          hyperparameters=dict(k=k, lantern_k=config.lantern_k, lam=config.lantern_lam,
-                               residual=config.lantern_residual)),
+          hyperparameters=dict(draft_length=k)),
       'uniform': Method('uniform', eagle_chain, rules.UniformRelaxed(omega=config.uniform_omega),
-                        'eagle', hyperparameters=dict(k=k, omega=config.uniform_omega)),
+                        'eagle', hyperparameters=dict(draft_length=k)),
       'coolsd': Method('coolsd', eagle_chain, rules.CoolSD(delta=config.coolsd_delta), 'eagle',
-                       hyperparameters=dict(k=k, delta=config.coolsd_delta, nu=0.7,
-                                            mu='mean-normalised')),
+                       hyperparameters=dict(draft_length=k)),
       'sjd': Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
       'gsd': Method('gsd', jacobi,
                     rules.Grouped(embeddings=family.token_embeddings(),
                                   prob_threshold=config.gsd_prob_threshold,
                                   dist_threshold=config.gsd_dist_threshold),
-                    hyperparameters=dict(window=window, prob_threshold=config.gsd_prob_threshold,
-                                         dist_threshold=config.gsd_dist_threshold)),
+                    hyperparameters=dict(window=window)),
       'csd': Method('csd', jacobi,
                     rules.ContentAware(lam=config.csd_lam, tv_threshold=config.csd_tv_threshold),
-                    hyperparameters=dict(window=window, lam=config.csd_lam,
-                                         tv_threshold=config.csd_tv_threshold,
-                                         transform='normalized', sign=1)),
+                    hyperparameters=dict(window=window)),
   }
   return [catalogue[m] for m in config.methods]
 
 
-def run_method(method: Method, family: family_lib.Family, labels: np.ndarray, sampling,
-               seed: int, repeats: int):
-  """Compiles and runs one method; returns (tokens [B, n], metrics summary, seconds)."""
-  target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
+def rule_hyperparameters(rule) -> dict:
+  """The scalar fields of a rule (floats, ints, strings, bools) for results.json."""
+  if rule is None or not dataclasses.is_dataclass(rule):
+    return {}
+  out = {}
+  for field in dataclasses.fields(rule):
+    value = getattr(rule, field.name)
+    if isinstance(value, (bool, int, float, str)) or value is None:
+      out[field.name] = value
+    elif hasattr(value, 'ndim') and getattr(value, 'ndim') == 0:
+      out[field.name] = float(value)
+  return out
+
+
+def decode_kwargs(method: Method, family: family_lib.Family, labels, sampling) -> dict:
+  """generate() arguments of one method for a batch of class labels."""
   kwargs = dict(num_tokens=family.num_tokens, mode=method.mode, sampling=sampling,
                 rule=method.rule)
   if method.drafter == 'eagle':
@@ -113,84 +128,152 @@ def run_method(method: Method, family: family_lib.Family, labels: np.ndarray, sa
     kwargs.update(draft=family.draft_gpt, draft_params=family.draft_gpt_params,
                   draft_cond=family.draft_gpt.cfg_cond(family.draft_gpt_params,
                                                        jnp.asarray(labels)))
-  keys = jax.random.split(jax.random.key(seed + 1000 * method.seed_offset), len(labels))
-  first = decode.generate(family.target, family.target_params, target_cond, key=keys, **kwargs)
-  jax.block_until_ready(first.tokens)
-  seconds = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    result = decode.generate(family.target, family.target_params, target_cond, key=keys,
-                             **kwargs)
-    jax.block_until_ready(result.tokens)
-    seconds.append(time.perf_counter() - start)
-  np.testing.assert_array_equal(result.tokens, first.tokens)  # same keys -> same tokens
-  summary = result.metrics.summary()
-  summary['compile_seconds'] = first.compile_seconds
-  return np.asarray(result.tokens), summary, min(seconds)
+  return kwargs
+
+
+def image_keys(seed: int, num_images: int):
+  """Per-image keys: image i's tokens depend only on (seed, i) and the method."""
+  return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(
+      jnp.arange(num_images))
+
+
+def quality_pass(method: Method, family: family_lib.Family, labels: np.ndarray, sampling,
+                 seed: int):
+  """One batch of every class: (tokens int32[N, L], metrics summary, compile seconds)."""
+  target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
+  result = decode.generate(family.target, family.target_params, target_cond,
+                           key=image_keys(seed + 1000 * method.seed_offset, len(labels)),
+                           **decode_kwargs(method, family, labels, sampling))
+  return np.asarray(result.tokens), result.metrics.summary(), result.compile_seconds
+
+
+def latency_pass(method: Method, family: family_lib.Family, classes, sampling, seed: int,
+                 repeats: int) -> dict:
+  """Batch-1 latency (one image, its CFG rows): best of `repeats` per class, after compile.
+
+  Returns:
+    dict(latency_s = mean over classes of the best time, per_class_s,
+    tokens_per_forward of these runs, compile_s, host_overhead_s = the
+    second call's wall time minus its device run time).
+  """
+  best, tokens_per_forward, overheads, compile_s = [], [], [], 0.0
+  for label in classes:
+    labels = np.asarray([label], np.int32)
+    target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
+    kwargs = decode_kwargs(method, family, labels, sampling)
+    keys = image_keys(seed + 7919 * (label + 1) + 1000 * method.seed_offset, 1)
+    first = decode.generate(family.target, family.target_params, target_cond, key=keys,
+                            **kwargs)
+    compile_s += first.compile_seconds
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      result = decode.generate(family.target, family.target_params, target_cond, key=keys,
+                               **kwargs)
+      jax.block_until_ready(result.tokens)
+      times.append(time.perf_counter() - start)
+      overheads.append(times[-1] - result.run_seconds)
+    np.testing.assert_array_equal(result.tokens, first.tokens)  # same keys -> same tokens
+    best.append(min(times))
+    tokens_per_forward.append(result.metrics.summary()['tokens_per_target_forward'])
+  return dict(latency_s=float(np.mean(best)), per_class_s=[float(t) for t in best],
+              tokens_per_forward=float(np.mean(tokens_per_forward)), compile_s=compile_s,
+              host_overhead_s=float(np.median(overheads)))
+
+
+def side_by_side(grids: dict, gap: int = 6) -> np.ndarray:
+  """Method grids (uint8[H, W_i(, C)], equal H) side by side with white gaps."""
+  pieces = []
+  for grid in grids.values():
+    if pieces:
+      pieces.append(np.full((grid.shape[0], gap) + grid.shape[2:], 255, grid.dtype))
+    pieces.append(grid)
+  return np.concatenate(pieces, axis=1)
 
 
 def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
-  """Runs every method, writes PNG grids and results.json; returns the results."""
+  """Runs every method (quality and latency passes); writes PNG grids and results.json."""
   os.makedirs(out_dir, exist_ok=True)
   sampling = logits_lib.Sampling(**config.sampling.to_dict())
   labels = np.repeat(np.arange(family.num_classes), config.images_per_class).astype(np.int32)
+  latency_classes = tuple(int(c) for c in config.latency_classes)
   methods = build_methods(config, family)
-  results, reference_nll, vanilla_seconds = {}, None, None
-  logging.info('generating %d images (%d tokens each) with %d methods', len(labels),
-               family.num_tokens, len(methods))
+  results, grids, reference = {}, {}, None
+  logging.info('quality pass: %d images (%d tokens each); latency pass: 1 image with CFG, '
+               'classes %s, best of %d; %d methods', len(labels), family.num_tokens,
+               latency_classes, config.timing_repeats, len(methods))
   for index, method in enumerate(methods):
-    tokens, summary, seconds = run_method(method, family, labels, sampling, config.seed,
-                                          config.timing_repeats)
+    started = time.perf_counter()
+    tokens, summary, quality_compile_s = quality_pass(method, family, labels, sampling,
+                                                      config.seed)
     images = family.decode(tokens)
-    images_lib.save_png(os.path.join(out_dir, f'{method.name}.png'),
-                        images_lib.make_grid(images, columns=config.images_per_class),
+    grid = images_lib.make_grid(images, columns=config.images_per_class)
+    grids[method.name] = images_lib.make_grid(
+        images.reshape(family.num_classes, config.images_per_class, *images.shape[1:])[
+            :, :config.side_by_side_per_class].reshape(-1, *images.shape[1:]),
+        columns=min(config.side_by_side_per_class, config.images_per_class))
+    images_lib.save_png(os.path.join(out_dir, f'{method.name}.png'), grid,
                         scale=config.grid_scale)
     class_logits, features = family.classify(images)
     nll = family.guided_nll(labels, tokens, sampling)
-    if method.name == 'vanilla':
-      reference_nll, vanilla_seconds = nll, seconds
+    latency = latency_pass(method, family, latency_classes, sampling, config.seed,
+                           config.timing_repeats)
+    if reference is None:  # vanilla comes first
+      reference = dict(nll=nll, latency_s=latency['latency_s'])
     results[method.name] = dict(
         tokens_per_forward=summary['tokens_per_target_forward'],
-        speedup=vanilla_seconds / seconds,
-        seconds=seconds,
+        speedup=reference['latency_s'] / latency['latency_s'],
+        latency_s=latency['latency_s'],
+        latency_per_class_s=latency['per_class_s'],
+        latency_tokens_per_forward=latency['tokens_per_forward'],
+        host_overhead_ms=1e3 * latency['host_overhead_s'],
         nll=nll,
-        nll_gap=nll - reference_nll,
+        nll_gap=nll - reference['nll'],
         frechet=family.frechet(features),
         class_accuracy=evaluation.class_accuracy(class_logits, labels),
         acceptance_per_position=summary.get('acceptance_per_position'),
-        compile_seconds=summary['compile_seconds'],
+        compile_s=quality_compile_s + latency['compile_s'],
+        wall_s=time.perf_counter() - started,
         rule=type(method.rule).__name__ if method.rule is not None else None,
         mode=type(method.mode).__name__,
-        hyperparameters=method.hyperparameters)
+        hyperparameters=dict(rule_hyperparameters(method.rule), **method.hyperparameters))
     row = results[method.name]
-    logging.info('[%d/%d] %-14s tokens/forward %.2f  speedup %.2fx  nll_gap %+.4f  '
-                 'frechet %.2f  accuracy %.2f', index + 1, len(methods), method.name,
-                 row['tokens_per_forward'], row['speedup'], row['nll_gap'], row['frechet'],
-                 row['class_accuracy'])
+    logging.info('[%d/%d] %-14s tokens/forward %.2f  speedup %.2fx (%.0f ms)  nll_gap %+.4f  '
+                 'frechet %.2f  accuracy %.2f  (%.0f s)', index + 1, len(methods), method.name,
+                 row['tokens_per_forward'], row['speedup'], 1e3 * row['latency_s'],
+                 row['nll_gap'], row['frechet'], row['class_accuracy'], row['wall_s'])
+  images_lib.save_png(os.path.join(out_dir, 'side_by_side.png'), side_by_side(grids),
+                      scale=config.grid_scale)
   output = dict(
       methods=results,
+      method_order=list(results),
       sampling=config.sampling.to_dict(),
-      num_images=len(labels), tokens_per_image=family.num_tokens,
+      num_images=len(labels), images_per_class=config.images_per_class,
+      latency_classes=list(latency_classes), timing_repeats=config.timing_repeats,
+      tokens_per_image=family.num_tokens,
       classifier_test_accuracy=family.classifier_test_accuracy,
       backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
       bundle=family.manifest_summary())
   path = os.path.join(out_dir, 'results.json')
   with open(path + '.tmp', 'w') as f:
-    json.dump(output, f, indent=1)
+    json.dump(output, f, indent=1, default=float)
   os.replace(path + '.tmp', path)
   print(format_table(results, family.classifier_test_accuracy))
-  print(f'wrote {path} and {len(results)} PNG grids to {out_dir}')
+  print(f'wrote {path}, {len(results)} PNG grids and side_by_side.png '
+        f'({", ".join(results)}, left to right) to {out_dir}')
   return output
 
 
 def format_table(results: dict, classifier_accuracy: float) -> str:
-  header = (f'{"method":14s} {"tokens/fwd":>10s} {"speedup":>8s} {"nll_gap":>8s} '
-            f'{"frechet":>8s} {"class acc":>9s}')
+  header = (f'{"method":14s} {"tokens/fwd":>10s} {"latency":>9s} {"speedup":>8s} '
+            f'{"nll_gap":>8s} {"frechet":>8s} {"class acc":>9s}')
   lines = [header, '-' * len(header)]
   for name, row in results.items():
-    lines.append(f'{name:14s} {row["tokens_per_forward"]:10.2f} {row["speedup"]:7.2f}x '
+    lines.append(f'{name:14s} {row["tokens_per_forward"]:10.2f} '
+                 f'{1e3 * row["latency_s"]:7.0f}ms {row["speedup"]:7.2f}x '
                  f'{row["nll_gap"]:+8.4f} {row["frechet"]:8.2f} {row["class_accuracy"]:9.2f}')
-  lines.append(f'(classifier test accuracy on real images: {classifier_accuracy:.3f})')
+  lines.append(f'(latency: one image with CFG, batch 1; classifier test accuracy on real '
+               f'images: {classifier_accuracy:.3f})')
   return '\n'.join(lines)
 
 

@@ -16,13 +16,21 @@ from specdec_jax.configs import generate as generate_config
 from specdec_jax.models import classifier
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
+from specdec_jax.models import patch_tokenizer
 from specdec_jax.models import vq
 
 
-def tiny_bundle(directory):
-  """A structurally complete bundle with random weights (no training)."""
-  tokenizer = vq.VQTokenizer(vq.small_vq_config(codebook_size=32, ch=32, z_channels=32))
-  tokenizer_params = tokenizer.init(0, (32, 32))
+def tiny_bundle(directory, tokenizer_kind='patch'):
+  """A structurally complete bundle with random weights (no training): a patch
+  tokenizer (the shipped kind, 32x32 images) or a small conv VQ."""
+  if tokenizer_kind == 'patch':
+    tokenizer = patch_tokenizer.PatchTokenizer(patch_tokenizer.PatchTokenizerConfig(
+        codebook_size=32, patch_size=2))
+    tokenizer_params = patch_tokenizer.init_params(
+        tokenizer.config, np.random.default_rng(0).uniform(-1, 1, (32, 4)))
+  else:
+    tokenizer = vq.VQTokenizer(vq.small_vq_config(codebook_size=32, ch=32, z_channels=32))
+    tokenizer_params = tokenizer.init(0, (32, 32))
   gpt = lambda dim, layers: llamagen.GPTConfig(
       dim=dim, n_layer=layers, n_head=2, vocab_size=32, num_classes=10, block_size=256,
       multiple_of=32)
@@ -50,7 +58,9 @@ class GenerateTest(absltest.TestCase):
       family = family_lib.load(bundle)
       config = generate_config.get_config()
       config.images_per_class = 1
-      config.timing_repeats = 1
+      config.side_by_side_per_class = 1
+      config.latency_classes = (3,)
+      config.timing_repeats = 2
       config.methods = ('vanilla', 'eagle', 'coolsd', 'csd')
       out = os.path.join(tmp, 'out')
       results = generate.evaluate(config, family, out)
@@ -58,12 +68,25 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(set(saved['methods']), set(config.methods))
       for name, row in saved['methods'].items():
         self.assertTrue(os.path.exists(os.path.join(out, f'{name}.png')))
-        for key in ('tokens_per_forward', 'speedup', 'nll_gap', 'frechet', 'class_accuracy',
-                    'hyperparameters'):
+        for key in ('tokens_per_forward', 'speedup', 'latency_s', 'nll_gap', 'frechet',
+                    'class_accuracy', 'hyperparameters'):
           self.assertIn(key, row)
         self.assertGreaterEqual(row['tokens_per_forward'], 1.0)
+        self.assertLess(row['host_overhead_ms'], 50.0)  # no re-validation (about 1 ms)
+      self.assertTrue(os.path.exists(os.path.join(out, 'side_by_side.png')))
+      self.assertEqual(saved['method_order'], list(config.methods))
+      self.assertEqual(saved['methods']['coolsd']['hyperparameters']['delta'],
+                       config.coolsd_delta)
+      self.assertEqual(saved['methods']['vanilla']['speedup'], 1.0)
       self.assertEqual(results['methods']['vanilla']['tokens_per_forward'], 1.0)
       self.assertEqual(saved['methods']['vanilla']['nll_gap'], 0.0)
+
+  def test_conv_vq_bundle_loads_and_decodes(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      family = family_lib.load(tiny_bundle(os.path.join(tmp, 'bundle'), 'vq'))
+      images = family.decode(np.zeros((2, 256), np.int32))
+      self.assertEqual(images.shape, (2, 32, 32, 1))
+      self.assertEqual(family.neighbors(3).shape, (32, 3))
 
   def test_missing_bundle_is_a_clear_error(self):
     with tempfile.TemporaryDirectory() as tmp:
