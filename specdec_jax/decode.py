@@ -10,14 +10,18 @@ them is *pending* (sampled but not yet run through the target), and the
 target cache holds the prefix and every committed token but the pending one
 (length = P + num_generated - 1). One iteration:
 
-  1. verify forward of [pending, drafts] (T tokens) at each row's length;
+  1. verify forward of the mode's window [pending, drafts] (T tokens) at
+     each row's length;
   2. CFG combine + processing (`Sampling.probs`) -> target distributions;
-  3. `verify_chain` / `verify_tree` per image (vmapped, own keys);
-  4. commit accepted drafts + next token; set the target length to
-     old + accepted + 1 (rollback = moving lengths; tree: compact the accepted
-     path's KV first);
-  5. draft for the next iteration (drafter catch-up + chain/tree drafting, or
-     the Jacobi window update).
+  3. the mode verifies per image (vmapped, own keys) and returns the
+     accepted path, num_accepted and the next token (a tree also compacts
+     the accepted path's KV);
+  4. commit the accepted drafts + next token; set the target length to
+     old + accepted + 1 (rollback = moving lengths);
+  5. the mode drafts for the next iteration.
+
+The loop never asks which mode it runs: modes are `modes.Mode` subclasses
+(`mode_base` documents the methods), so a new mode is one new class.
 
 Rows that finish keep iterating harmlessly until all are done: their counters
 and lengths are frozen, and what they write lands in slots beyond their
@@ -32,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
 
 from absl import logging
 import flax.struct
@@ -43,10 +46,9 @@ from specdec_jax import drafting
 from specdec_jax import kv_cache as kv
 from specdec_jax import logits as logits_lib
 from specdec_jax import metrics as metrics_lib
+from specdec_jax import mode_base
 from specdec_jax import modes as modes_lib
-from specdec_jax import protocol
 from specdec_jax import sharding
-from specdec_jax import verify
 
 Vanilla, ChainDraft, TreeDraft, Jacobi = (
     modes_lib.Vanilla, modes_lib.ChainDraft, modes_lib.TreeDraft, modes_lib.Jacobi)
@@ -54,6 +56,7 @@ DecodeMode = modes_lib.DecodeMode
 window_width, draft_slots = modes_lib.window_width, modes_lib.draft_slots
 required_capacity = modes_lib.required_capacity
 as_rows = drafting.as_rows
+_Plan = mode_base.Plan
 
 # ---------------------------------------------------------------- results and state
 
@@ -77,10 +80,7 @@ class LoopState:
     tokens: int32[B, n + 2(K+1)] committed tokens (padding absorbs overshoot).
     num_generated: int32[B], committed tokens including the pending one.
     target_cache: R rows.
-    draft_cache: R rows, or None without a drafter.
-    draft_length: int32[B] drafter slots committed (incl. pending), or None.
-    drafts: int32[B, K] next drafts (tree: [B, N] node tokens, node 0 unused).
-    draft_probs: f32[B, K, V] (tree: [B, N, V]) laws the drafts came from.
+    drafts: the mode's `mode_base.Drafts` (next drafts, their laws, drafter cache).
     metrics: per-image counters.
   """
 
@@ -88,33 +88,8 @@ class LoopState:
   tokens: jax.Array
   num_generated: jax.Array
   target_cache: kv.KVCache
-  draft_cache: Any
-  draft_length: Any
-  drafts: jax.Array
-  draft_probs: jax.Array
+  drafts: mode_base.Drafts
   metrics: metrics_lib.DecodeMetrics
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-  """Everything static about one compiled decode (a jit static argument)."""
-
-  target: Any
-  draft: Any
-  mode: Any
-  sampling: logits_lib.Sampling
-  num_tokens: int
-  num_images: int
-  cfg: bool
-  target_capacity: int
-  draft_capacity: int
-  mesh: Any
-
-  @property
-  def drafter(self) -> drafting.Drafter | None:
-    if isinstance(self.mode, (ChainDraft, TreeDraft)):
-      return drafting.Drafter(self.draft, self.mode.drafter)
-    return None
 
 
 # Tests replace this to build a broken rollback (the exactness test must then fail).
@@ -131,53 +106,9 @@ def _step_keys(row_keys, step, purpose: int):
       row_keys)
 
 
-def _compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
-  """Moves the accepted tree path's KV into consecutive slots.
-
-  The verify forward wrote node j at slot start + j; the accepted path
-  (node ids path[0] = 0, path[1..]) must sit at start, start + 1, ... for
-  the next forward. This gather of D + 1 slots per layer is the only KV copy
-  in the engine (chains never copy); junk beyond the accepted length is
-  hidden by the lengths set afterwards.
-  """
-  slots = as_rows(start[:, None] + jnp.maximum(path, 0), cfg)  # [R, D+1]
-  starts = as_rows(start, cfg)
-
-  def move(buffer):
-    picked = jnp.take_along_axis(buffer, slots[:, :, None, None], axis=1)
-    return kv.write_rows(buffer, picked, starts)
-
-  return cache.replace(keys=tuple(move(x) for x in cache.keys),
-                       values=tuple(move(x) for x in cache.values))
-
-
-def _draft_next(plan: _Plan, draft_params, cache, committed, tokens, features, num_accepted,
-                keys, first_index):
-  """Catch-up + drafting. Returns (drafts, draft_probs, cache, new committed, forwards)."""
-  drafter = plan.drafter
-  root_logits, root_hidden, cache = drafting.catch_up(
-      drafter, draft_params, cache, committed, tokens, features, num_accepted, plan.cfg)
-  committed = committed + num_accepted + 1
-  if isinstance(plan.mode, ChainDraft):
-    drafts, probs, cache = drafting.draft_chain(
-        drafter, draft_params, cache, root_logits, root_hidden, num_drafts=plan.mode.k,
-        sampling=plan.sampling, cfg=plan.cfg, keys=keys, first_index=first_index)
-    forwards = plan.mode.k
-  else:
-    drafts, probs, cache = drafting.draft_tree(
-        drafter, draft_params, cache, root_logits, root_hidden, tree=plan.mode.tree,
-        sampling=plan.sampling, cfg=plan.cfg, keys=keys, first_index=first_index)
-    forwards = plan.mode.tree.max_depth
-  cache = kv.set_lengths(cache, as_rows(committed, plan.cfg))
-  return drafts, probs, cache, committed, forwards
-
-
 def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys, rule):
   """The jitted body: prefill, first token, first drafts, then the while_loop."""
-  mode, cfg, num_images = plan.mode, plan.cfg, plan.num_images
-  num_slots = draft_slots(mode)
-  vocab = plan.target.vocab_size
-  mesh = plan.mesh
+  mode, cfg, num_images, mesh = plan.mode, plan.cfg, plan.num_images, plan.mesh
 
   # Prefill and the first token (always plain AR).
   cache = plan.target.init_cache(num_images * (2 if cfg else 1), plan.target_capacity)
@@ -185,33 +116,16 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
   first_probs = drafting.guided_probs(plan.sampling, out.logits[:, -1:],
                                       jnp.zeros((num_images, 1), jnp.int32), cfg)[:, 0]
   first = drafting.sample(_step_keys(row_keys, 0, 0), first_probs)
-  buffer = jnp.zeros((num_images, plan.num_tokens + 2 * (num_slots + 1)), jnp.int32)
+  buffer = jnp.zeros((num_images, plan.num_tokens + 2 * (mode.slots + 1)), jnp.int32)
   buffer = buffer.at[:, 0].set(first)
   num_generated = jnp.ones((num_images,), jnp.int32)
-  metrics = metrics_lib.DecodeMetrics.zeros(num_images, num_slots)
-
-  draft_cache = draft_length = None
-  if plan.drafter is not None:
-    draft_cache = plan.draft.init_cache(out.cache.batch_size, plan.draft_capacity)
-    draft_cache = plan.drafter.prefill(
-        draft_params, sharding.constrain_cache(draft_cache, mesh), draft_cond, out.hidden)
-    features = out.hidden[:, -1:] if plan.drafter.kind == drafting.EAGLE else None
-    zero = jnp.zeros((num_images,), jnp.int32)
-    drafts, draft_probs, draft_cache, draft_length, forwards = _draft_next(
-        plan, draft_params, draft_cache, draft_cache.lengths[:num_images],
-        first[:, None], features, zero, _step_keys(row_keys, 0, 1), num_generated)
-    metrics = metrics.add_draft_forwards(1 + forwards)
-  elif isinstance(mode, Jacobi):
-    drafts, draft_probs = drafting.jacobi_fresh(
-        _step_keys(row_keys, 0, 1), num_slots, vocab, mode.init, first,
-        protocol.image_token_range(plan.target))
-  else:
-    drafts = jnp.zeros((num_images, 0), jnp.int32)
-    draft_probs = jnp.zeros((num_images, 0, vocab), jnp.float32)
-
+  metrics = metrics_lib.DecodeMetrics.zeros(num_images, mode.slots)
+  drafts, forwards = mode.start(plan, draft_params, draft_cond, out, first, num_generated,
+                                _step_keys(row_keys, 0, 1))
+  if forwards:
+    metrics = metrics.add_draft_forwards(forwards)
   state = LoopState(step=jnp.int32(1), tokens=buffer, num_generated=num_generated,
-                    target_cache=out.cache, draft_cache=draft_cache, draft_length=draft_length,
-                    drafts=drafts, draft_probs=draft_probs, metrics=metrics)
+                    target_cache=out.cache, drafts=drafts, metrics=metrics)
 
   def condition(state):
     return jnp.any(state.num_generated < plan.num_tokens)
@@ -220,77 +134,37 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
     active = state.num_generated < plan.num_tokens  # [B]
     old_length = state.target_cache.lengths[:num_images]
     pending = jnp.take_along_axis(state.tokens, state.num_generated[:, None] - 1, axis=1)
-    verify_keys = _step_keys(row_keys, state.step, 0)
-    window = jnp.concatenate([pending, state.drafts[:, 1:] if isinstance(mode, TreeDraft)
-                              else state.drafts], axis=1)  # [B, T]
-    tree = mode.tree if isinstance(mode, TreeDraft) else None
-    out = plan.target.forward(
-        target_params, state.target_cache, as_rows(window, cfg),
-        window_mask=None if tree is None else jnp.asarray(tree.ancestor_mask),
-        depths=None if tree is None else jnp.asarray(tree.depths))
-    offsets = jnp.arange(window.shape[1]) if tree is None else jnp.asarray(tree.depths)
+    window = mode.verify_window(pending, state.drafts)  # [B, T]
+    window_mask, depths = mode.layout()
+    out = plan.target.forward(target_params, state.target_cache, as_rows(window, cfg),
+                              window_mask=window_mask, depths=depths)
+    offsets = jnp.arange(window.shape[1]) if depths is None else depths
     token_index = state.num_generated[:, None] + offsets[None, :]
     target_probs = drafting.guided_probs(plan.sampling, out.logits, token_index, cfg)
+    verdict, cache = mode.verify(plan, rule, _step_keys(row_keys, state.step, 0), window,
+                                 state.drafts, target_probs, out.cache, old_length)
 
-    cache = out.cache
-    if isinstance(mode, Vanilla):
-      num_accepted = jnp.zeros((num_images,), jnp.int32)
-      next_token = drafting.sample(verify_keys, target_probs[:, 0])
-      path = jnp.zeros((num_images, 1), jnp.int32)
-    elif tree is None:
-      num_accepted, next_token = jax.vmap(verify.verify_chain, (None, 0, 0, 0, 0))(
-          rule, verify_keys, state.drafts, state.draft_probs, target_probs)
-      path = jnp.broadcast_to(jnp.arange(num_slots + 1), (num_images, num_slots + 1))
-    else:
-      path, num_accepted, next_token = jax.vmap(
-          verify.verify_tree, (None, 0, None, 0, 0, 0))(
-              rule, verify_keys, tree, window, state.draft_probs, target_probs)
-      cache = _compact_path(cache, old_length, path, cfg)
-
-    # Committed tokens: the accepted path's drafts, then next_token at index n.
-    path_tokens = jnp.take_along_axis(window, jnp.maximum(path, 0), axis=1)  # [B, K+1]
-    slot = jnp.arange(num_slots + 1)[None, :]
-    commit = jnp.where(slot < num_accepted[:, None],
-                       jnp.roll(path_tokens, -1, axis=1), next_token[:, None])
+    commit = mode.commit(window, verdict)  # [B, K+1]
     tokens = kv.write_rows(state.tokens, commit, state.num_generated)
-    num_generated = state.num_generated + jnp.where(active, num_accepted + 1, 0)
+    num_generated = state.num_generated + jnp.where(active, verdict.num_accepted + 1, 0)
     # Rows that are (now) finished keep their old length: their cache is not
     # needed again, and frozen lengths bound the slots any later write touches.
     keep = active & (num_generated < plan.num_tokens)
     new_length = jnp.where(
-        keep, _committed_length(old_length, num_accepted, window.shape[1]), old_length)
+        keep, _committed_length(old_length, verdict.num_accepted, window.shape[1]), old_length)
     cache = kv.set_lengths(cache, as_rows(new_length, cfg))
 
-    draft_keys = _step_keys(row_keys, state.step, 1)
-    draft_cache, draft_length, forwards = state.draft_cache, state.draft_length, 0
-    if plan.drafter is not None:
-      features = None
-      if plan.drafter.kind == drafting.EAGLE:
-        rows_path = as_rows(jnp.maximum(path, 0), cfg)
-        features = jnp.take_along_axis(out.hidden, rows_path[..., None], axis=1)
-      drafts, draft_probs, new_draft_cache, new_draft_length, forwards = _draft_next(
-          plan, draft_params, state.draft_cache, state.draft_length, commit, features,
-          num_accepted, draft_keys, num_generated)
-      draft_length = jnp.where(keep, new_draft_length, state.draft_length)
-      draft_cache = kv.set_lengths(new_draft_cache, as_rows(draft_length, cfg))
-      if tree is not None:
-        drafts = drafts.at[:, 0].set(0)
-    elif isinstance(mode, Jacobi):
-      drafts, draft_probs = drafting.jacobi_next(
-          draft_keys, target_probs, num_accepted, next_token, mode.init,
-          protocol.image_token_range(plan.target))
-    else:
-      drafts, draft_probs = state.drafts, state.draft_probs
-
+    step = mode_base.Step(window=window, hidden=out.hidden, target_probs=target_probs,
+                          verdict=verdict, commit=commit, num_generated=num_generated, keep=keep)
+    drafts, forwards = mode.advance(plan, draft_params, state.drafts, step,
+                                    _step_keys(row_keys, state.step, 1))
     return LoopState(
         step=state.step + 1,
         tokens=sharding.constrain_batch(tokens, mesh),
         num_generated=num_generated,
         target_cache=sharding.constrain_cache(cache, mesh),
-        draft_cache=sharding.constrain_cache(draft_cache, mesh),
-        draft_length=draft_length,
-        drafts=drafts, draft_probs=draft_probs,
-        metrics=state.metrics.record(active, num_accepted, forwards))
+        drafts=drafts.replace(cache=sharding.constrain_cache(drafts.cache, mesh)),
+        metrics=state.metrics.record(active, verdict.num_accepted, forwards))
 
   state = jax.lax.while_loop(condition, body, state)
   return state.tokens[:, :plan.num_tokens], state.metrics
@@ -326,8 +200,8 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, draft_params, draft_
                target_rules, draft_rules) -> tuple:
   """The traced arguments of the compiled decode for one call."""
   # COOL-SD's mean-normalised schedule needs the window length; Vanilla has no rule.
-  rule = None if isinstance(plan.mode, Vanilla) or rule is None else rule.for_window(
-      draft_slots(plan.mode))
+  rule = None if plan.mode.rule_mode is None or rule is None else rule.for_window(
+      plan.mode.slots)
   if draft_cond is None:
     draft_cond = cond
   row_keys = _per_image_keys(key, plan.num_images) if modes_lib.is_single_key(key) else key
@@ -356,13 +230,9 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
   needed = required_capacity(prefix, num_tokens, mode)
   capacity = needed if capacity is None else int(capacity)
   kv.check_capacity(capacity, needed, 'generate: target cache')
-  draft_capacity = 1
-  if isinstance(mode, (ChainDraft, TreeDraft)):
-    # Catch-up (K+1 slots) plus drafting writes (chain k-1 more; a tree re-runs
-    # its drafted nodes) beyond the committed length; drafters are small.
-    draft_prefix = (int(draft.prefix_length(draft_cond if draft_cond is not None else cond))
-                    if hasattr(draft, 'prefix_length') else prefix)
-    draft_capacity = draft_prefix + num_tokens + 2 * window_width(mode) + 2
+  draft_capacity = mode.draft_capacity(
+      draft=draft, cond=cond if draft_cond is None else draft_cond, prefix=prefix,
+      num_tokens=num_tokens)
   plan = _Plan(target=target, draft=draft, mode=mode, sampling=sampling, num_tokens=num_tokens,
                num_images=num_images, cfg=sampling.uses_cfg, target_capacity=capacity,
                draft_capacity=draft_capacity, mesh=mesh)
@@ -397,8 +267,8 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     num_tokens: n image tokens per image.
     key: one PRNG key, or per-image keys [B] (then image b's tokens depend
       only on key[b], whatever the batch).
-    mode: Vanilla(), ChainDraft(k, drafter), TreeDraft(tree, drafter) or
-      Jacobi(window, init).
+    mode: Vanilla(), ChainDraft(k, drafter), TreeDraft(tree, drafter),
+      Jacobi(window, init), or any other `modes.Mode` subclass.
     sampling: CFG and logits processing, applied identically to target and draft.
     rule: acceptance rule (`specdec_jax.rules`) for every mode but Vanilla.
     draft, draft_params, draft_cond: the drafter (EAGLE-style head or a small

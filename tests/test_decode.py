@@ -24,6 +24,8 @@ from absl.testing import parameterized
 from specdec_jax import decode
 from specdec_jax import drafting
 from specdec_jax import logits
+from specdec_jax import mode_base
+from specdec_jax import modes
 from specdec_jax import rules
 from specdec_jax import testing
 from specdec_jax import verify
@@ -69,6 +71,32 @@ def _run(mode, sampling, *, num_images=NUM_SAMPLES, seed=7, rule=rules.Lossless(
       draft_params=params, compiler_options=FAST, **kwargs)
 
 
+@dataclasses.dataclass(frozen=True)
+class _RepeatLeft(modes.Mode):
+  """A mode defined outside the library, to show a new mode is one class: k drafts
+  that repeat the last committed token (point masses, so lossless chain
+  verification accepts draft x with probability t(x))."""
+
+  k: int
+
+  rule_mode = rules.CHAIN
+
+  @property
+  def width(self) -> int:
+    return self.k + 1
+
+  def _repeat(self, token, vocab):
+    tokens = jnp.repeat(token[:, None], self.k, axis=1)
+    return mode_base.Drafts(tokens=tokens, probs=jax.nn.one_hot(tokens, vocab))
+
+  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
+    return self._repeat(first, plan.target.vocab_size), 0
+
+  def advance(self, plan, draft_params, drafts, step, keys):
+    last = jnp.take_along_axis(step.commit, step.verdict.num_accepted[:, None], axis=1)[:, 0]
+    return self._repeat(last, plan.target.vocab_size), 0
+
+
 LOSSLESS_CASES = (
     ('vanilla', decode.Vanilla(), logits.Sampling()),
     ('chain_model', decode.ChainDraft(2, 'model'), logits.Sampling()),
@@ -78,6 +106,7 @@ LOSSLESS_CASES = (
     ('tree_model_topk', decode.TreeDraft(TREE, 'model'), logits.Sampling(top_k=3)),
     ('jacobi_random', decode.Jacobi(3, 'random'), logits.Sampling()),
     ('jacobi_spatial_cfg', decode.Jacobi(3, 'spatial'), logits.Sampling(cfg_scale=1.5)),
+    ('plugged_in_mode', _RepeatLeft(2), logits.Sampling()),
 )
 
 

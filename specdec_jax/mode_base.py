@@ -1,0 +1,258 @@
+"""What the decode loop asks of a decoding mode, and the pieces modes share.
+
+Legend: B images, R cache rows (B, or 2B = [cond; uncond] with CFG), V
+vocabulary, E hidden width, n image tokens, T verify window (tokens per
+target forward), K draft slots (the most drafts one step can accept).
+
+A mode is a frozen dataclass (a jit static argument) deriving from `Mode`.
+`decode._decode` runs one loop for every mode and calls, per decode:
+
+  `start`   after the prefill and the first token: the first drafts;
+and per iteration:
+  `verify_window`  [pending, drafts] -> the T tokens the target runs;
+  `verify`         target distributions -> a `Verdict` (accepted path,
+                   num_accepted, next token) and the target cache to keep;
+  `commit`         the tokens the verdict commits;
+  `advance`        the drafts of the next iteration.
+
+Chain verification (`verify.verify_chain`) and the commit of a chain are the
+defaults here; `mode_tree.TreeDraft` overrides what a tree does differently.
+`DrafterMode` holds what both draft-model modes (chain and tree) share: the
+drafter cache, its catch-up forward and its checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import drafting
+from specdec_jax import kv_cache as kv
+from specdec_jax import logits as logits_lib
+from specdec_jax import sharding
+from specdec_jax import verify
+
+as_rows = drafting.as_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Everything static about one compiled decode (a jit static argument)."""
+
+  target: Any
+  draft: Any
+  mode: Any
+  sampling: logits_lib.Sampling
+  num_tokens: int
+  num_images: int
+  cfg: bool
+  target_capacity: int
+  draft_capacity: int
+  mesh: Any
+
+
+@flax.struct.dataclass
+class Drafts:
+  """What a mode carries between iterations (part of the loop state).
+
+  Attributes:
+    tokens: int32[B, K] the next drafts (a tree: [B, N] node tokens).
+    probs: f32[B, K, V] (a tree: [B, N, V]) the laws the drafts came from.
+    cache: the drafter's cache (R rows), or None without a draft model.
+    length: int32[B] drafter slots committed (incl. the pending token), or None.
+  """
+
+  tokens: jax.Array
+  probs: jax.Array
+  cache: Any = None
+  length: Any = None
+
+
+class Verdict(NamedTuple):
+  """One verification per image.
+
+  path: int32[B, K+1] window indices of the committed tokens (path[:, 0] = 0,
+    the pending token; -1 pads a tree path shorter than K+1).
+  num_accepted: int32[B] drafts accepted.
+  next_token: int32[B] the resampled (or bonus) token committed after them.
+  """
+
+  path: jax.Array
+  num_accepted: jax.Array
+  next_token: jax.Array
+
+
+class Step(NamedTuple):
+  """One verified iteration, as `Mode.advance` sees it.
+
+  window: int32[B, T] the tokens the target ran; hidden: [R, T, E] its hidden
+  states; target_probs: f32[B, T, V]; verdict: the `Verdict`; commit:
+  int32[B, K+1] committed tokens (accepted drafts, then the next token);
+  num_generated: int32[B] committed tokens after this step; keep: bool[B]
+  rows that still decode (their lengths move; finished rows stay frozen).
+  """
+
+  window: jax.Array
+  hidden: jax.Array
+  target_probs: jax.Array
+  verdict: Verdict
+  commit: jax.Array
+  num_generated: jax.Array
+  keep: jax.Array
+
+
+class Mode:
+  """Base of the decoding modes: subclasses are frozen dataclasses.
+
+  Defaults describe a chain: the window is [pending, drafts], drafts are
+  verified with `verify.verify_chain`, and the accepted tokens are the
+  window's prefix. A new mode is a new subclass overriding what differs.
+  """
+
+  # The `rules` mode name the acceptance rule must support (None: no rule).
+  rule_mode: ClassVar[str | None] = None
+
+  @property
+  def width(self) -> int:
+    """T: tokens per verify forward."""
+    raise NotImplementedError
+
+  @property
+  def slots(self) -> int:
+    """K: the most drafts one step can accept."""
+    return self.width - 1
+
+  def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
+    """Mode-specific argument checks of `generate` (ValueError naming the fix)."""
+
+  def draft_capacity(self, *, draft, cond, prefix: int, num_tokens: int) -> int:
+    """Drafter cache slots (1: the mode has no drafter cache)."""
+    del draft, cond, prefix, num_tokens
+    return 1
+
+  def layout(self):
+    """(window_mask bool[T, T] or None, depths int32[T] or None) of the verify forward.
+
+    None, None: a causal chain whose window entry j predicts image token
+    num_generated + j.
+    """
+    return None, None
+
+  def start(self, plan: Plan, draft_params, draft_cond, prefill, first, first_index,
+            keys) -> tuple[Drafts, int]:
+    """The first drafts, after the prefill `prefill` and the first token first int32[B].
+
+    first_index: int32[B] image-token index of the first draft; keys: [B].
+    Returns (drafts, drafter forwards run).
+    """
+    raise NotImplementedError
+
+  def verify_window(self, pending, drafts: Drafts) -> jax.Array:
+    """pending int32[B, 1] -> the verify window int32[B, T]."""
+    return jnp.concatenate([pending, drafts.tokens], axis=1)
+
+  def verify(self, plan: Plan, rule, keys, window, drafts: Drafts, target_probs,
+             cache: kv.KVCache, start) -> tuple[Verdict, kv.KVCache]:
+    """Verifies the window per image (vmapped, keys [B]) against target_probs [B, T, V].
+
+    cache: the target cache after the verify forward (lengths = start, the
+    row lengths before it). Returns the verdict and the cache to keep.
+    """
+    del start
+    num_accepted, next_token = jax.vmap(verify.verify_chain, (None, 0, 0, 0, 0))(
+        rule, keys, drafts.tokens, drafts.probs, target_probs)
+    path = jnp.broadcast_to(jnp.arange(self.slots + 1), (plan.num_images, self.slots + 1))
+    return Verdict(path, num_accepted, next_token), cache
+
+  def commit(self, window, verdict: Verdict) -> jax.Array:
+    """int32[B, K+1]: the accepted path's drafts, then next_token at index num_accepted."""
+    path_tokens = jnp.take_along_axis(window, jnp.maximum(verdict.path, 0), axis=1)
+    slot = jnp.arange(self.slots + 1)[None, :]
+    return jnp.where(slot < verdict.num_accepted[:, None],
+                     jnp.roll(path_tokens, -1, axis=1), verdict.next_token[:, None])
+
+  def advance(self, plan: Plan, draft_params, drafts: Drafts, step: Step,
+              keys) -> tuple[Drafts, int]:
+    """The drafts of the next iteration (keys [B]); returns (drafts, drafter forwards)."""
+    raise NotImplementedError
+
+
+class DrafterMode(Mode):
+  """A mode drafted by a draft model: subclasses have a field `drafter`,
+  'eagle' (EAGLE-style head on target hidden states) or 'model' (a small
+  `DecodeModel`), and implement `draft` and `draft_forwards`."""
+
+  drafter: str
+
+  @property
+  def draft_forwards(self) -> int:
+    """Drafter forwards `draft` runs after the catch-up."""
+    raise NotImplementedError
+
+  def draft(self, drafter: drafting.Drafter, plan: Plan, draft_params, cache, root_logits,
+            root_hidden, keys, first_index):
+    """Drafts from the drafter's root output. Returns (tokens, probs, cache)."""
+    raise NotImplementedError
+
+  def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
+    del num_tokens
+    if self.drafter not in (drafting.EAGLE, drafting.MODEL):
+      raise ValueError(f"generate: drafter must be 'eagle' or 'model', got {self.drafter!r}.")
+    if draft is None or draft_params is None:
+      raise ValueError(f'generate: mode {self!r} needs draft= and draft_params=.')
+    if draft.vocab_size != target.vocab_size:
+      raise ValueError(f'generate: draft vocab_size {draft.vocab_size} != target vocab_size '
+                       f'{target.vocab_size}; speculative decoding needs one vocabulary.')
+    if self.drafter == drafting.EAGLE and draft.hidden_size != target.hidden_size:
+      raise ValueError(f'generate: EAGLE drafter hidden_size {draft.hidden_size} != target '
+                       f'hidden_size {target.hidden_size}; it consumes target hidden states.')
+    if self.drafter == drafting.MODEL:
+      # The draft model checks its own conditioning, abstractly (as the target's).
+      rows = jnp.shape(jax.tree.leaves(cond)[0])[0]
+      cache = jax.eval_shape(lambda: draft.init_cache(rows, draft.prefix_length(cond) + 1))
+      jax.eval_shape(draft.prefill, draft_params, cache, cond)
+
+  def draft_capacity(self, *, draft, cond, prefix: int, num_tokens: int) -> int:
+    # Catch-up (K+1 slots) plus drafting writes (chain k-1 more; a tree re-runs
+    # its drafted nodes) beyond the committed length; drafters are small.
+    draft_prefix = int(draft.prefix_length(cond)) if hasattr(draft, 'prefix_length') else prefix
+    return draft_prefix + num_tokens + 2 * self.width + 2
+
+  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
+    drafter = drafting.Drafter(plan.draft, self.drafter)
+    cache = plan.draft.init_cache(prefill.cache.batch_size, plan.draft_capacity)
+    cache = drafter.prefill(draft_params, sharding.constrain_cache(cache, plan.mesh),
+                            draft_cond, prefill.hidden)
+    features = prefill.hidden[:, -1:] if drafter.kind == drafting.EAGLE else None
+    zero = jnp.zeros((plan.num_images,), jnp.int32)
+    drafts = self._catch_up_and_draft(plan, draft_params, cache, cache.lengths[:plan.num_images],
+                                      first[:, None], features, zero, keys, first_index)
+    return drafts, 1 + self.draft_forwards
+
+  def advance(self, plan, draft_params, drafts, step, keys):
+    features = None
+    if self.drafter == drafting.EAGLE:
+      # EAGLE pairs each committed token with the target feature that predicted it.
+      rows_path = as_rows(jnp.maximum(step.verdict.path, 0), plan.cfg)
+      features = jnp.take_along_axis(step.hidden, rows_path[..., None], axis=1)
+    new = self._catch_up_and_draft(plan, draft_params, drafts.cache, drafts.length, step.commit,
+                                   features, step.verdict.num_accepted, keys, step.num_generated)
+    length = jnp.where(step.keep, new.length, drafts.length)
+    cache = kv.set_lengths(new.cache, as_rows(length, plan.cfg))
+    return new.replace(cache=cache, length=length), self.draft_forwards
+
+  def _catch_up_and_draft(self, plan, draft_params, cache, committed, tokens, features,
+                          num_accepted, keys, first_index) -> Drafts:
+    """Drafter catch-up on the committed tokens, then `draft`; lengths = new committed."""
+    drafter = drafting.Drafter(plan.draft, self.drafter)
+    root_logits, root_hidden, cache = drafting.catch_up(
+        drafter, draft_params, cache, committed, tokens, features, num_accepted, plan.cfg)
+    committed = committed + num_accepted + 1
+    tokens, probs, cache = self.draft(drafter, plan, draft_params, cache, root_logits,
+                                      root_hidden, keys, first_index)
+    cache = kv.set_lengths(cache, as_rows(committed, plan.cfg))
+    return Drafts(tokens=tokens, probs=probs, cache=cache, length=committed)

@@ -1,0 +1,113 @@
+"""The chain-shaped decoding modes: plain sampling, drafted chains, Jacobi windows.
+
+Legend: B images, V vocabulary, n image tokens, k chain drafts, W Jacobi
+window, T verify window, K draft slots. What each method does for the loop:
+`mode_base.Mode`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from specdec_jax import drafting
+from specdec_jax import mode_base
+from specdec_jax import protocol
+from specdec_jax import rules as rules_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Vanilla(mode_base.Mode):
+  """Plain autoregressive decoding: one target forward per token."""
+
+  @property
+  def width(self) -> int:
+    return 1
+
+  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
+    vocab = plan.target.vocab_size
+    return mode_base.Drafts(tokens=jnp.zeros((plan.num_images, 0), jnp.int32),
+                            probs=jnp.zeros((plan.num_images, 0, vocab), jnp.float32)), 0
+
+  def verify(self, plan, rule, keys, window, drafts, target_probs, cache, start):
+    del rule, window, drafts, start
+    num_accepted = jnp.zeros((plan.num_images,), jnp.int32)
+    next_token = drafting.sample(keys, target_probs[:, 0])
+    path = jnp.zeros((plan.num_images, 1), jnp.int32)
+    return mode_base.Verdict(path, num_accepted, next_token), cache
+
+  def advance(self, plan, draft_params, drafts, step, keys):
+    return drafts, 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainDraft(mode_base.DrafterMode):
+  """k drafts per step from an EAGLE-style head ('eagle') or a small AR model ('model')."""
+
+  k: int
+  drafter: str = drafting.EAGLE
+
+  rule_mode = rules_lib.CHAIN
+
+  @property
+  def width(self) -> int:
+    return self.k + 1
+
+  @property
+  def draft_forwards(self) -> int:
+    return self.k
+
+  def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
+    if not 1 <= self.k < num_tokens:
+      raise ValueError(f'generate: ChainDraft.k must be in [1, num_tokens={num_tokens}), got '
+                       f'{self.k}.')
+    super().check(target=target, draft=draft, draft_params=draft_params, cond=cond,
+                  num_tokens=num_tokens)
+
+  def draft(self, drafter, plan, draft_params, cache, root_logits, root_hidden, keys,
+            first_index):
+    return drafting.draft_chain(
+        drafter, draft_params, cache, root_logits, root_hidden, num_drafts=self.k,
+        sampling=plan.sampling, cfg=plan.cfg, keys=keys, first_index=first_index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Jacobi(mode_base.Mode):
+  """Speculative Jacobi decoding (SJD; GSD/CSD via their rules): window W, no draft model.
+
+  init 'random' draws fresh drafts uniformly from the target's image tokens
+  (`protocol.image_token_range`, e.g. Lumina-mGPT's 8192 ids 4..8195, as SJD's
+  released code); 'spatial' repeats the token to the left. The target's own
+  distributions at the window become the next drafts (`drafting.jacobi_next`).
+  """
+
+  window: int
+  init: str = 'random'
+
+  rule_mode = rules_lib.JACOBI
+
+  @property
+  def width(self) -> int:
+    return self.window
+
+  def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
+    del draft, draft_params, cond
+    if not 2 <= self.window <= num_tokens:
+      raise ValueError(f'generate: Jacobi.window must be in [2, num_tokens={num_tokens}] '
+                       f'(1 pending token + window-1 drafts), got {self.window}.')
+    if self.init not in ('random', 'spatial'):
+      raise ValueError(f"generate: Jacobi.init must be 'random' or 'spatial', got "
+                       f'{self.init!r}.')
+    protocol.image_token_range(target)  # random drafts are drawn from it: check it now
+
+  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
+    tokens, probs = drafting.jacobi_fresh(keys, self.slots, plan.target.vocab_size, self.init,
+                                          first, protocol.image_token_range(plan.target))
+    return mode_base.Drafts(tokens=tokens, probs=probs), 0
+
+  def advance(self, plan, draft_params, drafts, step, keys):
+    tokens, probs = drafting.jacobi_next(
+        keys, step.target_probs, step.verdict.num_accepted, step.verdict.next_token, self.init,
+        protocol.image_token_range(plan.target))
+    return drafts.replace(tokens=tokens, probs=probs), 0

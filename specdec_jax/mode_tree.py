@@ -1,0 +1,98 @@
+"""EAGLE-1 static-tree drafting: one target forward over every node, tree verification.
+
+Legend: B images, R cache rows, V vocabulary, N tree nodes, D tree depth
+(K = D draft slots), S cache slots.
+
+Node convention (kept inside this mode): node 0 is the root, i.e. the
+pending token; the drafts are int32[B, N] node tokens whose node 0 is
+unused, and the verify window is [pending, node tokens 1..N-1], so window
+index j *is* node j. The verify forward writes node j at slot start + j; the
+accepted path is gathered into consecutive slots before the lengths move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import drafting
+from specdec_jax import kv_cache as kv
+from specdec_jax import mode_base
+from specdec_jax import rules as rules_lib
+from specdec_jax import verify
+
+as_rows = drafting.as_rows
+
+
+def compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
+  """Moves the accepted tree path's KV into consecutive slots.
+
+  The verify forward wrote node j at slot start + j; the accepted path
+  (node ids path[0] = 0, path[1..], -1 padded) must sit at start, start + 1,
+  ... for the next forward. This gather of D + 1 slots per layer is the only
+  KV copy in the engine (chains never copy); junk beyond the accepted length
+  is hidden by the lengths set afterwards.
+
+  Args:
+    cache: R rows; start: int32[B] row lengths before the verify forward;
+    path: int32[B, D+1].
+  """
+  slots = as_rows(start[:, None] + jnp.maximum(path, 0), cfg)  # [R, D+1]
+  starts = as_rows(start, cfg)
+
+  def move(buffer):  # [R, S, heads, head dim]
+    picked = jnp.take_along_axis(buffer, slots[:, :, None, None], axis=1)
+    return kv.write_rows(buffer, picked, starts)
+
+  return cache.replace(keys=tuple(move(x) for x in cache.keys),
+                       values=tuple(move(x) for x in cache.values))
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeDraft(mode_base.DrafterMode):
+  """EAGLE-1 static tree drafting (`verify.StaticTree`), drafter as in ChainDraft."""
+
+  tree: verify.StaticTree
+  drafter: str = drafting.EAGLE
+
+  rule_mode = rules_lib.TREE
+
+  @property
+  def width(self) -> int:
+    return self.tree.num_nodes
+
+  @property
+  def slots(self) -> int:
+    return self.tree.max_depth
+
+  @property
+  def draft_forwards(self) -> int:
+    return self.tree.max_depth
+
+  def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
+    if not isinstance(self.tree, verify.StaticTree):
+      raise ValueError('generate: TreeDraft.tree must be a verify.StaticTree, e.g. '
+                       'StaticTree.from_paths(((0,), (1,), (0, 0))).')
+    super().check(target=target, draft=draft, draft_params=draft_params, cond=cond,
+                  num_tokens=num_tokens)
+
+  def layout(self):
+    # Each node sees its ancestors; node j predicts image token num_generated + depth(j).
+    return jnp.asarray(self.tree.ancestor_mask), jnp.asarray(self.tree.depths)
+
+  def draft(self, drafter, plan, draft_params, cache, root_logits, root_hidden, keys,
+            first_index):
+    return drafting.draft_tree(
+        drafter, draft_params, cache, root_logits, root_hidden, tree=self.tree,
+        sampling=plan.sampling, cfg=plan.cfg, keys=keys, first_index=first_index)
+
+  def verify_window(self, pending, drafts):
+    return jnp.concatenate([pending, drafts.tokens[:, 1:]], axis=1)  # node 0 -> pending
+
+  def verify(self, plan, rule, keys, window, drafts, target_probs, cache, start):
+    path, num_accepted, next_token = jax.vmap(verify.verify_tree, (None, 0, None, 0, 0, 0))(
+        rule, keys, self.tree, window, drafts.probs, target_probs)
+    cache = compact_path(cache, start, path, plan.cfg)
+    return mode_base.Verdict(path, num_accepted, next_token), cache
