@@ -1,4 +1,6 @@
-"""Tests for converters/common.py: reading, unwrapping, validation, atomic writes.
+"""Tests for converters/common.py (and the checkpoint_read, checkpoint_keys,
+checkpoint_write modules it re-exports): reading, unwrapping, validation,
+atomic writes.
 
 Torch files need torch (those tests are skipped without it); safetensors
 files are written from numpy and read without torch.
@@ -16,6 +18,8 @@ from absl.testing import absltest
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.converters import checkpoint_read
+from specdec_jax.converters import checkpoint_write
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from tests import torch_reference as ref
@@ -130,7 +134,7 @@ class LoadStateDictTest(absltest.TestCase):
     # The pre-zip format cannot be memory-mapped: read whole, with a warning.
     legacy = self.dir / 'legacy.bin'
     ref.torch.save({'model': _torch_state()}, legacy, _use_new_zipfile_serialization=False)
-    with mock.patch.object(common.logging, 'warning') as warning:
+    with mock.patch.object(checkpoint_read.logging, 'warning') as warning:
       state = common.unwrap_checkpoint(common.load_raw_checkpoint(legacy, mmap=True))
     self.assertIn('legacy', warning.call_args.args[0])
     self.assertEqual(set(state), set(_tiny_state()))
@@ -233,7 +237,7 @@ class WriteParamsTest(absltest.TestCase):
   def test_failure_mid_write_leaves_nothing(self):
     # The metadata is written after the Orbax save: failing there means params
     # already sit in the temporary folder, which must be removed.
-    with mock.patch.object(common.json, 'dump', side_effect=OSError('disk full')):
+    with mock.patch.object(checkpoint_write.json, 'dump', side_effect=OSError('disk full')):
       with self.assertRaisesRegex(OSError, 'disk full'):
         common.write_params_atomic(self.dir / 'out', self.params, config={},
                                    source_files=[self.source])
@@ -253,7 +257,7 @@ class HelpersTest(absltest.TestCase):
     self.assertEqual(cast['i'].dtype, np.int32)
 
   def test_progress_logs(self):
-    with mock.patch.object(common.logging, 'info') as info:
+    with mock.patch.object(checkpoint_write.logging, 'info') as info:
       progress = common.Progress(88, num_logs=4)
       for i in range(88):
         progress.step(f't{i}')
