@@ -41,7 +41,7 @@ from specdec_jax import decode  # pylint: disable=g-import-not-at-top
 from specdec_jax import kv_cache as kv
 from specdec_jax import logits
 from specdec_jax import rules
-from specdec_jax.models import toy
+from specdec_jax.models import tiny as toy
 
 _PRESET = flags.DEFINE_enum('preset', 'tiny', ['tiny', 'llamagen-xl', 'lumina-7b'],
                             'Model shapes (tiny runs on CPU).')

@@ -30,11 +30,11 @@ import time
 import numpy as np
 
 from specdec_jax import decode
-from specdec_jax import evaluation
-from specdec_jax import family as family_lib
-from specdec_jax import generate
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
+from specdec_jax.app import evaluation
+from specdec_jax.app import family as family_lib
+from specdec_jax.app import generate
 from specdec_jax.configs import generate as generate_config
 
 DELTAS = (1.5, 2.0, 3.0, 4.0, 6.0)

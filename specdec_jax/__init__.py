@@ -9,6 +9,8 @@ Modules:
   logits      the logits processing shared by target and draft (CFG, ...)
   decode      the compiled decoding loop (vanilla, chain, tree, Jacobi)
   modes       decoding modes and the checks run before compiling
+  mode_base, mode_chain, mode_tree
+              the mode classes: loop protocol; vanilla, chain, Jacobi; tree
   drafting    drafter adapters, chain/tree drafting, Jacobi window updates
   metrics     per-image decoding counters
   sharding    meshes and partition rules for parameters and caches
@@ -16,11 +18,21 @@ Modules:
   attention   cached multi-head attention shared by every model
   protocol    the model protocol the decoding engine needs
   testing     statistical checks of sample counts against exact laws
-  evaluation  Frechet distance, class accuracy, NLL
-  family      the bundled model family; generate / demo: the main command
-  train       training entry points (VQ, GPT, EAGLE drafter, classifier)
-Subpackages installed from the repository's top-level folders:
-  specdec_jax.models, specdec_jax.converters, specdec_jax.configs.
+  toy         toy Markov target and EAGLE-style drafter with exact laws (tests, demo)
+
+Layers (tests/test_layers.py checks the imports):
+  core                     the modules above, at the top of this package;
+                           imports no other layer
+  specdec_jax.models       Flax models (repository folder models/); imports core
+  specdec_jax.converters   checkpoint converters (repository folder
+                           converters/); imports models and core
+  specdec_jax.app          the application: main command, demo, bundled family,
+                           data, evaluation, training (`app.train`); imports
+                           every layer
+  specdec_jax.configs      ml_collections configs (repository folder configs/)
+                           beside the application; imports only other configs
+The old paths of the application modules (specdec_jax.generate, .family,
+.train.*, ...) and specdec_jax.models.toy are shims that still work.
 """
 
 __version__ = '0.1.0'

@@ -9,8 +9,8 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
-from specdec_jax import evaluation
-from specdec_jax import fashion_mnist
+from specdec_jax.app import evaluation
+from specdec_jax.app import fashion_mnist
 from specdec_jax.models import classifier
 
 

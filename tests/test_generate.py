@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import demo
-from specdec_jax import family as family_lib
-from specdec_jax import generate
+from specdec_jax.app import demo
+from specdec_jax.app import family as family_lib
+from specdec_jax.app import generate
 from specdec_jax.configs import generate as generate_config
 from specdec_jax.models import classifier
 from specdec_jax.models import eagle

@@ -7,7 +7,7 @@ import zlib
 from absl.testing import absltest
 import numpy as np
 
-from specdec_jax import images
+from specdec_jax.app import images
 
 
 def decode_png(data: bytes) -> np.ndarray:

@@ -23,7 +23,7 @@ class PackagingTest(absltest.TestCase):
       names = zipfile.ZipFile(wheel).namelist()
       top_level = {n.split('/')[0] for n in names if not n.split('/')[0].endswith('.dist-info')}
       self.assertEqual(top_level, {'specdec_jax'})
-      for sub in ('models', 'converters', 'configs'):
+      for sub in ('models', 'converters', 'configs', 'app', 'app/train', 'train'):
         self.assertIn(f'specdec_jax/{sub}/__init__.py', names)
 
       # Install the wheel alone into a fresh target folder; dependencies come
@@ -33,7 +33,7 @@ class PackagingTest(absltest.TestCase):
                       str(target), str(wheel)], check=True)
       self.assertFalse((target / 'models').exists())
       code = ('import specdec_jax, specdec_jax.rules, specdec_jax.verify, specdec_jax.models, '
-              'specdec_jax.converters, specdec_jax.configs; '
+              'specdec_jax.converters, specdec_jax.configs, specdec_jax.app.generate; '
               'print(specdec_jax.__file__)')
       env = dict(os.environ, PYTHONPATH=str(target))
       out = subprocess.run([sys.executable, '-I', '-c',

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from specdec_jax.app.train import gpt as train_gpt
+from specdec_jax.app.train import kmeans_tokenizer
 from specdec_jax.converters import vq as vq_converter
 from specdec_jax.models import neighbors
 from specdec_jax.models import patch_tokenizer
-from specdec_jax.train import kmeans_tokenizer
-from specdec_jax.train import gpt as train_gpt
 
 
 def _tokenizer(codebook_size=4, patch=2):

@@ -12,7 +12,7 @@ from absl.testing import absltest
 from jax.sharding import PartitionSpec as P
 
 from specdec_jax import sharding
-from specdec_jax.models import toy
+from specdec_jax.models import tiny
 
 # Runs in a fresh interpreter: the device count is fixed when JAX starts.
 _SHARDED_RUN = textwrap.dedent("""
@@ -20,17 +20,17 @@ _SHARDED_RUN = textwrap.dedent("""
     os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
     import jax, jax.numpy as jnp, numpy as np
     from specdec_jax import decode, logits, rules, sharding
-    from specdec_jax.models import toy
+    from specdec_jax.models import tiny
 
-    config = toy.TinyConfig(vocab_size=32, width=32, num_layers=1, num_heads=4, num_kv_heads=4,
-                            ffn_dim=64)
-    target = toy.TinyTransformer(config)
-    draft = toy.TinyTransformer(toy.TinyConfig(vocab_size=32, width=16, num_layers=1,
-                                               num_heads=2, num_kv_heads=2, ffn_dim=32))
+    config = tiny.TinyConfig(vocab_size=32, width=32, num_layers=1, num_heads=4,
+                             num_kv_heads=4, ffn_dim=64)
+    target = tiny.TinyTransformer(config)
+    draft = tiny.TinyTransformer(tiny.TinyConfig(vocab_size=32, width=16, num_layers=1,
+                                                 num_heads=2, num_kv_heads=2, ffn_dim=32))
     target_params = target.init_params(jax.random.key(0))
     draft_params = draft.init_params(jax.random.key(1))
     sampling = logits.Sampling(cfg_scale=2.0, top_k=8)
-    cond = toy.cfg_class_rows(jnp.arange(4) % 4, 4)  # 4 images -> 8 rows
+    cond = tiny.cfg_class_rows(jnp.arange(4) % 4, 4)  # 4 images -> 8 rows
     kwargs = dict(num_tokens=8, key=jax.random.key(5), mode=decode.ChainDraft(2, 'model'),
                   sampling=sampling, rule=rules.Lossless(), draft=draft,
                   draft_params=draft_params, compiler_options=decode.FAST_COMPILE)
@@ -53,7 +53,7 @@ _SHARDED_RUN = textwrap.dedent("""
 class PartitionRulesTest(absltest.TestCase):
 
   def test_llama_rules(self):
-    params = toy.TinyTransformer().init_params(jax.random.key(0))
+    params = tiny.TinyTransformer().init_params(jax.random.key(0))
     specs = sharding.param_specs(params)
     layer = specs['layers_0']
     self.assertEqual(layer['self_attn']['q_proj']['kernel'], P(None, 'model'))
@@ -72,7 +72,7 @@ class PartitionRulesTest(absltest.TestCase):
 
   def test_cache_shardings_follow_rows_and_heads(self):
     mesh = sharding.make_mesh(1, 1)
-    cache = toy.TinyTransformer().init_cache(2, 8)
+    cache = tiny.TinyTransformer().init_cache(2, 8)
     shardings = sharding.cache_shardings(cache, mesh)
     self.assertEqual(shardings.keys[0].spec, P('data', None, 'model', None))
     self.assertEqual(shardings.lengths.spec, P('data'))

@@ -17,15 +17,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from specdec_jax import training
+from specdec_jax.app import training
+from specdec_jax.app.train import drafter as train_drafter
+from specdec_jax.app.train import gpt as train_gpt
+from specdec_jax.app.train import vq as train_vq
 from specdec_jax.converters import lantern_drafter
 from specdec_jax.converters import llamagen as llamagen_converter
 from specdec_jax.converters import vq as vq_converter
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
-from specdec_jax.train import drafter as train_drafter
-from specdec_jax.train import gpt as train_gpt
-from specdec_jax.train import vq as train_vq
 
 VOCAB, GRID, CLASSES = 16, 4, 4
 NUM_TOKENS = GRID * GRID

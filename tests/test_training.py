@@ -11,8 +11,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import training
-from specdec_jax.train import classifier as train_classifier
+from specdec_jax.app import training
+from specdec_jax.app.train import classifier as train_classifier
 
 
 def synthetic_split(num, seed):

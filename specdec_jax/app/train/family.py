@@ -30,19 +30,19 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from specdec_jax import evaluation
-from specdec_jax import family as family_lib
-from specdec_jax import training
+from specdec_jax.app import evaluation
+from specdec_jax.app import family as family_lib
+from specdec_jax.app import training
+from specdec_jax.app.train import classifier as train_classifier
+from specdec_jax.app.train import drafter as train_drafter
+from specdec_jax.app.train import gpt as train_gpt
+from specdec_jax.app.train import kmeans_tokenizer
+from specdec_jax.app.train import vq as train_vq
 from specdec_jax.configs import family as family_config
 from specdec_jax.converters import common
 from specdec_jax.converters import lantern_drafter
 from specdec_jax.converters import llamagen as llamagen_converter
 from specdec_jax.converters import vq as vq_converter
-from specdec_jax.train import classifier as train_classifier
-from specdec_jax.train import drafter as train_drafter
-from specdec_jax.train import gpt as train_gpt
-from specdec_jax.train import kmeans_tokenizer
-from specdec_jax.train import vq as train_vq
 
 STAGES = family_config.STAGES
 MANIFEST = 'family_manifest.json'

@@ -39,12 +39,12 @@ from ml_collections import config_flags
 import numpy as np
 
 from specdec_jax import decode
-from specdec_jax import demo
-from specdec_jax import evaluation
-from specdec_jax import family as family_lib
-from specdec_jax import images as images_lib
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
+from specdec_jax.app import demo
+from specdec_jax.app import evaluation
+from specdec_jax.app import family as family_lib
+from specdec_jax.app import images as images_lib
 from specdec_jax.configs import generate as default_config
 
 

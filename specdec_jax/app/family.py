@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import evaluation
+import specdec_jax
+from specdec_jax.app import evaluation
 from specdec_jax.converters import common
 from specdec_jax.converters import lantern_drafter
 from specdec_jax.converters import llamagen as llamagen_converter
@@ -39,7 +40,8 @@ from specdec_jax.models import classifier as classifier_lib
 from specdec_jax.models import llamagen
 from specdec_jax.models import neighbors as neighbors_lib
 
-BUNDLE_DIR = pathlib.Path(__file__).resolve().parent / 'assets' / 'fashion_mnist'
+# The bundle ships as package data of the top-level package, not of `app`.
+BUNDLE_DIR = pathlib.Path(specdec_jax.__file__).resolve().parent / 'assets' / 'fashion_mnist'
 PARTS = ('tokenizer', 'target', 'eagle', 'draft_gpt', 'classifier')
 
 

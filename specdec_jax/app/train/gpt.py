@@ -3,7 +3,7 @@
   python -m specdec_jax.train.gpt --config configs/fashion_target.py --workdir runs/fashion_target
   python -m specdec_jax.train.gpt --config configs/fashion_draft_gpt.py --workdir runs/fashion_draft_gpt
 
-Reads `tokens.npz` written by `specdec_jax.train.vq`. Next-token cross-entropy
+Reads `tokens.npz` written by `specdec_jax.app.train.vq`. Next-token cross-entropy
 with teacher forcing (`models.llamagen.forward_logits`); class dropout
 replaces a label by the null class `num_classes` with probability
 `class_dropout`, so classifier-free guidance works at sampling time.
@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import training
+from specdec_jax.app import training
+from specdec_jax.app.train import vq as train_vq
 from specdec_jax.converters import common
 from specdec_jax.models import llamagen
-from specdec_jax.train import vq as train_vq
 
 
 MODEL_DIR = 'model'

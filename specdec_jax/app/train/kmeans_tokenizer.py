@@ -10,7 +10,7 @@ iteration is moved to the patch farthest from its centre (so every code
 stays in use). The tokenizer is
 `models.patch_tokenizer.PatchTokenizer`.
 
-Outputs in --workdir (the same files `specdec_jax.train.vq` writes, so the
+Outputs in --workdir (the same files `specdec_jax.app.train.vq` writes, so the
 GPT and drafter trainers read either):
   tokenizer/     the tokenizer (`converters.vq.load_tokenizer`).
   tokens.npz     train_tokens / test_tokens int16[N, L], labels, grid, vocab_size.
@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import fashion_mnist
-from specdec_jax import training
+from specdec_jax.app import fashion_mnist
+from specdec_jax.app import training
+from specdec_jax.app.train import vq as train_vq
 from specdec_jax.converters import common
 from specdec_jax.models import patch_tokenizer
-from specdec_jax.train import vq as train_vq
 
 
 @jax.jit

@@ -1,6 +1,6 @@
 """Shared training loop: optax AdamW, resumable Orbax checkpoints, progress logs.
 
-Used by the training entry points in `specdec_jax.train` (classifier, VQ,
+Used by the training entry points in `specdec_jax.app.train` (classifier, VQ,
 target GPT, drafters). A training job is a pure `step(state, batch, key) ->
 (state, metrics)` plus a batch iterator; `fit` runs it, logs progress, saves
 every `save_every` steps and resumes from the latest checkpoint in `workdir`.

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import evaluation
-from specdec_jax import fashion_mnist
-from specdec_jax import training
+from specdec_jax.app import evaluation
+from specdec_jax.app import fashion_mnist
+from specdec_jax.app import training
 from specdec_jax.converters import common
 from specdec_jax.models import classifier
 

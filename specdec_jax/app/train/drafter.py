@@ -52,13 +52,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax import training
+from specdec_jax.app import training
+from specdec_jax.app.train import gpt as train_gpt
+from specdec_jax.app.train import vq as train_vq
 from specdec_jax.converters import common
 from specdec_jax.converters import llamagen as llamagen_converter
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
-from specdec_jax.train import gpt as train_gpt
-from specdec_jax.train import vq as train_vq
 
 DRAFTER_DIR = 'drafter'
 SAMPLES_FILE = 'target_samples.npz'

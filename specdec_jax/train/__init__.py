@@ -1,1 +1,0 @@
-"""Training entry points (absl apps with ml_collections configs)."""
