@@ -78,7 +78,7 @@ def train(config, workdir, train_data, test_data):
   mean, cov = evaluation.feature_statistics(features)
   np.savez(os.path.join(workdir, 'test_features.npz'), mean=mean, cov=cov)
   with open(os.path.join(workdir, 'classifier_eval.json'), 'w') as f:
-    json.dump(dict(test_accuracy=accuracy, steps=config.num_steps), f, indent=1)
+    json.dump(dict(test_accuracy=accuracy, steps=int(state.step)), f, indent=1)
   common.write_params_atomic(
       os.path.join(workdir, 'classifier'), jax.device_get(state.params),
       config={'model': 'Classifier', 'num_classes': 10, 'feature_dim': 128},
