@@ -41,6 +41,15 @@ class PackagingTest(absltest.TestCase):
                            cwd=tmp, env=env, check=True, capture_output=True, text=True)
       self.assertTrue(out.stdout.strip().startswith(str(target)), out.stdout)
 
+      # The bundled model family ships as package data and loads from the wheel.
+      if (REPO / 'specdec_jax' / 'assets' / 'fashion_mnist' / 'manifest.json').exists():
+        self.assertIn('specdec_jax/assets/fashion_mnist/manifest.json', names)
+        code = ('import sys; sys.path.insert(0, {!r}); from specdec_jax.app import family; '
+                'f = family.load(); print(family.BUNDLE_DIR, f.num_tokens)').format(str(target))
+        out = subprocess.run([sys.executable, '-I', '-c', code], cwd=tmp, env=env, check=True,
+                             capture_output=True, text=True)
+        self.assertTrue(out.stdout.strip().startswith(str(target)), out.stdout)
+
 
 if __name__ == '__main__':
   absltest.main()
