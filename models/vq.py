@@ -323,6 +323,11 @@ class VQTokenizer:
     params = jax.tree_util.tree_map_with_path(draw, shapes)
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
 
+  def codebook(self, params: Any) -> jax.Array:
+    """The raw codebook float32[V, Cq] (`quantize.embedding`, before any L2
+    normalisation: what LANTERN's neighbour tables use)."""
+    return jnp.asarray(params['quantize']['embedding'], jnp.float32)
+
   def preprocess(self, images: jax.Array) -> jax.Array:
     """uint8 [B, H, W, C] -> x / 127.5 - 1; float images pass through (as float32)."""
     images = jnp.asarray(images)

@@ -80,8 +80,9 @@ class Family:
   def neighbors(self, k: int) -> jax.Array:
     """LANTERN neighbour table int32[V, k] of the tokenizer's raw codebook (cached)."""
     if k not in self._neighbor_tables:
-      self._neighbor_tables[k] = jnp.asarray(
-          neighbors_lib.neighbor_table_from_params(self.tokenizer_params, k))
+      codebook = self.tokenizer.codebook(self.tokenizer_params)  # [V, D], raw
+      self._neighbor_tables[k] = jnp.asarray(neighbors_lib.neighbor_table(
+          np.asarray(codebook), k, vocab_size=self.target.vocab_size))
     return self._neighbor_tables[k]
 
   def token_embeddings(self) -> jax.Array:
