@@ -466,7 +466,8 @@ class Grouped(Rule):
     _check('Grouped', 'dist_threshold', self.dist_threshold, lambda v: v > 0, '> 0')
     if self.below < 0 or self.above < 0:
       raise ValueError(f'Grouped: below/above must be >= 0, got {self.below}/{self.above}.')
-    if self.embeddings is not None and getattr(self.embeddings, 'ndim', 0) != 2:
+    # Under jit the leaves are placeholders without `ndim`; only arrays are checked.
+    if getattr(self.embeddings, 'ndim', 2) != 2:
       raise ValueError('Grouped: embeddings must be [V, C], got shape '
                        f'{getattr(self.embeddings, "shape", None)}.')
     if self.residual_mode not in ('standard', 'optimal'):

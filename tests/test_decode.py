@@ -181,6 +181,19 @@ class RelaxedRuleTest(absltest.TestCase):
       self._check_second_token(np.asarray(result.tokens), rules.CoolSD(delta=delta).for_window(2))
 
 
+class GroupedThroughEngineTest(absltest.TestCase):
+
+  def test_gsd_with_embeddings_compiles_and_runs(self):
+    """GSD's embedding-distance filter passes its [V, C] table through jit (the rule's
+    shape check must accept the placeholders jit rebuilds the rule with)."""
+    embeddings = jnp.asarray(np.random.default_rng(0).normal(size=(VOCAB, 4)), jnp.float32)
+    result = _run(decode.Jacobi(window=3), logits.Sampling(), num_images=4,
+                  rule=rules.Grouped(embeddings=embeddings, dist_threshold=10.0))
+    self.assertEqual(result.tokens.shape, (4, NUM_TOKENS))
+    with self.assertRaisesRegex(ValueError, r'embeddings must be \[V, C\]'):
+      rules.Grouped(embeddings=embeddings[:, 0])
+
+
 class RepeatedCallTest(absltest.TestCase):
 
   def test_repeated_call_skips_validation_and_compilation(self):
