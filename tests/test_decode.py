@@ -188,7 +188,8 @@ class GroupedThroughEngineTest(absltest.TestCase):
     shape check must accept the placeholders jit rebuilds the rule with)."""
     embeddings = jnp.asarray(np.random.default_rng(0).normal(size=(VOCAB, 4)), jnp.float32)
     result = _run(decode.Jacobi(window=3), logits.Sampling(), num_images=4,
-                  rule=rules.Grouped(embeddings=embeddings, dist_threshold=10.0))
+                  rule=rules.Grouped(embeddings=embeddings, dist_threshold=10.0, below=1,
+                                     above=1))
     self.assertEqual(result.tokens.shape, (4, NUM_TOKENS))
     with self.assertRaisesRegex(ValueError, r'embeddings must be \[V, C\]'):
       rules.Grouped(embeddings=embeddings[:, 0])
