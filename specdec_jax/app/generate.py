@@ -13,8 +13,8 @@ method of `configs/generate.py` twice:
   class_accuracy;
 - latency pass: one image with CFG (batch 1, the regime speculative decoding
   is for), for each of `latency_classes`, best of `timing_repeats` runs
-  after compilation; speedup = vanilla's latency / the method's, measured in
-  this run.
+  after compilation; speedup = vanilla's latency / the method's, with
+  vanilla's runs interleaved with the method's (same machine load).
 
 It saves one PNG grid per method and `side_by_side.png` (the first
 `side_by_side_per_class` images of each class, methods left to right in
@@ -147,36 +147,64 @@ def quality_pass(method: Method, family: family_lib.Family, labels: np.ndarray, 
   return np.asarray(result.tokens), result.metrics.summary(), result.compile_seconds
 
 
+def _timed_call(method: Method, family: family_lib.Family, label: int, sampling, seed: int):
+  """A function running one batch-1 decode of `label` (compiling on its first call)."""
+  labels = np.asarray([label], np.int32)
+  target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
+  kwargs = decode_kwargs(method, family, labels, sampling)
+  keys = image_keys(seed + 7919 * (label + 1) + 1000 * method.seed_offset, 1)
+
+  def call():
+    start = time.perf_counter()
+    result = decode.generate(family.target, family.target_params, target_cond, key=keys,
+                             **kwargs)
+    jax.block_until_ready(result.tokens)
+    return result, time.perf_counter() - start
+
+  return call
+
+
 def latency_pass(method: Method, family: family_lib.Family, classes, sampling, seed: int,
-                 repeats: int) -> dict:
+                 repeats: int, reference: Method | None = None) -> dict:
   """Batch-1 latency (one image, its CFG rows): best of `repeats` per class, after compile.
+
+  With a `reference` (vanilla), its runs alternate with the method's, so the
+  speedup compares times taken under the same machine load (these machines
+  are noisy and drift over a run).
 
   Returns:
     dict(latency_s = mean over classes of the best time, per_class_s,
-    tokens_per_forward of these runs, compile_s, host_overhead_s = the
-    second call's wall time minus its device run time).
+    reference_latency_s (the interleaved reference's, or None), speedup =
+    reference_latency_s / latency_s (or None), tokens_per_forward of these
+    runs, compile_s, host_overhead_s = a repeated call's wall time minus its
+    device run time (median)).
   """
-  best, tokens_per_forward, overheads, compile_s = [], [], [], 0.0
+  best, reference_best, tokens_per_forward, overheads, compile_s = [], [], [], [], 0.0
   for label in classes:
-    labels = np.asarray([label], np.int32)
-    target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
-    kwargs = decode_kwargs(method, family, labels, sampling)
-    keys = image_keys(seed + 7919 * (label + 1) + 1000 * method.seed_offset, 1)
-    first = decode.generate(family.target, family.target_params, target_cond, key=keys,
-                            **kwargs)
+    call = _timed_call(method, family, label, sampling, seed)
+    reference_call = (_timed_call(reference, family, label, sampling, seed)
+                      if reference is not None else None)
+    first, _ = call()
     compile_s += first.compile_seconds
-    times = []
+    if reference_call is not None:
+      reference_call()
+    times, reference_times = [], []
     for _ in range(repeats):
-      start = time.perf_counter()
-      result = decode.generate(family.target, family.target_params, target_cond, key=keys,
-                               **kwargs)
-      jax.block_until_ready(result.tokens)
-      times.append(time.perf_counter() - start)
-      overheads.append(times[-1] - result.run_seconds)
+      if reference_call is not None:
+        reference_times.append(reference_call()[1])
+      result, seconds = call()
+      times.append(seconds)
+      overheads.append(seconds - result.run_seconds)
     np.testing.assert_array_equal(result.tokens, first.tokens)  # same keys -> same tokens
     best.append(min(times))
+    if reference_times:
+      reference_best.append(min(reference_times))
     tokens_per_forward.append(result.metrics.summary()['tokens_per_target_forward'])
-  return dict(latency_s=float(np.mean(best)), per_class_s=[float(t) for t in best],
+  latency = float(np.mean(best))
+  reference_latency = float(np.mean(reference_best)) if reference_best else None
+  return dict(latency_s=latency, per_class_s=[float(t) for t in best],
+              reference_latency_s=reference_latency,
+              speedup=reference_latency / latency if reference_latency else None,
               tokens_per_forward=float(np.mean(tokens_per_forward)), compile_s=compile_s,
               host_overhead_s=float(np.median(overheads)))
 
@@ -217,13 +245,15 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
     class_logits, features = family.classify(images)
     nll = family.guided_nll(labels, tokens, sampling)
     latency = latency_pass(method, family, latency_classes, sampling, config.seed,
-                           config.timing_repeats)
+                           config.timing_repeats,
+                           reference=None if reference is None else methods[0])
     if reference is None:  # vanilla comes first
-      reference = dict(nll=nll, latency_s=latency['latency_s'])
+      reference = dict(nll=nll)
     results[method.name] = dict(
         tokens_per_forward=summary['tokens_per_target_forward'],
-        speedup=reference['latency_s'] / latency['latency_s'],
+        speedup=latency['speedup'] if latency['speedup'] is not None else 1.0,
         latency_s=latency['latency_s'],
+        vanilla_latency_s=latency['reference_latency_s'] or latency['latency_s'],
         latency_per_class_s=latency['per_class_s'],
         latency_tokens_per_forward=latency['tokens_per_forward'],
         host_overhead_ms=1e3 * latency['host_overhead_s'],
@@ -285,9 +315,30 @@ def define_flags() -> None:
   flags.DEFINE_string('out', 'results', 'Folder for PNG grids and results.json.')
 
 
+# XLA:CPU flags for the batch-1 regime: one thread per op. At one image with CFG
+# every op is tiny, and the intra-op thread pool's synchronisation costs more
+# than it saves (measured on 2 cores: SD iterations ~15% faster, vanilla
+# unchanged; README "The main command").
+SINGLE_THREAD_XLA_FLAGS = ('--xla_cpu_multi_thread_eigen=false', 'intra_op_parallelism_threads=1')
+
+
+def use_single_thread_xla() -> bool:
+  """Adds SINGLE_THREAD_XLA_FLAGS to XLA_FLAGS; effective only before JAX starts
+  its CPU backend (returns False, changing nothing, if it already has)."""
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if xla_bridge.backends_are_initialized():
+    return False
+  current = os.environ.get('XLA_FLAGS', '')
+  missing = [f for f in SINGLE_THREAD_XLA_FLAGS if f.split('=')[0] not in current]
+  os.environ['XLA_FLAGS'] = ' '.join([current, *missing]).strip()
+  return True
+
+
 def main(argv):
   del argv
   config, out_dir = flags.FLAGS.config, flags.FLAGS.out
+  if config.xla_cpu_single_thread and not use_single_thread_xla():
+    logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
   if not config.bundle_dir and not family_lib.bundle_available():
     logging.warning('The bundled Fashion-MNIST model family is not part of this build yet '
                     '(see README, "Bundled model"); running the core demo on toy Markov '
