@@ -2,8 +2,7 @@
 
 Used by the test-suite and available to users who add their own rules.
 
-Two criteria, each with a stated power (reference note testing_and_evaluation
-1.7 and 1.12):
+Two criteria, each with a stated power (README "How correctness is tested"):
   * `bins_match`: every bin within `sigmas` binomial standard deviations
     (|count - n pi| <= sigmas * sqrt(n pi (1 - pi)) + slack), and every bin of
     exact probability zero has count exactly zero. With n = 2^16 samples and
