@@ -5,7 +5,7 @@
 Drafter shape: LANTERN's LlamaGen drafter for the target (fc 2E -> E, one
 decoder layer without input norm, the target's frozen embedding and head,
 2D RoPE with one fewer condition token). Loss, noise and optimiser as EAGLE-1
-(Li et al., ICML 2024, arXiv 2401.15077, Section 4.2); a higher
+(Li et al., ICML 2024, arXiv 2401.15077); a higher
 learning rate than EAGLE's 3e-5 because the model is small and trained briefly.
 """
 

@@ -5,8 +5,8 @@ Legend: V vocabulary. `target` = t, `draft` = d (SPEC section 1).
 For an acceptance function f, a step emits
     out(y) = d(y) f(y) + (1 - beta) G(y),    beta = sum_x d(x) f(x).
 The TV-optimal residual is G* = Norm([t - d f]_+), giving
-TV(out, t) = sum_x [d(x) f(x) - t(x)]_+ (COOL-SD Thm 2 / Eq. 5; derivation in
-reference note 1.2). If f >= min(1, t/d) everywhere, G* = Norm([t - d]_+).
+TV(out, t) = sum_x [d(x) f(x) - t(x)]_+ (COOL-SD, arXiv 2601.09212, Thm 2 /
+Eq. 5). If f >= min(1, t/d) everywhere, G* = Norm([t - d]_+).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ class RelaxedExactTest(parameterized.TestCase):
     rates = [float(rules.UniformRelaxed(omega=w).acceptance_rate(draft, target, 1))
              for w in (0.5, 1.0, 1.5, 3.0, 10.0)]
     self.assertEqual(rates, sorted(rates))
-    # alpha = 1 - TV + e (reference note 1.4) for omega >= 1.
+    # alpha = 1 - TV + e for omega >= 1 (e: the excess mass d f - t, README "Methods").
     for omega in (1.0, 1.5, 3.0):
       rule = rules.UniformRelaxed(omega=omega)
       np.testing.assert_allclose(

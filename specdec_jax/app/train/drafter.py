@@ -2,7 +2,7 @@
 
   python -m specdec_jax.train.drafter --config configs/fashion_eagle.py --workdir runs/fashion_eagle
 
-EAGLE-1 training (Li et al., ICML 2024, arXiv 2401.15077, Section 4.2):
+EAGLE-1 training (Li et al., ICML 2024, arXiv 2401.15077):
 a teacher-forced target pass gives the features f_i (the target's last hidden
 state after its final norm; f_i predicts image token x_i) and the target's
 logits at every position. The drafter reads the pairs (Emb(x_i), f_i) and
