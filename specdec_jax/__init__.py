@@ -3,6 +3,9 @@
 Modules:
   rules       acceptance rules (Lossless, UniformRelaxed, CoolSD, Lantern,
               LanternPP, ContentAware, Grouped) with their residuals
+  rule_base   the Rule base class, mode names, min(1, w t/d), hyperparameter checks
+  rules_neighbor, rules_grouped
+              LANTERN / LANTERN++ (neighbour mass); GSD (grouped acceptance)
   schedules   COOL-SD's annealed acceptance weights
   resampling  residual distributions (standard and TV-optimal G*)
   verify      one-step output law, chain and static-tree verification

@@ -1,0 +1,74 @@
+"""Base of the acceptance rules: the Rule class, mode names, hyperparameter checks, min(1, w t/d).
+
+Legend: V vocabulary. See `specdec_jax.rules` for the interface every rule implements.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import resampling
+
+CHAIN, TREE, JACOBI = 'chain', 'tree', 'jacobi'
+ALL_MODES = frozenset({CHAIN, TREE, JACOBI})
+
+
+def _concrete(value) -> float | None:
+  """The Python float of a concrete scalar hyperparameter, else None (tracer)."""
+  if isinstance(value, (bool, int, float, np.number)):
+    return float(value)
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    return float(value)
+  if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer) and value.ndim == 0:
+    return float(value)
+  return None
+
+
+def _check(rule: str, name: str, value, ok, requirement: str) -> None:
+  number = _concrete(value)
+  if number is not None and not (math.isfinite(number) and ok(number)):
+    raise ValueError(f'{rule}: {name} must be {requirement}, got {value!r}.')
+
+
+def ratio_accept(draft_probs: jax.Array, target_probs: jax.Array, weight=1.0) -> jax.Array:
+  """min(1, weight * t / d), with f = 1 where d = 0 (such x is never drafted).
+
+  Guarding d = 0 keeps d * f finite and equal to 0 there, so output laws and
+  G* stay exact for one-hot (SJD random-init) drafts.
+  """
+  positive = draft_probs > 0
+  safe_draft = jnp.where(positive, draft_probs, 1.0)
+  return jnp.where(positive, jnp.minimum(1.0, weight * target_probs / safe_draft), 1.0)
+
+
+class Rule:
+  """Shared defaults. Subclasses override `accept_prob` and maybe the rest."""
+
+  supports_modes: ClassVar[frozenset] = ALL_MODES
+  # True when the residual depends on which token was rejected.
+  residual_depends_on_token: ClassVar[bool] = False
+
+  def accept_prob(self, draft_probs, target_probs, position) -> jax.Array:
+    raise NotImplementedError
+
+  def accept_prob_at(self, draft_probs, target_probs, position, token) -> jax.Array:
+    return self.accept_prob(draft_probs, target_probs, position)[token]
+
+  def residual(self, draft_probs, target_probs, position, rejected_token=None) -> jax.Array:
+    """G* = Norm([t - d f]_+) by default."""
+    accept = self.accept_prob(draft_probs, target_probs, position)
+    return resampling.optimal_residual(draft_probs, target_probs, accept)
+
+  def acceptance_rate(self, draft_probs, target_probs, position=1) -> jax.Array:
+    """beta = sum_x d(x) f(x): probability the draft at this position is accepted."""
+    return jnp.sum(draft_probs * self.accept_prob(draft_probs, target_probs, position), -1)
+
+  def for_window(self, window: int) -> 'Rule':
+    del window
+    return self
+
