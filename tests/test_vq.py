@@ -29,6 +29,7 @@ import numpy as np
 
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
+from specdec_jax.converters import safetensors_io
 from specdec_jax.converters import vq as vq_converter
 from specdec_jax.models import vq
 from tests import torch_reference as ref
@@ -353,9 +354,10 @@ class PrefixedTokenizerTest(parameterized.TestCase):
       offsets.append(info.offset)
       return read(f, info)
 
-    patcher = mock.patch.object(hf_streaming, '_read_safetensors_tensor', side_effect=spy)
-    patcher.start()
-    self.addCleanup(patcher.stop)
+    for module in (hf_streaming, safetensors_io):  # both modules read tensors
+      patcher = mock.patch.object(module, '_read_safetensors_tensor', side_effect=spy)
+      patcher.start()
+      self.addCleanup(patcher.stop)
     return offsets
 
   def _llm_with_tokenizer(self, prefix, kind, overrides, seed=0):
