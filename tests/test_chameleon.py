@@ -22,6 +22,7 @@ from specdec_jax.converters import hf_streaming
 from specdec_jax.models import chameleon
 from specdec_jax.models import lumina_layout as ll
 from tests import torch_reference as ref
+from tests import torch_reference_chameleon_janus as ref_chameleon_janus
 
 # Tiny config; vocab 8832 keeps every Lumina layout id (<= 8804 + grid) valid.
 TINY = dict(vocab_size=8832, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -150,7 +151,7 @@ class ChameleonTest(parameterized.TestCase):
     self.assertEqual(model.config.swin_norm, hf['swin_norm'])
     self.assertEqual(model.config.rope_theta, hf['rope_theta'])
     ids = np.random.default_rng(0).integers(0, hf['vocab_size'], (2, 11))
-    expected = ref.chameleon_logits(state, hf, ids)
+    expected = ref_chameleon_janus.chameleon_logits(state, hf, ids)
     out = _fast_jit(model.forward)(params, model.init_cache(2, 16), jnp.asarray(ids, jnp.int32))
     self.assertEqual(out.logits.dtype, jnp.float32)
     self.assertLess(_rel_err(out.logits, expected), 1e-4)
@@ -174,8 +175,8 @@ class ChameleonTest(parameterized.TestCase):
     image = list(layout.body_tokens(np.arange(8).reshape(2, 4))[:7])  # 7 generated tokens
     cond_seq = text + list(layout.header_tokens()) + image
     uncond_seq = list(layout.header_tokens()) + image
-    cond_ref = ref.chameleon_logits(state, hf, [cond_seq])[0]
-    uncond_ref = ref.chameleon_logits(state, hf, [uncond_seq])[0]
+    cond_ref = ref_chameleon_janus.chameleon_logits(state, hf, [cond_seq])[0]
+    uncond_ref = ref_chameleon_janus.chameleon_logits(state, hf, [uncond_seq])[0]
 
     cache = model.init_cache(2, 32)
     out = _fast_jit(model.prefill)(params, cache, prompt)
@@ -218,8 +219,8 @@ class ChameleonTest(parameterized.TestCase):
       header = list(layout.header_tokens())
       generated = []
       for _ in range(num_tokens):
-        cond = ref.chameleon_logits(state, hf, [text + header + generated])
-        uncond = ref.chameleon_logits(state, hf, [header + generated])
+        cond = ref_chameleon_janus.chameleon_logits(state, hf, [text + header + generated])
+        uncond = ref_chameleon_janus.chameleon_logits(state, hf, [header + generated])
         guided = uncond[0, -1] + 3.0 * (cond[0, -1] - uncond[0, -1])
         generated.append(int(np.argmax(guided)))
       np.testing.assert_array_equal(tokens, generated)

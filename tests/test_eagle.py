@@ -28,6 +28,7 @@ from specdec_jax.converters import lantern_drafter as convert
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
 from tests import torch_reference as ref
+from tests import torch_reference_eagle as ref_eagle
 
 RTOL = 1e-4
 BATCH, LENGTH = 2, 7
@@ -163,7 +164,7 @@ class ParityTest(parameterized.TestCase):
     out = convert.convert_dir(folder, folder.parent / 'converted')
     model, params = convert.load_drafter(out, head.T)
     self.assertEqual(model.config, config)
-    expected_logits, expected_features = ref.drafter_forward(
+    expected_logits, expected_features = ref_eagle.drafter_forward(
         state, config_json(kind), kind, head, tokens, hidden)
     result = jit_forward(model, params, model.init_cache(BATCH, LENGTH + 3),
                          jnp.asarray(tokens, jnp.int32), jnp.asarray(hidden))

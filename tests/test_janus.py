@@ -24,6 +24,7 @@ from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import janus as converter
 from specdec_jax.models import janus
 from tests import torch_reference as ref
+from tests import torch_reference_chameleon_janus as ref_chameleon_janus
 
 # Released config.json layout, tiny dims (the LlamaConfig fields the release
 # also leaves out, rms_norm_eps and rope_theta, take HF defaults).
@@ -87,7 +88,7 @@ def random_janus_state(seed=0):
 
 def torch_janus_logits(state, prompt_ids, image_ids):
   """Reference generation-path forward -> float32 image logits [B, P + N, V]."""
-  return ref.janus_logits(state, LM, prompt_ids, image_ids)
+  return ref_chameleon_janus.janus_logits(state, LM, prompt_ids, image_ids)
 
 
 def transformers_native_names(state):

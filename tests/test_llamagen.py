@@ -28,6 +28,7 @@ from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import llamagen as convert
 from specdec_jax.models import llamagen
 from tests import torch_reference as ref
+from tests import torch_reference_llamagen as ref_llamagen
 
 RTOL = 1e-4
 
@@ -200,7 +201,7 @@ class ParityTest(parameterized.TestCase):
     config, state, params = fixture(model_type)
     idx = image_tokens(config)
     cond_ref, mask, cond_jax = example_cond(config)
-    expected = ref.gpt_forward(state, config, cond_ref, idx, mask).numpy()
+    expected = ref_llamagen.gpt_forward(state, config, cond_ref, idx, mask).numpy()
     actual = llamagen.forward_logits(params, config, cond_jax, jnp.asarray(idx, jnp.int32))
     chex.assert_shape(actual, (2, config.block_size, config.vocab_size))
     self.assertLess(rel_err(actual, expected), RTOL)
@@ -210,8 +211,8 @@ class ParityTest(parameterized.TestCase):
     config, state, _ = fixture('t2i')
     features, mask = t2i_inputs(config)
     idx = np.zeros((2, 3), np.int64)
-    masked = ref.gpt_forward(state, config, features, idx, mask)
-    unmasked = ref.gpt_forward(state, config, features, idx, None)
+    masked = ref_llamagen.gpt_forward(state, config, features, idx, mask)
+    unmasked = ref_llamagen.gpt_forward(state, config, features, idx, None)
     self.assertGreater(rel_err(masked[0], unmasked[0]), 1e-3)
 
 
@@ -315,7 +316,7 @@ class GreedyEndToEndTest(absltest.TestCase):
         if compiled is None:
           compiled = _jit_forward._cache_size()
     self.assertEqual(_jit_forward._cache_size(), compiled)  # no retrace per step
-    expected = ref.greedy_cfg(state, config, [label], cfg_scale)
+    expected = ref_llamagen.greedy_cfg(state, config, [label], cfg_scale)
     np.testing.assert_array_equal(generated, expected[0])
     self.assertGreater(len(set(generated)), 3)  # not a degenerate constant
 

@@ -33,6 +33,7 @@ from specdec_jax.converters import safetensors_io
 from specdec_jax.converters import vq as vq_converter
 from specdec_jax.models import vq
 from tests import torch_reference as ref
+from tests import torch_reference_vq as ref_vq
 
 # Tiny shapes (compile time dominates): widths 32/64 (GroupNorm 32 needs
 # multiples of 32), 2 levels, 8x8 images -> 4x4 token grids. Still covers a
@@ -96,14 +97,14 @@ def torch_images(seed: int, batch: int = 2):
 
 
 def make_llamagen(seed=0):
-  model = ref.TorchVQ('llamagen', **TINY_VQ16)
-  ref.randomize_(model, seed)
+  model = ref_vq.TorchVQ('llamagen', **TINY_VQ16)
+  ref_vq.randomize_(model, seed)
   return model.eval()
 
 
 def make_chameleon(seed=1):
-  model = ref.TorchVQ('chameleon', **TINY_CHAMELEON)
-  ref.randomize_(model, seed)
+  model = ref_vq.TorchVQ('chameleon', **TINY_CHAMELEON)
+  ref_vq.randomize_(model, seed)
   return model.eval()
 
 
