@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tests.torch_reference import (  # pylint: disable=g-multiple-import
     F, apply_rope_half, as_long, as_torch, as_torch_state, rms, rope_1d,
-    rope_2d_table, rotate_half, rotate_pairs, swiglu, torch)
+    rope_2d_table, rotate_pairs, swiglu, torch)
 
 
 # --------------------------------------------------- EAGLE-1 / LANTERN ---
