@@ -1,0 +1,188 @@
+"""Tests for converters/llamagen.py (safetensors and original checkpoints,
+CLI errors). See tests/test_llamagen.py.
+"""
+
+from unittest import mock
+
+from absl import app
+from absl import flags
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.converters import common
+from specdec_jax.converters import hf_streaming
+from specdec_jax.converters import llamagen as convert
+from tests import torch_reference as ref
+from tests.llamagen_support import tiny_config
+from tests.llamagen_support import torch_state
+from tests.llamagen_support import rel_err
+from tests.llamagen_support import fixture
+from tests.llamagen_support import jit_forward
+from tests.llamagen_support import capacity
+from tests.llamagen_support import _tempdir
+
+
+class ConverterTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = _tempdir(self)
+    self.config, self.state, _ = fixture('c2i')
+
+  def _assert_no_output(self):
+    self.assertEqual(sorted(p.name for p in self.dir.iterdir()
+                            if p.suffix not in ('.pt', '.pth', '.safetensors')), [])
+
+  def _save(self, state, name='ckpt.safetensors'):
+    """The state as a safetensors file (no torch needed)."""
+    hf_streaming.write_safetensors(self.dir / name, state)
+    return self.dir / name
+
+  @ref.requires_torch
+  def test_formats_give_identical_params_and_buffers_are_dropped(self):
+    with_buffers = torch_state(self.state)
+    with_buffers['freqs_cis'] = ref.torch.zeros(17, 8, 2)
+    with_buffers['layers.0.attention.kv_cache.k_cache'] = ref.torch.zeros(1, 4, 24, 16)
+    ref.torch.save({'model': with_buffers, 'optimizer': {}, 'steps': 5}, self.dir / 'ddp.pt')
+    ref.torch.save(torch_state(self.state), self.dir / 'consolidated.pth')
+    self._save(self.state, 'model.safetensors')
+    expected = fixture('c2i')[2]
+    for name in ('ddp.pt', 'consolidated.pth', 'model.safetensors'):
+      out = convert.convert_file(self.dir / name, self.dir / f'out_{name}', self.config)
+      model, params = convert.load_llamagen(out)
+      self.assertEqual(model.config, self.config)
+      chex.assert_trees_all_equal(params, expected)
+      meta = common.read_meta(out)
+      self.assertEqual(meta['source_files'][0]['sha256'],
+                       common.sha256_file(self.dir / name))
+      self.assertEqual(meta['config']['dim'], 64)
+
+  def test_safetensors_without_torch(self):
+    state = dict(self.state, freqs_cis=np.zeros((17, 8, 2), np.float32))
+    out = convert.convert_file(self._save(state), self.dir / 'out', self.config)
+    _, params = convert.load_llamagen(out)
+    chex.assert_trees_all_equal(params, fixture('c2i')[2])
+
+  @ref.requires_torch
+  def test_use_ema(self):
+    ema = {k: v * 2 for k, v in self.state.items()}
+    ref.torch.save({'model': torch_state(self.state), 'ema': torch_state(ema)},
+                   self.dir / 'ckpt.pt')
+    out = convert.convert_file(self.dir / 'ckpt.pt', self.dir / 'out', self.config,
+                               use_ema=True)
+    _, params = convert.load_llamagen(out)
+    np.testing.assert_allclose(params['norm']['weight'], ema['norm.weight'])
+
+  def test_bfloat16_output(self):
+    path = self._save({k: v.astype(jnp.bfloat16) for k, v in self.state.items()})
+    config = tiny_config('c2i', dtype='bfloat16')
+    out = convert.convert_file(path, self.dir / 'out', config)
+    model, params = convert.load_llamagen(out)
+    self.assertEqual(params['output']['kernel'].dtype, jnp.bfloat16)
+    self.assertEqual(model.init_cache(1, 1).keys[0].dtype, jnp.bfloat16)
+    # One window of 3 tokens on an empty cache (shapes shared with the fp32
+    # engine tests, so only the bf16 graph compiles here).
+    tokens = jnp.array([[1, 2, 3], [4, 5, 6]], jnp.int32)
+    bf16 = jit_forward(model, params, model.init_cache(2, capacity(config)), tokens)
+    self.assertEqual(bf16.logits.dtype, jnp.float32)
+    self.assertEqual(bf16.hidden.dtype, jnp.bfloat16)
+    model32, params32 = convert.load_llamagen(out, dtype='float32')
+    fp32 = jit_forward(model32, params32, model32.init_cache(2, capacity(config)), tokens)
+    self.assertLess(rel_err(bf16.logits, fp32.logits), 5e-2)
+
+  def test_wrong_config_lists_mis_shaped_keys(self):
+    path = self._save(self.state)
+    wrong = tiny_config('c2i', dim=32, n_head=2)
+    with self.assertRaises(common.CheckpointMismatchError) as ctx:
+      convert.convert_file(path, self.dir / 'out', wrong)
+    message = str(ctx.exception)
+    self.assertIn('custom c2i (2 layers, dim 32', message)
+    self.assertIn('tok_embeddings.weight: expected (64, 32), found (64, 64)', message)
+    self.assertIn('layers.1.attention.wqkv.weight: expected (96, 32), found (192, 64)',
+                  message)
+    self.assertIn('with 2 layers and dim 64', message)
+    self._assert_no_output()
+
+  def test_wrong_model_type_and_missing_keys(self):
+    state = dict(self.state)
+    del state['layers.1.ffn_norm.weight']
+    state['extra.weight'] = np.zeros(3, np.float32)
+    path = self._save(state)
+    with self.assertRaises(common.CheckpointMismatchError) as ctx:
+      convert.convert_file(path, self.dir / 'out', self.config)
+    message = str(ctx.exception)
+    self.assertIn('layers.1.ffn_norm.weight (expected shape (64,))', message)
+    self.assertIn('extra.weight (shape (3,))', message)
+    with self.assertRaisesRegex(common.CheckpointMismatchError,
+                                'cls_embedding.cap_proj.fc1.weight'):
+      convert.convert_file(path, self.dir / 'out', tiny_config('t2i'))
+    self._assert_no_output()
+
+  @ref.requires_torch
+  def test_truncated_file(self):
+    ref.torch.save({'model': torch_state(self.state)}, self.dir / 'ckpt.pt')
+    data = (self.dir / 'ckpt.pt').read_bytes()
+    (self.dir / 'ckpt.pt').write_bytes(data[: len(data) // 3])
+    with self.assertRaisesRegex(common.CheckpointReadError, 'ckpt.pt.*truncated'):
+      convert.convert_file(self.dir / 'ckpt.pt', self.dir / 'out', self.config)
+    self._assert_no_output()
+
+  def _main(self, *args):
+    argv = ['llamagen', f'--output={self.dir / "out"}', '--config=GPT-B', '--set=n_layer=2',
+            '--set=n_head=4', '--set=dim=64', '--set=vocab_size=64', '--set=num_classes=10',
+            '--set=caption_dim=24', *args]
+    flag_values = flags.FlagValues()
+    convert.define_flags(flag_values)
+    flag_values(argv)
+    convert.main(argv, flag_values)
+
+  def test_command_line(self):
+    self._main(f'--input={self._save(self.state)}', '--model_type=c2i', '--image_size=64')
+    model, _ = convert.load_llamagen(self.dir / 'out')
+    self.assertEqual(model.config, self.config)
+
+  @parameterized.named_parameters(
+      ('c2i_xl_384', 'c2i_XL_384.pt', 384),
+      ('c2i_b_256', 'c2i_B_256.pt', 256),
+      ('t2i_stage1', 't2i_XL_stage1_256.pt', 256),
+      ('t2i_stage2', 't2i_XL_stage2_512.pt', 512),
+      ('safetensors', 'c2i_3B_384.safetensors', 384),
+      ('fsdp', 'consolidated.pth', None),
+      ('vq', 'vq_ds16_c2i.pt', None),
+      ('not_a_multiple_of_16', 'c2i_B_100.pt', None),
+  )
+  def test_image_size_from_released_file_names(self, name, size):
+    self.assertEqual(convert.infer_image_size(name), size)
+
+  def test_image_size_is_required_or_inferred(self):
+    path = self._save(self.state)  # ckpt.safetensors: no size in the name
+    with self.assertRaisesRegex(app.UsageError, r'--image_size is required.*ckpt\.safetensors'):
+      self._main(f'--input={path}')
+    self._assert_no_output()
+    named = self._save(self.state, 'c2i_tiny_64.safetensors')
+    with mock.patch.object(convert.logging, 'info') as info:
+      self._main(f'--input={named}')
+    logged = [call.args[0] % call.args[1:] for call in info.call_args_list]
+    self.assertIn('--image_size not given: using 64 from the file name '
+                  'c2i_tiny_64.safetensors.', logged)
+    model, _ = convert.load_llamagen(self.dir / 'out')
+    self.assertEqual(model.config, self.config)  # block_size (64/16)^2 = 16
+
+  @parameterized.named_parameters(
+      ('bad_int', '--set=dim=abc', 'dim must be int'),
+      ('unknown_field', '--set=width=3', "--set 'width=3'.*field one of"),
+      ('bad_preset', '--config=GPT-Q', 'Unknown LlamaGen config'),
+      ('not_a_grid', '--image_size=72', 'image_size 72 must be a multiple'),
+  )
+  def test_config_errors_are_usage_errors(self, flag, message):
+    path = self._save(self.state, 'c2i_tiny_64.safetensors')
+    with self.assertRaisesRegex(app.UsageError, message):
+      self._main(f'--input={path}', flag)
+    self._assert_no_output()
+
+
+if __name__ == '__main__':
+  absltest.main()

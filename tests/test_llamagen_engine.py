@@ -1,0 +1,101 @@
+"""Engine-path tests for models/llamagen.py (prefill/forward with caches,
+chains and trees); run without torch. See tests/test_llamagen.py.
+"""
+
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import chex
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.models import llamagen
+from tests.llamagen_support import RTOL
+from tests.llamagen_support import tiny_config
+from tests.llamagen_support import rel_err
+from tests.llamagen_support import image_tokens
+from tests.llamagen_support import fixture
+from tests.llamagen_support import example_cond
+from tests.llamagen_support import jit_prefill
+from tests.llamagen_support import jit_forward
+from tests.llamagen_support import capacity
+
+
+class EnginePathTest(parameterized.TestCase):
+
+  def _setup(self, model_type):
+    config, _, params = fixture(model_type)
+    model = llamagen.LlamaGenGPT(config)
+    tokens = image_tokens(config)  # same tokens as ParityTest
+    return config, params, model, jnp.asarray(tokens, jnp.int32), example_cond(config)[2]
+
+  @parameterized.parameters('c2i', 't2i')
+  def test_one_by_one_and_chunked_match_teacher_forced(self, model_type):
+    config, params, model, tokens, cond = self._setup(model_type)
+    expected = llamagen.forward_logits(params, config, cond, tokens)  # [2, N, V]
+    prefix = jit_prefill(model, params, model.init_cache(2, capacity(config)), cond)
+    chex.assert_shape(prefix.logits, (2, config.cls_token_num, config.vocab_size))
+    np.testing.assert_array_equal(prefix.cache.lengths, config.cls_token_num)
+
+    cache, one_by_one = prefix.cache, [prefix.logits[:, -1]]
+    for t in range(tokens.shape[1]):
+      out = jit_forward(model, params, cache, tokens[:, t: t + 1])
+      cache = out.cache
+      one_by_one.append(out.logits[:, 0])
+    one_by_one = jnp.stack(one_by_one, axis=1)
+    self.assertLess(rel_err(one_by_one, expected), RTOL)
+    np.testing.assert_array_equal(cache.lengths, config.cls_token_num + tokens.shape[1])
+
+    if model_type == 't2i':
+      return  # windows are model-type independent; spare a compile
+    cache, chunked = prefix.cache, [prefix.logits[:, -1:]]
+    for start in range(0, tokens.shape[1], 3):  # 15 tokens = 5 windows of 3
+      out = jit_forward(model, params, cache, tokens[:, start: start + 3])
+      cache = out.cache
+      chunked.append(out.logits)
+    self.assertLess(rel_err(jnp.concatenate(chunked, axis=1), one_by_one), RTOL)
+
+  def test_rollback_and_tree_window(self):
+    config, params, model, tokens, cond = self._setup('c2i')
+    cache = jit_prefill(model, params, model.init_cache(2, capacity(config)), cond).cache
+    chain = lambda *columns: jnp.concatenate([tokens[:, c: c + 1] for c in columns], 1)
+    fresh = jit_forward(model, params, cache, chain(0, 5, 6))
+    # Rollback: after writing tokens (0, 1, 2), move the length back to P + 1
+    # and write token 5: same logits as a fresh (0, 5) chain.
+    written = jit_forward(model, params, cache, chain(0, 1, 2)).cache
+    redo = jit_forward(model, params, written.replace(lengths=written.lengths - 2),
+                       chain(5))
+    self.assertLess(rel_err(redo.logits[:, 0], fresh.logits[:, 1]), RTOL)
+    # Tree: token 0, then two siblings at depth 1 that do not see each other.
+    window_mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], bool)
+    depths = jnp.array([0, 1, 1], jnp.int32)
+    tree = jit_forward(model, params, cache, chain(0, 3, 4), window_mask, depths)
+    chain_a = jit_forward(model, params, cache, chain(0, 3, 7))
+    chain_b = jit_forward(model, params, cache, chain(0, 4, 7))
+    self.assertLess(rel_err(tree.logits[:, 1], chain_a.logits[:, 1]), RTOL)
+    self.assertLess(rel_err(tree.logits[:, 2], chain_b.logits[:, 1]), RTOL)
+    self.assertGreater(rel_err(tree.logits[:, 1], tree.logits[:, 2]), 1e-3)
+
+  def test_cond_errors(self):
+    config, params, model, _, _ = self._setup('c2i')
+    cache = model.init_cache(2, 8)
+    with self.assertRaisesRegex(ValueError, r'class ids of shape \(2,\)'):
+      model.prefill(params, cache, jnp.array([1, 2, 3], jnp.int32))
+    with self.assertRaisesRegex(ValueError, r'class ids must lie in \[0, 10\]'):
+      model.prefill(params, cache, jnp.array([1, 11], jnp.int32))
+    t2i = llamagen.LlamaGenGPT(tiny_config('t2i'))
+    bad_mask = llamagen.CaptionCond(jnp.zeros((2, 8, 24)), jnp.array([[1] * 7 + [0]] * 2, bool))
+    with self.assertRaisesRegex(ValueError, 'left padded'):
+      t2i.prefill(None, t2i.init_cache(2, 9), bad_mask)
+
+  def test_left_pad_captions(self):
+    features = jnp.arange(2 * 4 * 1, dtype=jnp.float32).reshape(2, 4, 1) + 1
+    mask = jnp.array([[1, 1, 0, 0], [1, 1, 1, 1]])
+    cond = llamagen.left_pad_captions(features, mask)
+    np.testing.assert_array_equal(cond.features[0, :, 0], [0, 0, 1, 2])
+    np.testing.assert_array_equal(cond.features[1, :, 0], [5, 6, 7, 8])
+    np.testing.assert_array_equal(cond.mask, [[0, 0, 1, 1], [1, 1, 1, 1]])
+
+
+if __name__ == '__main__':
+  absltest.main()
