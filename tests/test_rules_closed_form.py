@@ -1,0 +1,210 @@
+"""Closed-form checks of the acceptance rules and their residuals.
+"""
+
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import rules
+from specdec_jax import schedules
+from specdec_jax import verify
+from tests.rules_support import ATOL
+from tests.rules_support import dirichlet_pair
+from tests.rules_support import line_neighbors
+from tests.rules_support import relaxed_rules
+
+
+class ClosedFormTest(parameterized.TestCase):
+
+  def test_coolsd_schedule_matches_reference_values(self):
+    # Reference note 1.5: L = 5, nu = 0.7, mean-normalised: mu = -1.654 and
+    # delta = 1.1 gives (2.86, 1.42, 0.70, 0.35, 0.17).
+    self.assertAlmostEqual(float(schedules.mean_normalised_mu(0.7, 5)), -1.654, places=3)
+    np.testing.assert_allclose(schedules.coolsd_weights(5, delta=1.1, floor_at_one=False),
+                               [2.855, 1.418, 0.704, 0.350, 0.174], atol=2e-3)
+    # The default floors at 1; mu still normalises the unfloored mean to delta.
+    np.testing.assert_allclose(schedules.coolsd_weights(5, delta=1.1),
+                               [2.855, 1.418, 1.0, 1.0, 1.0], atol=2e-3)
+    np.testing.assert_allclose(
+        jnp.mean(schedules.coolsd_weights(7, delta=2.0, floor_at_one=False)), 2.0, rtol=1e-6)
+    rule = rules.CoolSD(delta=2.0, nu=0.5, mu=0.1)
+    self.assertAlmostEqual(float(rule.weight(3)), 1.0, places=6)  # 0.40 floored
+    self.assertAlmostEqual(float(rule.replace(floor_at_one=False).weight(3)),
+                           2.0 * math.exp(-1.5 - 0.1), places=5)
+    self.assertAlmostEqual(float(rules.CoolSD(delta=9.0, nu=0.5, mu=0.1).weight(2)),
+                           9.0 * math.exp(-1.0 - 0.1), places=5)
+
+  @parameterized.parameters(True, False)
+  def test_coolsd_accept_prob_closed_form(self, floor_at_one):
+    draft, target = dirichlet_pair(1, 16)
+    delta, nu, window = 1.5, 0.7, 4
+    rule = rules.CoolSD(delta=delta, window=window, floor_at_one=floor_at_one)
+    mu = math.log(np.mean([math.exp(-nu * j) for j in range(1, window + 1)]))
+    for position in range(1, window + 1):
+      w = delta * math.exp(-nu * position - mu)
+      w = max(1.0, w) if floor_at_one else w
+      expected = np.minimum(1, w * np.asarray(target, np.float64) / np.asarray(draft))
+      np.testing.assert_allclose(rule.accept_prob(draft, target, position), expected, rtol=1e-5)
+
+  def test_coolsd_default_accepts_identical_distributions_everywhere(self):
+    """Identical target and draft: the default (floored) COOL-SD accepts every draft at
+    every position, so a chain of k drafts always yields k + 1 tokens per forward."""
+    k = 5
+    rule = rules.CoolSD(delta=1.1, window=k)  # unfloored w_3..w_5 < 1
+    _, target = dirichlet_pair(3, 16)
+    for position in range(1, k + 1):
+      np.testing.assert_array_equal(np.asarray(rule.accept_prob(target, target, position)), 1.0)
+    probs = jnp.stack([target] * (k + 1))
+    keys = jax.random.split(jax.random.key(0), 512)
+    drafts = jax.random.categorical(jax.random.key(1), jnp.log(target), shape=(512, k))
+    num_accepted, _ = jax.jit(jax.vmap(
+        lambda key, x: verify.verify_chain(rule, key, x.astype(jnp.int32), probs[:k], probs)))(
+            keys, drafts)
+    np.testing.assert_array_equal(np.asarray(num_accepted), k)  # tokens per forward = k + 1
+
+  @parameterized.product(seed=[0, 1, 2, 3], delta=[0.5, 1.1, 2.0], vocab=[8, 64])
+  def test_coolsd_default_never_accepts_less_than_lossless(self, seed, delta, vocab):
+    """Per position and per token f_CoolSD >= f_Lossless, hence its acceptance rate too."""
+    draft, target = dirichlet_pair(seed, vocab)
+    rule = rules.CoolSD(delta=delta, window=5)
+    lossless = np.minimum(1.0, np.asarray(target, np.float64) / np.asarray(draft, np.float64))
+    for position in range(1, 6):
+      accept = np.asarray(rule.accept_prob(draft, target, position), np.float64)
+      self.assertTrue(np.all(accept >= lossless - 1e-6), (position, accept - lossless))
+      self.assertGreaterEqual(float(rule.acceptance_rate(draft, target, position)),
+                              float(rules.Lossless().acceptance_rate(draft, target)) - 1e-6)
+
+  @parameterized.parameters(('lantern',), ('lanternpp',))
+  def test_lantern_neighbor_mass_brute_force(self, name):
+    vocab = 16
+    rule = relaxed_rules(vocab)[name]
+    draft, target = dirichlet_pair(2, vocab)
+    t = np.asarray(target, np.float64)
+    table = np.asarray(rule.neighbors)
+    expected = []
+    for x in range(vocab):
+      bound = rule.delta if name == 'lantern' else (rule.lam - 1) * t[x]
+      mass, m_star = 0.0, 0
+      for m in range(1, rule.k + 1):
+        c_m = t[table[x, :m]].sum()
+        if c_m <= bound:
+          mass, m_star = c_m, m
+      if name == 'lantern':
+        self.assertLessEqual(mass, rule.delta + 1e-12)  # the TV budget
+      expected.append(min(1.0, (t[x] + mass) / float(draft[x])))
+    np.testing.assert_allclose(rule.accept_prob(draft, target), expected, rtol=1e-5)
+    for token in range(vocab):
+      self.assertAlmostEqual(float(rule.accept_prob_at(draft, target, 1, token)),
+                             expected[token], places=5)
+
+  def test_lantern_published_residuals(self):
+    vocab = 16
+    neighbors = line_neighbors(vocab, 6)
+    draft, target = dirichlet_pair(3, vocab)
+    target = (target + 0.02) / (1 + 0.02 * vocab)  # every neighbour has some mass
+    for mode in ('published_llamagen', 'published_lumina'):
+      rule = rules.LanternPP(neighbors=neighbors, k=4, lam=50.0, residual_mode=mode)
+      rejected = 5
+      zero = np.asarray(neighbors[rejected, :5])
+      d, t = np.asarray(draft, np.float64), np.asarray(target, np.float64)
+      if mode == 'published_llamagen':
+        d = d.copy(); d[zero] = 0
+      else:
+        t = t.copy(); t[zero] = 0
+      expected = np.maximum(t - d, 0) / np.maximum(t - d, 0).sum()
+      np.testing.assert_allclose(rule.residual(draft, target, 1, rejected), expected, atol=1e-6)
+      self.assertTrue(rule.residual_depends_on_token)
+      law = verify.output_law(rule, draft, target)
+      np.testing.assert_allclose(jnp.sum(law), 1.0, atol=1e-5)
+      # LANTERN's published residual is biased relative to G*.
+      self.assertGreater(float(verify.tv_distance(law, target)),
+                         float(verify.excess_acceptance(rule, draft, target)) - 1e-6)
+
+  def test_content_aware_closed_form_and_filter(self):
+    vocab = 16
+    draft, target = dirichlet_pair(6, vocab)
+    t, d = np.asarray(target, np.float64), np.asarray(draft, np.float64)
+    tv = 0.5 * np.abs(t - d).sum()
+    nz = t[t > 0]
+    h_nats = -(nz * np.log(nz)).sum()
+    for transform, h in (('identity', h_nats), ('normalized', h_nats / np.log(len(nz))),
+                         ('one_minus_normalized', 1 - h_nats / np.log(len(nz)))):
+      for sign in (1, -1):
+        rule = rules.ContentAware(lam=0.2, tv_threshold=1.0, transform=transform, sign=sign)
+        expected = np.clip(t / d + sign * 0.2 * h, 0, 1)
+        np.testing.assert_allclose(rule.accept_prob(draft, target), expected, rtol=1e-5,
+                                   atol=1e-6)
+    # Above the TV threshold the rule is exactly lossless.
+    strict = rules.ContentAware(lam=0.2, tv_threshold=tv * 0.99)
+    np.testing.assert_allclose(strict.accept_prob(draft, target),
+                               rules.Lossless().accept_prob(draft, target), atol=1e-7)
+    np.testing.assert_allclose(verify.output_law(strict, draft, target), target, atol=ATOL)
+
+  @parameterized.product(seed=[6, 7], lam=[0.0, 0.05, 0.3])
+  def test_content_aware_default_is_the_paper_formula(self, seed, lam):
+    """CSD's acceptance min(1, t/d + lam H(t)), H the target entropy in nats, residual
+    Norm([t - d]_+), written out here from the formula."""
+    vocab = 16
+    draft, target = dirichlet_pair(seed, vocab)
+    t, d = np.asarray(target, np.float64), np.asarray(draft, np.float64)
+    self.assertTrue(np.all(t > 0))
+    entropy_nats = -np.sum(t * np.log(t))
+    rule = rules.ContentAware(lam=lam, tv_threshold=1.0)
+    np.testing.assert_allclose(rule.accept_prob(draft, target),
+                               np.minimum(1.0, t / d + lam * entropy_nats), rtol=1e-5, atol=1e-6)
+    residual = np.maximum(t - d, 0.0)
+    np.testing.assert_allclose(rule.residual(draft, target), residual / residual.sum(),
+                               atol=1e-6)
+
+  def test_content_aware_keeps_target_support(self):
+    draft, target = dirichlet_pair(8, 16)
+    target = jnp.where(jnp.arange(16) < 4, target + 0.1, 0.0)
+    target = target / target.sum()
+    rule = rules.ContentAware(lam=1.0, tv_threshold=1.0)
+    self.assertTrue(np.all(np.asarray(verify.output_law(rule, draft, target))[4:] == 0))
+    literal = rules.ContentAware(lam=1.0, tv_threshold=1.0, keep_target_support=False)
+    self.assertGreater(float(jnp.sum(verify.output_law(literal, draft, target)[4:])), 0)
+
+  def test_grouped_brute_force(self):
+    vocab = 24
+    draft, target = dirichlet_pair(12, vocab, concentration=1.0)
+    rng = np.random.default_rng(0)
+    embeddings = rng.normal(size=(vocab, 2))
+    rule = rules.Grouped(below=3, above=2, prob_threshold=0.05, dist_threshold=2.0,
+                         embeddings=jnp.asarray(embeddings, jnp.float32))
+    t, d = np.asarray(target, np.float64), np.asarray(draft, np.float64)
+    order = np.argsort(np.asarray(target), kind='stable')
+    rank = np.argsort(order)
+    expected = []
+    for x in range(vocab):
+      if rank[x] < 3:
+        expected.append(min(1, t[x] / d[x]))
+        continue
+      group = [order[r] for r in range(rank[x] - 3, min(rank[x] + 3, vocab))]
+      group = [y for y in group if abs(t[y] - t[x]) < 0.05
+               and ((embeddings[y] - embeddings[x]) ** 2).sum() < 2.0]
+      self.assertIn(x, group)
+      expected.append(min(1, t[group].sum() / d[group].sum()))
+    np.testing.assert_allclose(rule.accept_prob(draft, target), expected, rtol=1e-5)
+
+  @parameterized.parameters((0,), (1,))
+  def test_grouped_single_token_path_matches_full_vocab_path_with_ties(self, seed):
+    """accept_prob_at (no sort) and accept_prob (argsort) agree, including the
+    many zero-probability ties outside a top-k support."""
+    vocab = 40
+    draft, target = dirichlet_pair(seed, vocab, concentration=1.0)
+    target = jnp.where(jnp.arange(vocab) % 3 == 0, 0.0, target)
+    target = (target / target.sum()).at[5].set(target[7] / target.sum())  # a nonzero tie
+    target = target / target.sum()
+    rule = rules.Grouped(below=4, above=3, prob_threshold=0.2)
+    full = rule.accept_prob(draft, target)
+    single = jax.vmap(lambda x: rule.accept_prob_at(draft, target, 1, x))(jnp.arange(vocab))
+    np.testing.assert_allclose(single, full, rtol=1e-6)
+
+
+if __name__ == '__main__':
+  absltest.main()
