@@ -22,7 +22,6 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from specdec_jax import decode
-from specdec_jax import drafting
 from specdec_jax import logits
 from specdec_jax import mode_base
 from specdec_jax import modes
@@ -30,45 +29,20 @@ from specdec_jax import rules
 from specdec_jax import testing
 from specdec_jax import toy
 from specdec_jax import verify
-
-VOCAB, CLASSES, NUM_TOKENS = 4, 2, 3
-NUM_SAMPLES = 2 ** 14
-P_THRESHOLD = 1e-4
-TREE = verify.StaticTree.from_paths(((0,), (1,), (0, 0), (0, 1), (1, 0)))
-FAST = decode.FAST_COMPILE
-
-TARGET = toy.MarkovToy(VOCAB, CLASSES)
-DRAFT = toy.MarkovToy(VOCAB, CLASSES)
-EAGLE = toy.ToyEagle(VOCAB, CLASSES)
-
-
-def _params():
-  return (TARGET.init_params(jax.random.key(0)), DRAFT.init_params(jax.random.key(1)),
-          EAGLE.init_params(jax.random.key(2)))
-
-
-def _cond(num_images: int, sampling: logits.Sampling, class_id: int = 0):
-  ids = jnp.full((num_images,), class_id, jnp.int32)
-  return toy.cfg_class_rows(ids, CLASSES) if sampling.uses_cfg else ids
-
-
-def _chi_square_pvalue(tokens: np.ndarray, law: np.ndarray) -> float:
-  """Pearson chi-square (`specdec_jax.testing`) of sequences [N, n] against a law over
-  V**n sequences; a zero-probability sequence gives p = 0."""
-  counts = testing.histogram(testing.sequence_index(tokens, VOCAB), law.size)
-  return testing.chi_square_pvalue(counts, law)[0]
-
-
-def _run(mode, sampling, *, num_images=NUM_SAMPLES, seed=7, rule=rules.Lossless(), **kwargs):
-  target_params, draft_params, eagle_params = _params()
-  draft, params = None, None
-  if isinstance(mode, (decode.ChainDraft, decode.TreeDraft)):
-    draft, params = ((EAGLE, eagle_params) if mode.drafter == 'eagle'
-                     else (DRAFT, draft_params))
-  return decode.generate(
-      TARGET, target_params, _cond(num_images, sampling), num_tokens=NUM_TOKENS,
-      key=jax.random.key(seed), mode=mode, sampling=sampling, rule=rule, draft=draft,
-      draft_params=params, compiler_options=FAST, **kwargs)
+from tests.decode_support import VOCAB
+from tests.decode_support import CLASSES
+from tests.decode_support import NUM_TOKENS
+from tests.decode_support import NUM_SAMPLES
+from tests.decode_support import P_THRESHOLD
+from tests.decode_support import TREE
+from tests.decode_support import FAST
+from tests.decode_support import TARGET
+from tests.decode_support import DRAFT
+from tests.decode_support import EAGLE
+from tests.decode_support import _params
+from tests.decode_support import _cond
+from tests.decode_support import _chi_square_pvalue
+from tests.decode_support import _run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,139 +199,6 @@ class RepeatedCallTest(absltest.TestCase):
       decode.modes_lib.validate = original_validate
 
 
-def _softmax64(logits_row) -> np.ndarray:
-  x = np.asarray(logits_row, np.float64)
-  e = np.exp(x - x.max())
-  return e / e.sum()
-
-
-def _relaxed_chain_law(weights, num_tokens=NUM_TOKENS) -> np.ndarray:
-  """Exact law of the 3 tokens ChainDraft(2, 'model') emits on the toys under
-  f_i = min(1, w_i t/d) with G*_i = Norm([t - d f_i]_+), written out here from the
-  formulas (numpy, no project code), over V**3 sequences.
-
-  Token 0 comes from the prefill (target law). The one verify step drafts
-  x1 ~ d(.|a) and x2 ~ d(.|a, x1): if x1 is accepted (position 1), token 2 is
-  the position-2 output; if rejected, token 1 is G*_1's sample and token 2 is
-  the first draft of the next step, again at position 1.
-  """
-  assert num_tokens == 3
-  target_params, draft_params, _ = _params()
-  t_table = np.asarray(target_params['table'])
-  d_table = np.asarray(draft_params['table'])
-  bos, class_token = TARGET.bos, VOCAB  # class 0
-
-  def parts(d, t, w):
-    """(accepted mass d f, rejected mass (1 - beta) G*) over the vocabulary."""
-    accepted = np.minimum(d, w * t)  # d min(1, w t/d)
-    residual = np.maximum(t - accepted, 0.0)
-    total = residual.sum()
-    residual = residual / total if total > 0 else t
-    return accepted, (1.0 - accepted.sum()) * residual
-
-  w1, w2 = weights
-  law = np.zeros((VOCAB,) * 3)
-  first = _softmax64(t_table[bos, class_token])
-  for a in range(VOCAB):
-    accepted1, rejected1 = parts(_softmax64(d_table[class_token, a]),
-                                 _softmax64(t_table[class_token, a]), w1)
-    for b in range(VOCAB):
-      d2, t2 = _softmax64(d_table[a, b]), _softmax64(t_table[a, b])
-      after_accept = sum(parts(d2, t2, w2))  # x2 verified at position 2
-      after_reject = sum(parts(d2, t2, w1))  # next step's first draft, position 1
-      law[a, b] = first[a] * (accepted1[b] * after_accept + rejected1[b] * after_reject)
-  return law.reshape(-1)
-
-
-class RelaxedJointLawTest(parameterized.TestCase):
-  """Relaxed rules through the engine at draft positions 1 *and* 2: the joint law of
-  whole sequences against the closed form above. Same power as ExactnessTest (63
-  degrees of freedom, N = 2**14, p threshold 1e-4: a chi-square divergence >= 0.0061
-  is rejected with probability >= 0.99). Negative control: the law a decoder that
-  used position 1's weight at position 2 would have; the test asserts that law is
-  far enough (divergence >= 0.0061) and that the same samples reject it."""
-
-  @parameterized.named_parameters(
-      ('coolsd_floored', rules.CoolSD(delta=3.0)),
-      ('coolsd_unfloored', rules.CoolSD(delta=1.1, floor_at_one=False)),
-      ('uniform', rules.UniformRelaxed(omega=2.0)),
-  )
-  def test_joint_law_over_two_draft_positions(self, rule):
-    mode = decode.ChainDraft(2, 'model')
-    weights = [1.0, 1.0]
-    if isinstance(rule, rules.CoolSD):
-      windowed = rule.for_window(2)
-      weights = [float(windowed.weight(1)), float(windowed.weight(2))]
-    else:
-      weights = [rule.omega, rule.omega]
-    law = _relaxed_chain_law(weights)
-    np.testing.assert_allclose(law.sum(), 1.0, atol=1e-9)
-    tokens = np.asarray(_run(mode, logits.Sampling(), rule=rule, seed=11).tokens)
-    p_value = _chi_square_pvalue(tokens, law)
-    self.assertGreater(p_value, P_THRESHOLD, f'weights {weights}: p = {p_value:.3g}')
-    if weights[0] != weights[1]:
-      wrong = _relaxed_chain_law([weights[0], weights[0]])
-      divergence = float(np.sum((wrong - law) ** 2 / np.where(law > 0, law, 1.0)))
-      self.assertGreater(divergence, 0.0061)
-      self.assertLess(_chi_square_pvalue(tokens, wrong), P_THRESHOLD)
-
-
-class JacobiTokenRangeTest(absltest.TestCase):
-  """Jacobi random drafts come from the target's declared image-token range."""
-
-  def test_engine_passes_the_declared_range(self):
-    ranged = _RangedToy(VOCAB, CLASSES, image_token_range=(1, 3))
-    seen = []
-    original = drafting.jacobi_fresh
-
-    def recording(*args, **kwargs):
-      seen.append(args[5] if len(args) > 5 else kwargs.get('token_range'))
-      return original(*args, **kwargs)
-
-    drafting.jacobi_fresh = recording
-    decode.clear_compile_cache()
-    try:
-      target_params = _params()[0]
-      decode.generate(ranged, target_params, _cond(4, logits.Sampling()), num_tokens=NUM_TOKENS,
-                      key=jax.random.key(0), mode=decode.Jacobi(3), rule=rules.Lossless(),
-                      compiler_options=FAST)
-      self.assertNotEmpty(seen)
-      self.assertEqual(set(seen), {(1, 3)})
-      seen.clear()
-      decode.generate(TARGET, target_params, _cond(4, logits.Sampling()), num_tokens=NUM_TOKENS,
-                      key=jax.random.key(0), mode=decode.Jacobi(3), rule=rules.Lossless(),
-                      compiler_options=FAST)
-      self.assertEqual(set(seen), {(0, VOCAB)})  # no declaration: the whole vocabulary
-    finally:
-      drafting.jacobi_fresh = original
-      decode.clear_compile_cache()
-
-  def test_released_models_declare_their_image_tokens(self):
-    from specdec_jax import protocol  # pylint: disable=g-import-not-at-top
-    from specdec_jax.models import chameleon, janus, llamagen  # pylint: disable=g-import-not-at-top
-    self.assertEqual(protocol.image_token_range(chameleon.ChameleonModel(chameleon.lumina_7b())),
-                     (4, 8196))  # 8192 VQ codes of 65536 ids
-    self.assertEqual(protocol.image_token_range(janus.JanusModel(janus.JanusConfig())),
-                     (0, 16384))
-    self.assertEqual(protocol.image_token_range(llamagen.LlamaGenGPT(llamagen.GPTConfig())),
-                     (0, 16384))
-    self.assertEqual(protocol.image_token_range(TARGET), (0, VOCAB))  # undeclared: all
-
-  def test_bad_range_is_rejected_before_compilation(self):
-    bad = _RangedToy(VOCAB, CLASSES, image_token_range=(2, VOCAB + 1))
-    with self.assertRaisesRegex(ValueError, 'image_token_range must be a non-empty range'):
-      decode.generate(bad, _params()[0], _cond(2, logits.Sampling()), num_tokens=NUM_TOKENS,
-                      key=jax.random.key(0), mode=decode.Jacobi(3), rule=rules.Lossless(),
-                      compiler_options=FAST)
-
-
-@dataclasses.dataclass(frozen=True)
-class _RangedToy(toy.MarkovToy):
-  """A Markov toy that declares which token ids are image tokens."""
-
-  image_token_range: tuple = (0, VOCAB)
-
-
 class BatchTest(absltest.TestCase):
 
   def test_rows_match_batch_of_one(self):
@@ -378,38 +219,6 @@ class BatchTest(absltest.TestCase):
       np.testing.assert_array_equal(np.asarray(single.tokens)[0], np.asarray(batch.tokens)[row])
       np.testing.assert_array_equal(np.asarray(single.metrics.accepted_tokens)[0],
                                     np.asarray(batch.metrics.accepted_tokens)[row])
-
-
-class GreedyRealModelTest(absltest.TestCase):
-  """Through real models (LlamaGen 2D RoPE, the EAGLE-1 head): with temperature 0 every
-  lossless mode must emit exactly vanilla greedy decoding's tokens (positions, tree masks,
-  path compaction and drafter catch-up all have to be right for that; replacing the path
-  compaction by a no-op makes this test fail)."""
-
-  def test_all_modes_equal_vanilla_greedy(self):
-    from specdec_jax.models import eagle, llamagen  # pylint: disable=g-import-not-at-top
-    config = llamagen.GPTConfig(n_layer=1, n_head=4, dim=32, vocab_size=64, num_classes=4,
-                                block_size=16)
-    target = llamagen.LlamaGenGPT(config)
-    target_params = target.init_params(jax.random.key(0))
-    head = eagle.EagleDrafter(eagle.llamagen_drafter_config(config))
-    head_params = eagle.attach_head(head.init_params(jax.random.key(1)),
-                                    target_params['output']['kernel'])
-    sampling = logits.Sampling(cfg_scale=2.0, temperature=0.0)
-    cond = target.cfg_cond(target_params, jnp.array([0, 1, 3]))
-    run = lambda mode, **kwargs: decode.generate(
-        target, target_params, cond, num_tokens=16, key=jax.random.key(4), mode=mode,
-        sampling=sampling, rule=rules.Lossless(), compiler_options=FAST, **kwargs)
-    expected = np.asarray(run(decode.Vanilla()).tokens)
-    tree = verify.StaticTree.from_paths(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))
-    # The target drafting for itself: every greedy draft is accepted, so whole
-    # depth-3 paths are compacted into the cache and bonus tokens follow.
-    self_draft = run(decode.TreeDraft(tree, 'model'), draft=target, draft_params=target_params)
-    np.testing.assert_array_equal(np.asarray(self_draft.tokens), expected)
-    self.assertGreater(self_draft.metrics.summary()['tokens_per_target_forward'], 3.0)
-    # A random EAGLE-1 head (models/eagle.py): mostly rejections, resampled from the target.
-    eagle_run = run(decode.ChainDraft(3, 'eagle'), draft=head, draft_params=head_params)
-    np.testing.assert_array_equal(np.asarray(eagle_run.tokens), expected)
 
 
 class BadInputTest(parameterized.TestCase):

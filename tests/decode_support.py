@@ -1,0 +1,55 @@
+"""Shared toy models and helpers for the decode tests (test_decode*.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import decode
+from specdec_jax import logits
+from specdec_jax import rules
+from specdec_jax import testing
+from specdec_jax import toy
+from specdec_jax import verify
+
+
+VOCAB, CLASSES, NUM_TOKENS = 4, 2, 3
+NUM_SAMPLES = 2 ** 14
+P_THRESHOLD = 1e-4
+TREE = verify.StaticTree.from_paths(((0,), (1,), (0, 0), (0, 1), (1, 0)))
+FAST = decode.FAST_COMPILE
+
+TARGET = toy.MarkovToy(VOCAB, CLASSES)
+DRAFT = toy.MarkovToy(VOCAB, CLASSES)
+EAGLE = toy.ToyEagle(VOCAB, CLASSES)
+
+
+def _params():
+  return (TARGET.init_params(jax.random.key(0)), DRAFT.init_params(jax.random.key(1)),
+          EAGLE.init_params(jax.random.key(2)))
+
+
+def _cond(num_images: int, sampling: logits.Sampling, class_id: int = 0):
+  ids = jnp.full((num_images,), class_id, jnp.int32)
+  return toy.cfg_class_rows(ids, CLASSES) if sampling.uses_cfg else ids
+
+
+def _chi_square_pvalue(tokens: np.ndarray, law: np.ndarray) -> float:
+  """Pearson chi-square (`specdec_jax.testing`) of sequences [N, n] against a law over
+  V**n sequences; a zero-probability sequence gives p = 0."""
+  counts = testing.histogram(testing.sequence_index(tokens, VOCAB), law.size)
+  return testing.chi_square_pvalue(counts, law)[0]
+
+
+def _run(mode, sampling, *, num_images=NUM_SAMPLES, seed=7, rule=rules.Lossless(), **kwargs):
+  target_params, draft_params, eagle_params = _params()
+  draft, params = None, None
+  if isinstance(mode, (decode.ChainDraft, decode.TreeDraft)):
+    draft, params = ((EAGLE, eagle_params) if mode.drafter == 'eagle'
+                     else (DRAFT, draft_params))
+  return decode.generate(
+      TARGET, target_params, _cond(num_images, sampling), num_tokens=NUM_TOKENS,
+      key=jax.random.key(seed), mode=mode, sampling=sampling, rule=rule, draft=draft,
+      draft_params=params, compiler_options=FAST, **kwargs)
