@@ -1,0 +1,257 @@
+"""Monte Carlo checks of verify_tree against exact laws (lossless and relaxed
+rules). Power and controls as in tests/test_verify.py.
+"""
+
+from typing import Any
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import rules
+from specdec_jax import testing
+from specdec_jax import verify
+from tests.rules_support import dirichlet_pair, line_neighbors
+from tests.verify_support import NUM_SAMPLES
+from tests.verify_support import AcceptEverything
+
+
+def sample_tree(rule, tree, draft_probs, target_probs, seed=0, num_samples=NUM_SAMPLES):
+  """Drafts each node's children without replacement (Gumbel top-k) from the
+  node's draft distribution, then verifies; returns (node_tokens, path, next)."""
+  children = tree.children
+  key_draft, key_verify = jax.random.split(jax.random.key(seed))
+
+  def draft_tree(key):
+    tokens = jnp.zeros((tree.num_nodes,), jnp.int32)
+    keys = jax.random.split(key, tree.num_nodes)
+    for node in range(tree.num_nodes):
+      kids = [c for c in children[node] if c >= 0]
+      if not kids:
+        continue
+      gumbel = jax.random.gumbel(keys[node], draft_probs[node].shape)
+      ranked = jnp.argsort(-(jnp.log(draft_probs[node]) + gumbel))
+      for sibling, child in enumerate(kids):
+        tokens = tokens.at[child].set(ranked[sibling])
+    return tokens
+
+  node_tokens = jax.vmap(draft_tree)(jax.random.split(key_draft, num_samples))
+  run = jax.jit(jax.vmap(lambda k, toks: verify.verify_tree(
+      rule, k, tree, toks, draft_probs, target_probs)))
+  path, num_accepted, next_token = run(jax.random.split(key_verify, num_samples), node_tokens)
+  return np.asarray(node_tokens), np.asarray(path), np.asarray(num_accepted), np.asarray(next_token)
+
+
+def tree_setup(vocab=8):
+  """A depth-2 tree whose root siblings have 2, 1 and 0 children, with context-free
+  distributions: each node's draft and target laws depend only on its depth."""
+  tree = verify.StaticTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
+  depth_targets = [dirichlet_pair(40 + i, vocab, concentration=0.7) for i in range(3)]
+  draft_probs = jnp.stack([depth_targets[d][0] for d in tree.depths])
+  target_probs = jnp.stack([depth_targets[d][1] for d in tree.depths])
+  return tree, draft_probs, target_probs, depth_targets
+
+
+def emitted_tokens(node_tokens, path, num_accepted, next_token):
+  """(first, second) emitted tokens of each verified tree (second valid if n >= 1)."""
+  rows = np.arange(len(path))
+  first = np.where(num_accepted > 0, node_tokens[rows, np.maximum(path[:, 1], 0)], next_token)
+  second = np.where(num_accepted > 1, node_tokens[rows, np.maximum(path[:, 2], 0)], next_token)
+  return first, second
+
+
+class TreeMonteCarloTest(parameterized.TestCase):
+
+  def _setup(self, vocab=8):
+    return tree_setup(vocab)
+
+  def _emitted(self, *out):
+    return emitted_tokens(*out)
+
+  def test_lossless_tree_emits_target_law(self):
+    vocab = 8
+    tree, draft_probs, target_probs, depth_targets = self._setup(vocab)
+    out = sample_tree(rules.Lossless(), tree, draft_probs, target_probs)
+    first, second = self._emitted(*out)
+    report = testing.bins_match(testing.histogram(first, vocab), depth_targets[0][1])
+    self.assertTrue(report.ok, report.message)
+    has_second = out[2] >= 1
+    report = testing.bins_match(testing.histogram(second[has_second], vocab),
+                                depth_targets[1][1])
+    self.assertTrue(report.ok, report.message)
+    self.assertGreater(out[2].mean(), 0.3)  # the tree does accept
+
+  def test_tree_negative_control(self):
+    vocab = 8
+    tree, draft_probs, target_probs, depth_targets = self._setup(vocab)
+    out = sample_tree(AcceptEverything(), tree, draft_probs, target_probs)
+    first, _ = self._emitted(*out)
+    self.assertFalse(testing.bins_match(testing.histogram(first, vocab),
+                                        depth_targets[0][1]).ok)
+
+  def test_tree_structure(self):
+    tree = verify.StaticTree.from_paths([(1,), (0,), (0, 0)])
+    np.testing.assert_array_equal(tree.parents, [-1, 0, 0, 1])
+    np.testing.assert_array_equal(tree.depths, [0, 1, 1, 2])
+    np.testing.assert_array_equal(tree.children, [[1, 2], [3, -1], [-1, -1], [-1, -1]])
+    self.assertTrue(tree.ancestor_mask[3, 1] and tree.ancestor_mask[3, 0])
+    self.assertFalse(tree.ancestor_mask[3, 2])
+    with self.assertRaisesRegex(ValueError, 'parent'):
+      verify.StaticTree.from_paths([(0, 0)])
+    with self.assertRaisesRegex(ValueError, 'skips sibling'):
+      verify.StaticTree.from_paths([(0,), (2,)])
+
+
+def _normalized(mass, fallback):
+  total = mass.sum()
+  return mass / total if total > 0 else fallback
+
+
+def numpy_rule(name: str, depth: int):
+  """(f(q, p, x), G(q, p, x)) of a relaxed rule at one tree depth, written out in numpy
+  from the formulas (README "Methods"): q the sibling's draft law, p the current target."""
+  if name in ('uniform', 'coolsd'):
+    if name == 'uniform':
+      weight = 2.5
+    else:  # CoolSD(delta=1.2) over a depth-2 window, mean-normalised, floored at 1
+      mu = np.log(np.mean(np.exp(-0.7 * np.arange(1, 3))))
+      weight = max(1.0, 1.2 * np.exp(-0.7 * depth - mu))
+    accept = lambda q, p, x: min(1.0, weight * p[x] / q[x])
+    residual = lambda q, p, x: _normalized(np.maximum(p - np.minimum(q, weight * p), 0.0), p)
+    return accept, residual
+  table, k, lam = np.asarray(line_neighbors(8, 6)), 4, 3.0  # LanternPP, as the test's rule
+
+  def accept(q, p, x):
+    mass = 0.0
+    for m in range(1, k + 1):
+      if p[table[x, :m]].sum() <= (lam - 1.0) * p[x]:
+        mass = p[table[x, :m]].sum()
+    return min(1.0, (p[x] + mass) / q[x])
+
+  return accept, lambda q, p, x: _normalized(np.maximum(p - q, 0.0), p)
+
+
+def node_outcome_law(draft, target, num_children, accept, residual):
+  """EAGLE-1 multi-candidate verification at one node, enumerated exactly.
+
+  Siblings x_1, x_2, ... are drawn without replacement from `draft`; sibling s is
+  tested against q_s (draft with earlier siblings removed, renormalised) and the
+  current target p, accepted with f(q_s, p, x_s), else p <- G(q_s, p, x_s).
+  Returns (accepted [num_children, V]: P(sibling s accepted and is x), resampled [V]:
+  P(all rejected and the resample is y)); with no children, resampled = target.
+  """
+  vocab = draft.shape[0]
+  accepted = np.zeros((num_children, vocab))
+  resampled = np.zeros(vocab)
+
+  def visit(sibling, removed, prob, p):
+    if sibling == num_children:
+      resampled[:] += prob * p
+      return
+    q = draft.copy()
+    q[removed] = 0.0
+    q /= q.sum()
+    for x in range(vocab):
+      if q[x] <= 0:
+        continue
+      f = accept(q, p, x)
+      accepted[sibling, x] += prob * q[x] * f
+      if f < 1:
+        visit(sibling + 1, removed + [x], prob * q[x] * (1.0 - f), residual(q, p, x))
+
+  visit(0, [], 1.0, target)
+  return accepted, resampled
+
+
+@flax.struct.dataclass
+class TargetResidualOf(rules.Rule):
+  """Negative control: `base`'s acceptance, but resampling from the current target."""
+
+  base: Any = None
+
+  def accept_prob(self, draft_probs, target_probs, position=1):
+    return self.base.accept_prob(draft_probs, target_probs, position)
+
+  def accept_prob_at(self, draft_probs, target_probs, position, token):
+    return self.base.accept_prob_at(draft_probs, target_probs, position, token)
+
+  def residual(self, draft_probs, target_probs, position=1, rejected_token=None):
+    return target_probs
+
+
+class RelaxedTreeMonteCarloTest(parameterized.TestCase):
+  """Relaxed rules on an EAGLE-1 static tree against their exact law.
+
+  The exact joint law of (first emitted token, second emitted token or none) is
+  enumerated in numpy (`node_outcome_law`, over every ordered sibling draw) from the
+  rules' formulas; the tree's second level has 2, 1 or 0 children depending on which
+  root sibling was accepted. Power: n = 2^16 trees, 6 sigma per bin (+5 counts) over
+  V (V + 1) = 72 bins: a bin of mass 0.1 detects ~0.7 percentage points, a bin of mass
+  0.01 ~0.25; every zero-mass bin must stay empty. Negative control: the same rule
+  resampling from the current target instead of its residual must fail.
+  """
+
+  def _rule(self, name, tree):
+    rule = {
+        'uniform': lambda: rules.UniformRelaxed(omega=2.5),
+        'coolsd': lambda: rules.CoolSD(delta=1.2),  # w_1 = 1.60, w_2 = 0.80 -> floored to 1
+        'lanternpp': lambda: rules.LanternPP(neighbors=line_neighbors(8, 6), k=4, lam=3.0),
+    }[name]()
+    return rule.for_window(tree.max_depth)  # as the decoder: window = tree depth
+
+  def _exact_law(self, name, tree, depth_pairs):
+    vocab = depth_pairs[0][0].shape[0]
+    (d0, t0), (d1, t1) = [(np.asarray(d, np.float64), np.asarray(t, np.float64))
+                          for d, t in depth_pairs[:2]]
+    root_children = [c for c in tree.children[0] if c >= 0]
+    accepted, resampled = node_outcome_law(d0, t0, len(root_children), *numpy_rule(name, 1))
+    law = np.zeros((vocab, vocab + 1))  # [first, second]; column V: no second token
+    law[:, vocab] = resampled
+    for sibling, child in enumerate(root_children):
+      grandchildren = int(np.sum(tree.children[child] >= 0))
+      second_accepted, second_resampled = node_outcome_law(
+          d1, t1, grandchildren, *numpy_rule(name, 2))
+      second = second_accepted.sum(0) + second_resampled
+      law[:, :vocab] += accepted[sibling][:, None] * second[None, :]
+    np.testing.assert_allclose(law.sum(), 1.0, atol=1e-9)
+    return law.reshape(-1)
+
+  def _counts(self, out, vocab):
+    node_tokens, path, num_accepted, next_token = out
+    first, second = emitted_tokens(node_tokens, path, num_accepted, next_token)
+    second = np.where(num_accepted >= 1, second, vocab)
+    return testing.histogram(first * (vocab + 1) + second, vocab * (vocab + 1))
+
+  @parameterized.parameters('uniform', 'coolsd', 'lanternpp')
+  def test_tree_emits_exact_law(self, name):
+    tree, draft_probs, target_probs, depth_pairs = tree_setup()
+    rule = self._rule(name, tree)
+    law = self._exact_law(name, tree, depth_pairs)
+    lossless = self._exact_law_lossless(tree, depth_pairs)
+    self.assertGreater(np.abs(law - lossless).sum(), 0.02)  # the rule does relax
+    out = sample_tree(rule, tree, draft_probs, target_probs, seed=5)
+    report = testing.bins_match(self._counts(out, 8), law)
+    self.assertTrue(report.ok, report.message)
+
+  @parameterized.parameters('uniform', 'coolsd', 'lanternpp')
+  def test_negative_control_target_residual_fails(self, name):
+    tree, draft_probs, target_probs, depth_pairs = tree_setup()
+    broken = TargetResidualOf(base=self._rule(name, tree))
+    out = sample_tree(broken, tree, draft_probs, target_probs, seed=6)
+    report = testing.bins_match(self._counts(out, 8), self._exact_law(name, tree, depth_pairs))
+    self.assertFalse(report.ok, f'{name}: the broken residual went unnoticed: {report.message}')
+
+  def _exact_law_lossless(self, tree, depth_pairs):
+    """The target's own joint law (what Lossless emits), for the relaxation check."""
+    vocab = depth_pairs[0][0].shape[0]
+    t0, t1 = (np.asarray(t, np.float64) for _, t in depth_pairs[:2])
+    law = np.zeros((vocab, vocab + 1))
+    law[:, :vocab] = t0[:, None] * t1[None, :]
+    return law.reshape(-1)
+
+
+if __name__ == '__main__':
+  absltest.main()
