@@ -1,7 +1,7 @@
 """Tests for models/chameleon.py and converters/chameleon.py.
 
 Parity is against an independent PyTorch forward of Hugging Face Chameleon as
-Lumina-mGPT uses it (`tests/torch_reference.py`), on random weights in the
+Lumina-mGPT uses it (`tests/torch_reference_chameleon_janus.py`), on random weights in the
 exact HF key layout, saved as two safetensors shards plus an index. Converter
 checks that need no reference forward run without torch.
 """

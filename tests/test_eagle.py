@@ -1,6 +1,6 @@
 """Tests for models/eagle.py and converters/lantern_drafter.py.
 
-The PyTorch reference (`tests/torch_reference.py`: EAGLE-1 (Li et al. 2024)
+The PyTorch reference (`tests/torch_reference_eagle.py`: EAGLE-1 (Li et al. 2024)
 as LANTERN's drafters (jadohu/LANTERN) implement it: fc on [embedding, target
 feature], one decoder layer (LlamaGen: no input norm, interleaved 2D RoPE with
 LANTERN's table; Lumina: input norm, per-head q/k LayerNorm, rotate_half 1D

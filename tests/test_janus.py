@@ -1,7 +1,7 @@
 """Tests for models/janus.py and converters/janus.py (Janus-Pro generation path).
 
 Parity is against an independent PyTorch forward of the original generation
-path (`tests/torch_reference.py`): text prompt through the Llama embedding,
+path (`tests/torch_reference_chameleon_janus.py`): text prompt through the Llama embedding,
 image tokens through gen_embed -> gen_aligner, HF Llama blocks, final norm,
 gen_head. Random weights use the original DeepSeek key layout, saved as two
 safetensors shards + index, or as two `pytorch_model-*.bin` shards + index

@@ -1,6 +1,6 @@
 """Tests for models/llamagen.py and converters/llamagen.py.
 
-The PyTorch reference (`tests/torch_reference.py`: a full-sequence forward of
+The PyTorch reference (`tests/torch_reference_llamagen.py`: a full-sequence forward of
 the original GPT on a state dict in the original key layout, with its 2D RoPE
 table, zero rows for condition tokens, and the t2i emb_masks + diagonal mask)
 needs torch; the engine-path, config and safetensors converter tests run

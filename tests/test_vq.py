@@ -1,7 +1,7 @@
 """Tests for models/vq.py, models/vq_blocks.py and converters/vq.py.
 
 The parity tests use an independent PyTorch forward of the original
-architectures (`tests/torch_reference.py`): LlamaGen's VQ-16
+architectures (`tests/torch_reference_vq.py`): LlamaGen's VQ-16
 (FoundationVision/LlamaGen `tokenizer/tokenizer_image/vq_model.py`) with its
 `conv_blocks.{i}.res/attn/downsample|upsample` names and the taming/Chameleon
 VQGAN with `down/up.{i}.block/attn`, `mid.block_1/attn_1/block_2`. Random
