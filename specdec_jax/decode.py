@@ -222,7 +222,7 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
   """Validates one call's arguments and compiles (or reuses) its program.
 
   Returns:
-    (plan, compiled program).
+    (plan, compiled program, this call's traced arguments).
   """
   num_images = modes_lib.validate(target, target_params, draft, mode, sampling, rule, cond,
                                   draft_cond, num_tokens, key, draft_params)
@@ -249,7 +249,7 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
     _COMPILED[signature] = compiled
     logging.info('generate: compiled %s for %d images x %d tokens in %.2f s',
                  type(mode).__name__, num_images, num_tokens, time.perf_counter() - start)
-  return plan, compiled
+  return plan, compiled, args
 
 
 def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(),
@@ -296,14 +296,15 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
   compile_seconds = 0.0
   if prepared is None:
     start = time.perf_counter()
-    prepared = _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
-                        draft, draft_params, draft_cond, capacity, mesh, target_rules,
-                        draft_rules, options)
+    plan, compiled, args = _prepare(target, target_params, cond, num_tokens, key, mode,
+                                    sampling, rule, draft, draft_params, draft_cond, capacity,
+                                    mesh, target_rules, draft_rules, options)
     compile_seconds = time.perf_counter() - start
-    _PREPARED[call_signature] = prepared
-  plan, compiled = prepared
-  args = _arguments(plan, target_params, cond, key, rule, draft_params, draft_cond,
-                    target_rules, draft_rules)
+    _PREPARED[call_signature] = (plan, compiled)
+  else:
+    plan, compiled = prepared
+    args = _arguments(plan, target_params, cond, key, rule, draft_params, draft_cond,
+                      target_rules, draft_rules)
   start = time.perf_counter()
   tokens, metrics = compiled(*args)
   tokens = jax.block_until_ready(tokens)
