@@ -123,16 +123,7 @@ class PatchTokenizer:
 
   def preprocess(self, images: jax.Array) -> jax.Array:
     """uint8 [B, H, W, C] -> x / 127.5 - 1; float images pass through (as float32)."""
-    images = jnp.asarray(images)
-    if images.ndim != 4 or images.shape[-1] != self.config.in_channels:
-      raise ValueError(f'images must be [B, H, W, {self.config.in_channels}] (NHWC), got '
-                       f'shape {images.shape}.')
-    self.latent_grid(images.shape[1], images.shape[2])
-    if images.dtype == jnp.uint8:
-      return images.astype(jnp.float32) / 127.5 - 1.0
-    if not jnp.issubdtype(images.dtype, jnp.floating):
-      raise ValueError(f'images must be uint8 or float in [-1, 1], got {images.dtype}.')
-    return images.astype(jnp.float32)
+    return vq_lib.preprocess_images(images, self.config.in_channels, self.latent_grid)
 
   def encode(self, params: Any, images: jax.Array) -> jax.Array:
     """Images uint8/float[B, H, W, C] -> raster-ordered token ids int32[B, h*w]."""
@@ -142,16 +133,7 @@ class PatchTokenizer:
   def decode(self, params: Any, tokens: jax.Array, grid: tuple[int, int]) -> jax.Array:
     """Token ids int[B, h*w] -> float images [B, h*p, w*p, C] in [-1, 1]."""
     grid = (int(grid[0]), int(grid[1]))
-    tokens = jnp.asarray(tokens)
-    if tokens.ndim != 2 or tokens.shape[1] != grid[0] * grid[1]:
-      raise ValueError(f'tokens must be [B, h*w] = [B, {grid[0] * grid[1]}] for grid={grid}, '
-                       f'got shape {tokens.shape}.')
-    if not jnp.issubdtype(tokens.dtype, jnp.integer):
-      raise ValueError(f'tokens must be integers, got dtype {tokens.dtype}.')
-    if not isinstance(tokens, jax.core.Tracer) and tokens.size:
-      low, high = int(tokens.min()), int(tokens.max())
-      if low < 0 or high >= self.vocab_size:
-        raise ValueError(f'token ids must lie in [0, {self.vocab_size}), got [{low}, {high}].')
+    tokens = vq_lib.check_token_grid(tokens, grid, self.vocab_size)
     patches = jnp.take(self.codebook(params), tokens, axis=0)
     return patches_to_image(patches, grid, self.config.patch_size, self.config.in_channels)
 

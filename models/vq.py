@@ -136,6 +136,52 @@ def _is_concrete(x: Any) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
+def preprocess_images(images: jax.Array, channels: int, latent_grid) -> jax.Array:
+  """Checks images [B, H, W, C] and scales them: uint8 -> x / 127.5 - 1, float kept.
+
+  Shared by the tokenizers (`VQTokenizer`, `patch_tokenizer.PatchTokenizer`).
+
+  Args:
+    images: uint8 in [0, 255] or float in [-1, 1], [B, H, W, channels].
+    channels: the tokenizer's input channels C.
+    latent_grid: (H, W) -> (h, w), raising if the size does not fit the tokenizer.
+  Returns:
+    float32[B, H, W, C].
+  """
+  images = jnp.asarray(images)
+  if images.ndim != 4 or images.shape[-1] != channels:
+    raise ValueError(
+        f'images must be [B, H, W, {channels}] (NHWC), got shape '
+        f'{images.shape}; add a batch axis or move channels last.')
+  latent_grid(images.shape[1], images.shape[2])
+  if images.dtype == jnp.uint8:
+    return images.astype(jnp.float32) / 127.5 - 1.0
+  if not jnp.issubdtype(images.dtype, jnp.floating):
+    raise ValueError(f'images must be uint8 in [0, 255] or float in [-1, 1], '
+                     f'got dtype {images.dtype}.')
+  return images.astype(jnp.float32)
+
+
+def check_token_grid(tokens: jax.Array, grid: tuple[int, int], vocab_size: int) -> jax.Array:
+  """Checks raster-ordered token ids int[B, h*w] for a (h, w) grid and a codebook of
+  `vocab_size` (values only when concrete); returns them as int32[B, h*w]."""
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != 2 or tokens.shape[1] != grid[0] * grid[1]:
+    raise ValueError(
+        f'tokens must be [B, h*w] = [B, {grid[0] * grid[1]}] for grid={grid}, '
+        f'got shape {tokens.shape}.')
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(f'tokens must be integers, got dtype {tokens.dtype}.')
+  if _is_concrete(tokens) and tokens.size:
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab_size:
+      raise ValueError(
+          f'token ids must lie in [0, {vocab_size}), got range [{low}, {high}]. '
+          'Subtract the id offset of a multimodal vocabulary (e.g. 4 for '
+          'Lumina-mGPT) before decoding.')
+  return tokens.astype(jnp.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class VQTokenizer:
   """Images <-> token grids with a VQ autoencoder. Methods take `params` first.
@@ -211,18 +257,7 @@ class VQTokenizer:
 
   def preprocess(self, images: jax.Array) -> jax.Array:
     """uint8 [B, H, W, C] -> x / 127.5 - 1; float images pass through (as float32)."""
-    images = jnp.asarray(images)
-    if images.ndim != 4 or images.shape[-1] != self.config.in_channels:
-      raise ValueError(
-          f'images must be [B, H, W, {self.config.in_channels}] (NHWC), got shape '
-          f'{images.shape}; add a batch axis or move channels last.')
-    self.latent_grid(images.shape[1], images.shape[2])
-    if images.dtype == jnp.uint8:
-      return images.astype(jnp.float32) / 127.5 - 1.0
-    if not jnp.issubdtype(images.dtype, jnp.floating):
-      raise ValueError(f'images must be uint8 in [0, 255] or float in [-1, 1], '
-                       f'got dtype {images.dtype}.')
-    return images.astype(jnp.float32)
+    return preprocess_images(images, self.config.in_channels, self.latent_grid)
 
   def encode_latents(self, params: Any, images: jax.Array) -> jax.Array:
     """Pre-quantisation latents (after quant_conv, before any normalisation).
@@ -249,21 +284,8 @@ class VQTokenizer:
       grid: (h, w), static.
     """
     grid = (int(grid[0]), int(grid[1]))
-    tokens = jnp.asarray(tokens)
-    if tokens.ndim != 2 or tokens.shape[1] != grid[0] * grid[1]:
-      raise ValueError(
-          f'tokens must be [B, h*w] = [B, {grid[0] * grid[1]}] for grid={grid}, '
-          f'got shape {tokens.shape}.')
-    if not jnp.issubdtype(tokens.dtype, jnp.integer):
-      raise ValueError(f'tokens must be integers, got dtype {tokens.dtype}.')
-    if _is_concrete(tokens) and tokens.size:
-      low, high = int(tokens.min()), int(tokens.max())
-      if low < 0 or high >= self.vocab_size:
-        raise ValueError(
-            f'token ids must lie in [0, {self.vocab_size}), got range [{low}, {high}]. '
-            'Subtract the id offset of a multimodal vocabulary (e.g. 4 for '
-            'Lumina-mGPT) before decoding.')
-    return _decode(self.config, params, tokens.astype(jnp.int32), grid)
+    tokens = check_token_grid(tokens, grid, self.vocab_size)
+    return _decode(self.config, params, tokens, grid)
 
   def to_uint8(self, images: jax.Array) -> jax.Array:
     """Decoded float images -> uint8, as the original repository does it."""
