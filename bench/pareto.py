@@ -32,7 +32,6 @@ import numpy as np
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
-from specdec_jax.app import evaluation
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
 from specdec_jax.configs import generate as generate_config
@@ -127,16 +126,14 @@ def main(argv=None) -> dict:
   rows, reference_nll, began = [], None, time.time()
   for index, (name, value, method) in enumerate(points):
     tokens, summary, _ = generate.quality_pass(method, family, labels, sampling, args.seed)
-    images = family.decode(tokens)
-    class_logits, features = family.classify(images)
-    nll = family.guided_nll(labels, tokens, sampling)
+    _, measures = generate.quality_measures(family, labels, tokens, sampling)
     if reference_nll is None:
-      reference_nll = nll
+      reference_nll = measures['nll']
     rows.append(dict(
         family=name, value=value, method=method.name,
         tokens_per_forward=summary['tokens_per_target_forward'],
-        frechet=family.frechet(features), nll_gap=nll - reference_nll,
-        class_accuracy=evaluation.class_accuracy(class_logits, labels),
+        frechet=measures['frechet'], nll_gap=measures['nll'] - reference_nll,
+        class_accuracy=measures['class_accuracy'],
         acceptance_per_position=summary.get('acceptance_per_position'),
         hyperparameters=generate.rule_hyperparameters(method.rule)))
     row = rows[-1]

@@ -131,20 +131,29 @@ def decode_kwargs(method: Method, family: family_lib.Family, labels, sampling) -
   return kwargs
 
 
-def image_keys(seed: int, num_images: int):
-  """Per-image keys: image i's tokens depend only on (seed, i) and the method."""
-  return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(
-      jnp.arange(num_images))
-
-
 def quality_pass(method: Method, family: family_lib.Family, labels: np.ndarray, sampling,
                  seed: int):
-  """One batch of every class: (tokens int32[N, L], metrics summary, compile seconds)."""
+  """One batch of every class: (tokens int32[N, L], metrics summary, compile seconds).
+
+  One key for the batch: the engine folds it with each image's index, so image
+  i's tokens depend only on (seed, i) and the method.
+  """
   target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
   result = decode.generate(family.target, family.target_params, target_cond,
-                           key=image_keys(seed + 1000 * method.seed_offset, len(labels)),
+                           key=jax.random.key(seed + 1000 * method.seed_offset),
                            **decode_kwargs(method, family, labels, sampling))
   return np.asarray(result.tokens), result.metrics.summary(), result.compile_seconds
+
+
+def quality_measures(family: family_lib.Family, labels: np.ndarray, tokens: np.ndarray,
+                     sampling) -> tuple[np.ndarray, dict]:
+  """Decoded images uint8[N, H, W, 1] and their measures: nll (guided target NLL per
+  token), frechet (classifier features vs the test split), class_accuracy."""
+  images = family.decode(tokens)
+  class_logits, features = family.classify(images)
+  return images, dict(nll=family.guided_nll(labels, tokens, sampling),
+                      frechet=family.frechet(features),
+                      class_accuracy=evaluation.class_accuracy(class_logits, labels))
 
 
 def _timed_call(method: Method, family: family_lib.Family, label: int, sampling, seed: int):
@@ -152,7 +161,7 @@ def _timed_call(method: Method, family: family_lib.Family, label: int, sampling,
   labels = np.asarray([label], np.int32)
   target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
   kwargs = decode_kwargs(method, family, labels, sampling)
-  keys = image_keys(seed + 7919 * (label + 1) + 1000 * method.seed_offset, 1)
+  keys = jax.random.key(seed + 7919 * (label + 1) + 1000 * method.seed_offset)
 
   def call():
     start = time.perf_counter()
@@ -234,7 +243,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
     started = time.perf_counter()
     tokens, summary, quality_compile_s = quality_pass(method, family, labels, sampling,
                                                       config.seed)
-    images = family.decode(tokens)
+    images, measures = quality_measures(family, labels, tokens, sampling)
     grid = images_lib.make_grid(images, columns=config.images_per_class)
     grids[method.name] = images_lib.make_grid(
         images.reshape(family.num_classes, config.images_per_class, *images.shape[1:])[
@@ -242,8 +251,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
         columns=min(config.side_by_side_per_class, config.images_per_class))
     images_lib.save_png(os.path.join(out_dir, f'{method.name}.png'), grid,
                         scale=config.grid_scale)
-    class_logits, features = family.classify(images)
-    nll = family.guided_nll(labels, tokens, sampling)
+    nll = measures['nll']
     latency = latency_pass(method, family, latency_classes, sampling, config.seed,
                            config.timing_repeats,
                            reference=None if reference is None else methods[0])
@@ -259,8 +267,8 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
         host_overhead_ms=1e3 * latency['host_overhead_s'],
         nll=nll,
         nll_gap=nll - reference['nll'],
-        frechet=family.frechet(features),
-        class_accuracy=evaluation.class_accuracy(class_logits, labels),
+        frechet=measures['frechet'],
+        class_accuracy=measures['class_accuracy'],
         acceptance_per_position=summary.get('acceptance_per_position'),
         compile_s=quality_compile_s + latency['compile_s'],
         wall_s=time.perf_counter() - started,
