@@ -197,43 +197,46 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
     state = manager.restore(latest, args=ocp.args.StandardRestore(state))
     logging.info('%s: resumed from step %d in %s', name, latest, workdir)
   start = int(state.step)
-  elapsed_before = float(state.elapsed_s)
+  elapsed_before, began = float(state.elapsed_s), time.time()
+
+  def elapsed() -> float:  # training seconds, including those before a resume
+    return elapsed_before + time.time() - began
+
   history = []
-  window, tick, began = [], time.time(), time.time()
+  window, tick = [], time.time()
   for batch in batches(start):
     step = int(state.step)
-    elapsed = elapsed_before + time.time() - began
-    out_of_time = budget is not None and elapsed >= budget.seconds
+    now = elapsed()
+    out_of_time = budget is not None and now >= budget.seconds
     if step >= num_steps or out_of_time:
       if out_of_time and step > start and manager.latest_step() != step:
         logging.info('%s: time budget of %.1f min spent at step %d', name, budget.minutes, step)
         manager.save(step, args=ocp.args.StandardSave(state.replace(
-            elapsed_s=np.float32(elapsed))), force=True)
+            elapsed_s=np.float32(now))), force=True)
       break
     if budget is not None:
-      state = set_learning_rate(state, budget.learning_rate(step, elapsed))
+      state = set_learning_rate(state, budget.learning_rate(step, now))
     state, metrics = step_fn(state, batch, jax.random.fold_in(key, step))
     window.append(metrics)
     if (step + 1) % log_every == 0 or step + 1 == num_steps:
       means = {k: float(np.mean([float(m[k]) for m in window])) for k in window[0]}
       rate = len(window) / max(time.time() - tick, 1e-9)
-      elapsed = elapsed_before + time.time() - began
+      now = elapsed()
       if budget is not None:
-        progress = (f'{elapsed / 60:.1f}/{budget.minutes:.1f} min, '
-                    f'ETA {max(budget.seconds - elapsed, 0) / 60:.1f} min, '
+        progress = (f'{now / 60:.1f}/{budget.minutes:.1f} min, '
+                    f'ETA {max(budget.seconds - now, 0) / 60:.1f} min, '
                     f'lr {learning_rate_of(state):.2e}')
       else:
         progress = (f'{100 * (step + 1) / num_steps:.1f}%, '
                     f'ETA {(num_steps - step - 1) / max(rate, 1e-9) / 60:.1f} min')
       logging.info('%s: step %d/%d (%s) %s  %.2f steps/s', name, step + 1, num_steps, progress,
                    ' '.join(f'{k}={v:.4f}' for k, v in means.items()), rate)
-      history.append(dict(step=step + 1, elapsed_s=elapsed, **means))
+      history.append(dict(step=step + 1, elapsed_s=now, **means))
       window, tick = [], time.time()
     if (step + 1) % save_every == 0 or step + 1 == num_steps:
-      elapsed = elapsed_before + time.time() - began
       manager.save(step + 1, args=ocp.args.StandardSave(state.replace(
-          elapsed_s=np.float32(elapsed))))
-  state = state.replace(elapsed_s=np.float32(elapsed_before + time.time() - began))
+          elapsed_s=np.float32(elapsed()))))
+  state = state.replace(elapsed_s=np.float32(elapsed()))
   manager.wait_until_finished()
   with open(os.path.join(workdir, f'{name}_history.json'), 'w') as f:
     json.dump(history, f, indent=1)

@@ -30,9 +30,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from specdec_jax.app import evaluation
 from specdec_jax.app import family as family_lib
-from specdec_jax.app import training
 from specdec_jax.app.train import classifier as train_classifier
 from specdec_jax.app.train import drafter as train_drafter
 from specdec_jax.app.train import gpt as train_gpt
@@ -68,10 +66,9 @@ def stage_done(name: str, workdir: str, bundle_dir: str) -> bool:
   if name == 'eagle':
     return os.path.isfile(os.path.join(d[name], train_drafter.DRAFTER_DIR, meta))
   if name == 'bundle':
-    return family_lib.bundle_available(bundle_dir) and os.path.isfile(
-        os.path.join(bundle_dir, 'manifest.json')) and json.load(
-            open(os.path.join(bundle_dir, 'manifest.json'))).get('workdir') == os.path.abspath(
-                workdir)
+    manifest = os.path.join(bundle_dir, 'manifest.json')
+    return (family_lib.bundle_available(bundle_dir) and os.path.isfile(manifest)
+            and read_json(manifest).get('workdir') == os.path.abspath(workdir))
   raise ValueError(f'unknown stage {name!r}; stages are {STAGES}.')
 
 
