@@ -44,3 +44,15 @@ def relaxed_rules(vocab):
                            embeddings=jnp.asarray(rng.normal(size=(vocab, 3)), jnp.float32),
                            dist_threshold=4.0),
   }
+
+
+def published_residual_law(draft, target, zeroed, mode) -> np.ndarray:
+  """LANTERN's published residual, float64[V]: Norm([t - d]_+) after zeroing the
+  rejected token's neighbours `zeroed` in the draft ('published_llamagen') or in the
+  target ('published_lumina'), as the released code does."""
+  d, t = np.asarray(draft, np.float64).copy(), np.asarray(target, np.float64).copy()
+  if mode == 'published_llamagen':
+    d[zeroed] = 0
+  else:
+    t[zeroed] = 0
+  return np.maximum(t - d, 0) / np.maximum(t - d, 0).sum()

@@ -15,6 +15,7 @@ from specdec_jax import verify
 from tests.rules_support import ATOL
 from tests.rules_support import dirichlet_pair
 from tests.rules_support import line_neighbors
+from tests.rules_support import published_residual_law
 from tests.rules_support import relaxed_rules
 
 
@@ -110,12 +111,7 @@ class ClosedFormTest(parameterized.TestCase):
       rule = rules.LanternPP(neighbors=neighbors, k=4, lam=50.0, residual_mode=mode)
       rejected = 5
       zero = np.asarray(neighbors[rejected, :5])
-      d, t = np.asarray(draft, np.float64), np.asarray(target, np.float64)
-      if mode == 'published_llamagen':
-        d = d.copy(); d[zero] = 0
-      else:
-        t = t.copy(); t[zero] = 0
-      expected = np.maximum(t - d, 0) / np.maximum(t - d, 0).sum()
+      expected = published_residual_law(draft, target, zero, mode)
       np.testing.assert_allclose(rule.residual(draft, target, 1, rejected), expected, atol=1e-6)
       self.assertTrue(rule.residual_depends_on_token)
       law = verify.output_law(rule, draft, target)

@@ -12,6 +12,7 @@ from specdec_jax import resampling
 from specdec_jax import rules
 from specdec_jax.models import neighbors as neighbors_lib
 from tests.rules_support import dirichlet_pair
+from tests.rules_support import published_residual_law
 
 
 def offset_vocabulary_table(k=4):
@@ -65,12 +66,7 @@ class NeighborRowsTest(parameterized.TestCase):
                                    resampling.standard_residual(draft, target), atol=1e-7)
       # An image token's k + 1 = 4 neighbours are zeroed (ids in 4..15 only).
       zero = np.asarray(table[9, :4])
-      d, t = np.asarray(draft, np.float64), np.asarray(target, np.float64)
-      if mode == 'published_llamagen':
-        d = d.copy(); d[zero] = 0
-      else:
-        t = t.copy(); t[zero] = 0
-      expected = np.maximum(t - d, 0) / np.maximum(t - d, 0).sum()
+      expected = published_residual_law(draft, target, zero, mode)
       np.testing.assert_allclose(rule.residual(draft, target, 1, 9), expected, atol=1e-6)
 
   @parameterized.parameters('lantern', 'lanternpp')
