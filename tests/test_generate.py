@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import jax
@@ -87,6 +88,22 @@ class GenerateTest(absltest.TestCase):
       images = family.decode(np.zeros((2, 256), np.int32))
       self.assertEqual(images.shape, (2, 32, 32, 1))
       self.assertEqual(family.neighbors(3).shape, (32, 3))
+
+  def test_single_thread_xla_flags_only_before_jax_starts(self):
+    """Once the backend is up (as in this process), the flags would be ignored: the
+    function says so and leaves XLA_FLAGS alone."""
+    jax.devices()
+    with mock.patch.dict(os.environ, {'XLA_FLAGS': '--xla_dump_to=/tmp/x'}):
+      self.assertFalse(generate.use_single_thread_xla())
+      self.assertEqual(os.environ['XLA_FLAGS'], '--xla_dump_to=/tmp/x')
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    with mock.patch.object(xla_bridge, 'backends_are_initialized', return_value=False), \
+        mock.patch.dict(os.environ, {'XLA_FLAGS': '--xla_dump_to=/tmp/x'}):
+      self.assertTrue(generate.use_single_thread_xla())
+      self.assertEqual(os.environ['XLA_FLAGS'].split(),
+                       ['--xla_dump_to=/tmp/x', *generate.SINGLE_THREAD_XLA_FLAGS])
+      generate.use_single_thread_xla()  # idempotent
+      self.assertEqual(len(os.environ['XLA_FLAGS'].split()), 3)
 
   def test_missing_bundle_is_a_clear_error(self):
     with tempfile.TemporaryDirectory() as tmp:

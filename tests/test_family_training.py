@@ -1,0 +1,51 @@
+"""The one-command family trainer: stage order, skipping finished stages, bad stage names."""
+
+import os
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+import numpy as np
+
+from specdec_jax.app.train import family as train_family
+from specdec_jax.app.train import kmeans_tokenizer
+from specdec_jax.configs import family as family_config
+
+
+def _tiny_splits(config):
+  del config
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (40, 8, 8, 1)).astype(np.uint8)
+  labels = rng.integers(0, 10, 40).astype(np.int32)
+  return (images[:30], labels[:30]), (images[30:], labels[30:]), {'synthetic': True}
+
+
+class FamilyTrainerTest(absltest.TestCase):
+
+  def test_runs_a_stage_then_skips_it_when_its_outputs_exist(self):
+    config = family_config.get_config()
+    config.stages = ('tokenizer',)
+    config.tokenizer.update(codebook_size=8, num_patches=500, iterations=2, eval_batch_size=16)
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
+        kmeans_tokenizer, 'load_splits', side_effect=_tiny_splits):
+      workdir, bundle = os.path.join(tmp, 'work'), os.path.join(tmp, 'bundle')
+      config.bundle_dir = bundle
+      self.assertFalse(train_family.stage_done('tokenizer', workdir, bundle))
+      train_family.train_family(config, workdir)
+      self.assertTrue(train_family.stage_done('tokenizer', workdir, bundle))
+      self.assertTrue(os.path.isfile(os.path.join(workdir, train_family.MANIFEST)))
+      with mock.patch.object(kmeans_tokenizer, 'train', side_effect=AssertionError('rerun')):
+        train_family.train_family(config, workdir)  # finished: not run again
+      for stage in ('classifier', 'target', 'draft_gpt', 'eagle', 'bundle'):
+        self.assertFalse(train_family.stage_done(stage, workdir, bundle))
+
+  def test_unknown_stage_is_a_clear_error(self):
+    config = family_config.get_config()
+    config.stages = ('tokenizer', 'vae')
+    with tempfile.TemporaryDirectory() as tmp:
+      with self.assertRaisesRegex(ValueError, r"unknown names \['vae'\]"):
+        train_family.train_family(config, tmp)
+
+
+if __name__ == '__main__':
+  absltest.main()
