@@ -57,7 +57,7 @@ class ChameleonPrompt:
   Attributes:
     tokens: int32[B, P].
     mask: bool[B, P], True on real tokens, False on left padding; None when
-      no row is padded (the prefill is then a single forward).
+      no row is padded.
   """
 
   tokens: jax.Array
@@ -161,37 +161,14 @@ def mark_prefix_padding(cache: kv.KVCache, mask: jax.Array) -> kv.KVCache:
     mask: bool[B, P], True on real tokens; padding must be on the left.
   Returns:
     The cache with key_valid[:, :P] = mask and position_offset = number of
-    padding slots, so each row's first real token has position 0.
+    padding slots, so each row's first real token has position 0. The prompt
+    then runs in one forward: `kv.attention_mask` lets a padding query see
+    only itself and a real query the real slots before it and itself.
   """
   prompt_length = mask.shape[1]
   key_valid = cache.key_valid.at[:, :prompt_length].set(mask)
   offset = prompt_length - jnp.sum(mask, axis=1, dtype=jnp.int32)
   return cache.replace(key_valid=key_valid, position_offset=offset)
-
-
-def scan_prefill(step_fn, cache: kv.KVCache, tokens: jax.Array):
-  """Runs a prompt one token per forward, stacking the outputs.
-
-  `attention_mask` applies `key_valid` only to slots before a row's length, so
-  left padding inside a multi-token window would be visible to later tokens;
-  one token per forward keeps every padding slot in the masked prefix. The
-  cost is P memory-bound steps, small next to the image's thousands.
-
-  Args:
-    step_fn: (cache, tokens int32[B, 1]) -> ForwardOutput.
-    cache: cache prepared by `mark_prefix_padding`.
-    tokens: int32[B, P].
-  Returns:
-    ForwardOutput with logits [B, P, V] and hidden [B, P, E].
-  """
-
-  def body(carry, column):
-    out = step_fn(carry, column[:, None])
-    return out.cache, (out.logits[:, 0], out.hidden[:, 0])
-
-  cache, (logits, hidden) = jax.lax.scan(body, cache, jnp.swapaxes(tokens, 0, 1))
-  return protocol.ForwardOutput(
-      logits=jnp.swapaxes(logits, 0, 1), hidden=jnp.swapaxes(hidden, 0, 1), cache=cache)
 
 
 def check_prompt(tokens, mask, *, vocab_size: int, what: str) -> None:
@@ -272,7 +249,6 @@ class ChameleonModel:
     check_prompt(cond.tokens, cond.mask, vocab_size=self.vocab_size,
                  what='ChameleonModel.prefill')
     kv.check_capacity(cache.capacity, cond.tokens.shape[1], 'ChameleonModel.prefill')
-    if cond.mask is None:
-      return self.forward(params, cache, cond.tokens)
-    cache = mark_prefix_padding(cache, cond.mask)
-    return scan_prefill(lambda c, t: self.forward(params, c, t), cache, cond.tokens)
+    if cond.mask is not None:
+      cache = mark_prefix_padding(cache, cond.mask)
+    return self.forward(params, cache, cond.tokens)

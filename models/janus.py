@@ -237,8 +237,6 @@ class JanusModel:
     chameleon.check_prompt(cond.tokens, cond.mask, vocab_size=self.config.text_vocab_size,
                            what='JanusModel.prefill')
     kv.check_capacity(cache.capacity, cond.tokens.shape[1], 'JanusModel.prefill')
-    if cond.mask is None:
-      return self._run(params, cache, cond.tokens, text=True)
-    cache = chameleon.mark_prefix_padding(cache, cond.mask)
-    return chameleon.scan_prefill(
-        lambda c, t: self._run(params, c, t, text=True), cache, cond.tokens)
+    if cond.mask is not None:
+      cache = chameleon.mark_prefix_padding(cache, cond.mask)
+    return self._run(params, cache, cond.tokens, text=True)

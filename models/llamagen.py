@@ -153,33 +153,22 @@ class LlamaGenGPT:
     return caption
 
   def prefill(self, params: Any, cache: kv.KVCache, cond: Any) -> protocol.ForwardOutput:
-    """Runs the P condition tokens on a fresh cache.
+    """Runs the P condition tokens on a fresh cache, in one forward.
 
-    Returns logits [B, P, V] (the last predicts image token 0). With a t2i
-    padding mask the condition runs one token per forward (see below).
+    Returns logits [B, P, V] (the last predicts image token 0). A t2i padding
+    mask marks the padding slots invalid keys (`key_valid`); the cache's
+    mask then lets a padding query see only itself and a real query the real
+    slots before it and itself, the original's emb_masks + diagonal.
     """
     c = self.config
     kv.check_capacity(cache.capacity, c.cls_token_num, 'LlamaGenGPT.prefill')
     cond = self._check_cond(cond, cache.batch_size, 'LlamaGenGPT.prefill')
     features = cond if c.model_type == 'c2i' else cond.features
     embeds = self.module.apply({'params': params}, features, method=GPTModule.embed_cond)
-    if c.model_type == 'c2i' or cond.mask is None:
-      return self._run(params, cache, embeds)
-    # Padding differs per row, but a window mask is shared by all rows, and
-    # `key_valid` only masks slots before a row's length. One slot per forward
-    # keeps every padding slot in the masked prefix: a padding query then sees
-    # only itself (its own slot is in the window), a real query sees the real
-    # slots before it and itself, exactly the original's emb_masks + diagonal.
-    mask = jnp.asarray(cond.mask, bool)
-    cache = cache.replace(key_valid=cache.key_valid.at[:, : c.cls_token_num].set(mask))
-
-    def step(carry, column):
-      out = self._run(params, carry, column[:, None, :])
-      return out.cache, (out.logits[:, 0], out.hidden[:, 0])
-
-    cache, (logits, hidden) = jax.lax.scan(step, cache, jnp.swapaxes(embeds, 0, 1))
-    return protocol.ForwardOutput(logits=jnp.swapaxes(logits, 0, 1),
-                                  hidden=jnp.swapaxes(hidden, 0, 1), cache=cache)
+    if c.model_type == 't2i' and cond.mask is not None:
+      mask = jnp.asarray(cond.mask, bool)
+      cache = cache.replace(key_valid=cache.key_valid.at[:, : c.cls_token_num].set(mask))
+    return self._run(params, cache, embeds)
 
   def forward(self, params: Any, cache: kv.KVCache, tokens: jax.Array,
               window_mask: jax.Array | None = None,
