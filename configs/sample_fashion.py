@@ -1,0 +1,46 @@
+"""Sampling an evaluation set from the bundled Fashion-MNIST family.
+
+  python -m specdec_jax.sample --config configs/sample_fashion.py
+  python -m specdec_jax.sample --config configs/sample_fashion.py \
+      --config.method=coolsd --config.num_images=10000 --config.out_dir=samples/coolsd
+
+Every process of a multi-host job runs the same command (docs/sampling.md).
+Image i's tokens depend only on (seed, i), the method and its
+hyperparameters, the sampling settings, and the per-device batch shape
+(batch_per_device, model_parallel); not on the number of processes or devices.
+"""
+
+import ml_collections
+
+from specdec_jax.configs import generate
+
+# The method hyperparameters of the main command (same names, same defaults).
+HYPERPARAMETERS = ('draft_length', 'jacobi_window', 'coolsd_delta', 'uniform_omega', 'lantern_k',
+                   'lantern_lam', 'lantern_residual', 'csd_lam', 'csd_tv_threshold',
+                   'gsd_prob_threshold', 'gsd_dist_threshold')
+
+
+def get_config():
+  base = generate.get_config()
+  config = ml_collections.ConfigDict()
+  # kind 'fashion': the bundle (bundle_dir '' = the one shipped in the package);
+  # kind 'llamagen': converted checkpoint folders (configs/sample_llamagen_c2i.py).
+  config.model = ml_collections.ConfigDict(dict(
+      kind='fashion', bundle_dir='', checkpoint='', vq='', eagle='', draft_model=''))
+  # vanilla, eagle, draft_model, lantern_pp, uniform, coolsd, sjd, gsd, csd
+  config.method = 'eagle'
+  config.hparams = ml_collections.ConfigDict({name: base[name] for name in HYPERPARAMETERS})
+  config.sampling = base.sampling
+  config.classes = ()  # () = every class; image i gets classes[i % len(classes)]
+  config.num_images = 1000
+  config.batch_per_device = 10  # images per device per decode call (fixes the per-device shapes)
+  config.model_parallel = 1  # devices on the 'model' mesh axis (tensor parallelism of the target)
+  config.seed = 0
+  config.out_dir = 'samples/fashion'
+  config.chunk_size = 100  # images per committed chunk; best a multiple of the local batch
+  config.write_png = True
+  # XLA:CPU only: one thread per op (README, "The main command"); does not change images.
+  config.xla_cpu_single_thread = False
+  config.fast_compile = False  # tests: cheaper XLA:CPU compilation (decode.FAST_COMPILE)
+  config.stop_after_chunks = 0  # tests: stop (no merge) once this many chunks are committed
+  return config

@@ -1,0 +1,296 @@
+"""Sampling an evaluation set (FID / CLIP) on every device of a TPU pod or GPU cluster.
+
+  python -m specdec_jax.sample --config configs/sample_fashion.py
+  python -m specdec_jax.sample --config configs/sample_llamagen_c2i.py \
+      --config.model.checkpoint=ckpts/gpt_xl_c2i --config.model.vq=ckpts/vq
+
+Legend: N images, G global batch (images per decode call), b local batch
+(rows of one process), L image tokens, K draft slots.
+
+Every process runs the same command on JAX's multi-controller runtime
+(`jax.distributed`): one global mesh over all devices, images over 'data',
+the target over 'model'. Chunks of consecutive indices are spread over the
+processes (`sample_plan`); each process decodes, writes and commits its own
+chunks (`sample_output`), process 0 logs progress, and after a barrier
+process 0 merges every chunk into samples.npz, metrics.jsonl and
+summary.json. A restarted job, with any number of processes, skips the
+committed chunks. Launch lines: docs/sampling.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import config_flags
+import numpy as np
+
+from specdec_jax import decode
+from specdec_jax import logits as logits_lib
+from specdec_jax import sharding
+from specdec_jax.app import generate
+from specdec_jax.app import sample_model
+from specdec_jax.app import sample_output
+from specdec_jax.app import sample_plan
+from specdec_jax.configs import sample_fashion
+
+# Fields that never change an image: they stay out of the folder's fingerprint.
+NOT_IN_FINGERPRINT = ('out_dir', 'write_png', 'xla_cpu_single_thread', 'stop_after_chunks')
+
+
+def check_config(config) -> None:
+  """Raises on values no run can use, before JAX starts."""
+  for field in ('num_images', 'batch_per_device', 'chunk_size', 'model_parallel'):
+    if int(config[field]) <= 0:
+      raise ValueError(f'config.{field} must be >= 1, got {config[field]}.')
+  if config.method not in sample_model.METHODS:
+    raise ValueError(f'config.method={config.method!r} is unknown; known: '
+                     f'{sample_model.METHODS}.')
+  if not config.out_dir:
+    raise ValueError('config.out_dir is empty: name the folder for the images.')
+  sample_model.check_model_config(config.model)
+
+
+def fingerprint(config, identity: dict) -> dict:
+  """What the images depend on; a restart into the folder must match it."""
+  fields = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_FINGERPRINT}
+  fields['model'] = identity  # checkpoint metadata hashes, not paths
+  fields['platform'] = jax.default_backend()  # float results differ across backends
+  return json.loads(json.dumps(fields, default=str))
+
+
+def initialize_distributed(mode: str, coordinator_address, num_processes, process_id) -> None:
+  """jax.distributed.initialize(), unless this is a single process.
+
+  mode 'auto' initializes when a coordinator is given (flags or
+  JAX_COORDINATOR_ADDRESS) or SLURM runs several tasks; 'true' always (JAX
+  then detects Cloud TPU pods and SLURM itself); 'false' never.
+  """
+  explicit = coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
+  slurm = int(os.environ.get('SLURM_NTASKS', '1')) > 1
+  if mode == 'false' or (mode == 'auto' and not (explicit or slurm)):
+    return
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+
+
+def global_keys(indices: np.ndarray, seed: int, row_sharding: NamedSharding) -> jax.Array:
+  """Per-image keys [G], fold_in(key(seed), i) (the engine's own per-image-key
+  convention), as one array over the mesh's 'data' axis."""
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.asarray(indices))
+  data = np.asarray(jax.random.key_data(keys))
+  spec = P(sharding.DATA, *([None] * (data.ndim - 1)))
+  return jax.random.wrap_key_data(jax.device_put(data, NamedSharding(row_sharding.mesh, spec)))
+
+
+def rows_of(array: jax.Array, rows: list[int]) -> np.ndarray:
+  """The given global rows of an array, read from this process's shards."""
+  found = {}
+  for shard in array.addressable_shards:
+    start = shard.index[0].start or 0
+    for offset, row in enumerate(np.asarray(shard.data)):
+      found.setdefault(start + offset, row)
+  return np.stack([found[r] for r in rows])
+
+
+def image_records(index, labels, metrics: dict) -> list[dict]:
+  """Per-image metric dicts from host metric arrays (each [n] or [n, K])."""
+  steps = np.maximum(metrics['verify_steps'], 1)
+  tokens_per_forward = (metrics['accepted_tokens'] + metrics['verify_steps']) / steps
+  return [dict(index=int(i), label=int(label), tokens_per_forward=float(tokens_per_forward[j]),
+               target_forwards=int(metrics['target_forwards'][j]),
+               draft_forwards=int(metrics['draft_forwards'][j]),
+               verify_steps=int(metrics['verify_steps'][j]),
+               accepted_per_position=metrics['accepted_per_position'][j].tolist())
+          for j, (i, label) in enumerate(zip(index, labels))]
+
+
+class Sampler:
+  """One process's share of the job: the model, the method, the mesh and the plan."""
+
+  def __init__(self, config):
+    self.config = config
+    self.family, identity = sample_model.load(config.model)
+    self.method = sample_model.build_method(config, self.family)
+    self.classes = sample_model.classes(config, self.family)
+    self.fingerprint = fingerprint(config, identity)
+    self.sampling = logits_lib.Sampling(**config.sampling.to_dict())
+    data = jax.device_count() // config.model_parallel
+    self.mesh = sharding.make_mesh(data=data, model=config.model_parallel)
+    self.global_batch = config.batch_per_device * data
+    self.row_sharding = NamedSharding(self.mesh, P(sharding.DATA))
+    self.rows = sample_plan.rows_by_process(
+        self.row_sharding.devices_indices_map((self.global_batch,)), self.global_batch)
+    self.my_rows = self.rows[jax.process_index()]
+    self.decode_images = sample_model.image_decoder(self.family, config.batch_per_device)
+    self.options = decode.FAST_COMPILE if config.fast_compile else None
+    # Rule leaves (neighbour tables, embeddings) as host arrays: a process-local
+    # device array cannot enter a program over every process's devices.
+    self.rule = jax.tree.map(np.asarray, self.method.rule)
+
+  def decode_step(self, step: sample_plan.StepPlan):
+    """One global decode call; this process's rows: (tokens int32[b, L], metrics)."""
+    labels = step.labels(self.classes)
+    kwargs = generate.decode_kwargs(self.method, self.family, labels, self.sampling)
+    kwargs['rule'] = self.rule
+    if 'draft_cond' in kwargs:
+      kwargs['draft_cond'] = jax.tree.map(np.asarray, kwargs['draft_cond'])
+    cond = jax.tree.map(np.asarray, self.family.target.cfg_cond(self.family.target_params,
+                                                                 jnp.asarray(labels)))
+    result = decode.generate(
+        self.family.target, self.family.target_params, cond, mesh=self.mesh,
+        key=global_keys(step.key_indices(), self.config.seed, self.row_sharding),
+        compiler_options=self.options, **kwargs)
+    metrics = {field.name: rows_of(getattr(result.metrics, field.name), self.my_rows)
+               for field in dataclasses.fields(result.metrics)}
+    return rows_of(result.tokens, self.my_rows), metrics, result.compile_seconds
+
+  def run_round(self, chunks: list) -> float:
+    """Decodes one round (every process its chunk) and commits this process's chunk.
+
+    Returns:
+      compile seconds spent in this round.
+    """
+    config, compile_s = self.config, 0.0
+    steps = sample_plan.steps_per_chunk(config.chunk_size, len(self.my_rows))
+    tokens, metrics, index = [], [], []
+    for s in range(steps):
+      step = sample_plan.step_plan(chunks, s, self.rows, config.num_images, config.chunk_size)
+      step_tokens, step_metrics, seconds = self.decode_step(step)
+      compile_s += seconds
+      real = step.index[self.my_rows] >= 0
+      tokens.append(step_tokens[real])
+      metrics.append({k: v[real] for k, v in step_metrics.items()})
+      index.append(step.index[self.my_rows][real])
+    chunk = chunks[jax.process_index()]
+    if chunk is not None:
+      index = np.concatenate(index)
+      metrics = {k: np.concatenate([m[k] for m in metrics]) for k in metrics[0]}
+      labels = sample_plan.StepPlan(index).labels(self.classes)
+      sample_output.commit_chunk(config.out_dir, chunk, index,
+                                 self.decode_images(np.concatenate(tokens)),
+                                 image_records(index, labels, metrics), config.write_png)
+    return compile_s
+
+
+def prepare_folder(config, fingerprint_: dict) -> list[int]:
+  """Checks/creates the output folder; returns the chunks still to do (all processes
+  get process 0's list)."""
+  out_dir = config.out_dir
+  restart = sample_output.check_folder(out_dir, fingerprint_)  # every process: same error
+  multihost_utils.sync_global_devices('sample: folder checked')
+  ranges = chunk_ranges(config)
+  if jax.process_index() == 0:
+    removed = sample_output.remove_temporaries(out_dir)
+    if removed:
+      logging.info('removed %d temporary files of an interrupted run', removed)
+    if not restart:
+      sample_output.write_json(os.path.join(out_dir, sample_output.CONFIG), dict(
+          fingerprint=fingerprint_, config=config.to_dict(), jax_version=jax.__version__))
+  done = np.asarray([sample_output.committed(out_dir, c, r) for c, r in enumerate(ranges)])
+  done = np.asarray(multihost_utils.broadcast_one_to_all(done))
+  return [c for c in range(len(ranges)) if not done[c]]
+
+
+def chunk_ranges(config) -> list[range]:
+  return [sample_plan.chunk_range(c, config.num_images, config.chunk_size)
+          for c in range(sample_plan.num_chunks(config.num_images, config.chunk_size))]
+
+
+def run(config) -> dict | None:
+  """Samples (the rest of) the set and merges it; returns the summary (process 0,
+  None elsewhere, or when stopped early by config.stop_after_chunks)."""
+  started = time.perf_counter()
+  check_config(config)
+  sampler = Sampler(config)
+  pending = prepare_folder(config, sampler.fingerprint)
+  ranges, process_count = chunk_ranges(config), jax.process_count()
+  schedule = sample_plan.rounds(pending, process_count)
+  logging.info('%d images, %d chunks of %d (%d to do) over %d processes, %d devices; global '
+               'batch %d; method %s', config.num_images, len(ranges), config.chunk_size,
+               len(pending), process_count, jax.device_count(), sampler.global_batch,
+               config.method)
+  loop_start, compile_s, done_now, chunks_now = time.perf_counter(), 0.0, 0, 0
+  remaining = sum(len(ranges[c]) for c in pending)
+  for number, chunks in enumerate(schedule):
+    compile_s += sampler.run_round(chunks)
+    done_now += sum(len(ranges[c]) for c in chunks if c is not None)
+    chunks_now += sum(c is not None for c in chunks)
+    elapsed = time.perf_counter() - loop_start
+    rate = done_now / max(elapsed - compile_s, 1e-9)
+    logging.info('round %d/%d: %d/%d images this run, %.2f images/s, ETA %.0f s',
+                 number + 1, len(schedule), done_now, remaining, rate,
+                 (remaining - done_now) / rate)
+    if config.stop_after_chunks and chunks_now >= config.stop_after_chunks:
+      logging.info('stopping after %d chunks (config.stop_after_chunks); rerun to finish.',
+                   chunks_now)
+      multihost_utils.sync_global_devices('sample: stopped')
+      return None
+  loop_s = time.perf_counter() - loop_start
+  multihost_utils.sync_global_devices('sample: every chunk committed')
+  summary = None
+  if jax.process_index() == 0:
+    records = sample_output.merge(config.out_dir, ranges)
+    summary = dict(
+        num_images=config.num_images, images_this_run=done_now,
+        images_per_s=done_now / max(loop_s - compile_s, 1e-9),
+        tokens_per_s=done_now * sampler.family.num_tokens / max(loop_s - compile_s, 1e-9),
+        mean_tokens_per_forward=float(np.mean([r['tokens_per_forward'] for r in records])),
+        mean_target_forwards=float(np.mean([r['target_forwards'] for r in records])),
+        wall_s=time.perf_counter() - started, decode_loop_s=loop_s, compile_s=compile_s,
+        processes=process_count, devices=jax.device_count(), backend=jax.default_backend(),
+        global_batch=sampler.global_batch, config=config.to_dict(),
+        samples_sha256=_sha256(os.path.join(config.out_dir, sample_output.SAMPLES)))
+    sample_output.write_json(os.path.join(config.out_dir, sample_output.SUMMARY), summary)
+    logging.info('wrote %s: %d images, %.2f images/s, %.2f tokens per target forward',
+                 config.out_dir, config.num_images, summary['images_per_s'],
+                 summary['mean_tokens_per_forward'])
+  multihost_utils.sync_global_devices('sample: merged')
+  return summary
+
+
+def _sha256(path) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def define_flags() -> None:
+  """Defines the flags (only when run as a program)."""
+  config_flags.DEFINE_config_file('config', os.path.abspath(sample_fashion.__file__),
+                                  'Sampling configuration (configs/sample_*.py).')
+  flags.DEFINE_enum('distributed', 'auto', ['auto', 'true', 'false'],
+                    'Call jax.distributed.initialize(): auto = when a coordinator is given or '
+                    'SLURM runs several tasks; true = always (Cloud TPU pods: JAX detects '
+                    'the rest); false = never.')
+  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (no auto-detection).')
+  flags.DEFINE_integer('num_processes', None, 'Number of processes (no auto-detection).')
+  flags.DEFINE_integer('process_id', None, 'This process, 0 .. num_processes - 1.')
+
+
+def main(argv):
+  del argv
+  config, values = flags.FLAGS.config, flags.FLAGS
+  check_config(config)  # before the coordinator waits for the other processes
+  if config.xla_cpu_single_thread and not generate.use_single_thread_xla():
+    logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
+  initialize_distributed(values.distributed, values.coordinator_address, values.num_processes,
+                         values.process_id)
+  run(config)
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(main)
