@@ -179,7 +179,8 @@ class Sampler:
       labels = sample_plan.StepPlan(index).labels(self.classes)
       sample_output.commit_chunk(config.out_dir, chunk, index,
                                  self.decode_images(np.concatenate(tokens)),
-                                 image_records(index, labels, metrics), config.write_png)
+                                 image_records(index, labels, metrics), jax.process_index(),
+                                 config.write_png)
     return compile_s
 
 

@@ -154,13 +154,14 @@ def write_npz(path, parts: dict[str, list[np.ndarray]]) -> None:
 
 
 def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
-                 records: list[dict], write_png: bool = True) -> None:
+                 records: list[dict], process: int, write_png: bool = True) -> None:
   """Writes one chunk (PNGs, images, metrics) and then its manifest.
 
   Args:
     index: int64[n] global image indices (consecutive).
     images: uint8[n, H, W, 3].
     records: n per-image metric dicts, in index order.
+    process: the writing process (recorded in the manifest).
   """
   if write_png:
     for i, image in zip(index, images):
@@ -171,7 +172,7 @@ def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
   write_atomic(stem.with_suffix('.npz'), arrays)
   write_atomic(stem.with_suffix('.jsonl'), lines)
   write_json(stem.with_suffix('.json'), dict(
-      chunk=chunk, start=int(index[0]), stop=int(index[-1]) + 1, count=len(index),
+      chunk=chunk, process=process, start=int(index[0]), stop=int(index[-1]) + 1, count=len(index),
       npz_sha256=hashlib.sha256(arrays).hexdigest(),
       jsonl_sha256=hashlib.sha256(lines).hexdigest()))
 

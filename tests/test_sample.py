@@ -1,0 +1,128 @@
+"""`python -m specdec_jax.sample` end to end on a tiny random bundle (CPU, 2 devices per process).
+
+The same images, byte for byte, from one process or two (jax.distributed on
+localhost with the gloo CPU collectives), and after a run stopped partway is
+restarted with another process count.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+
+from specdec_jax.app import sample_output
+from tests.test_generate import tiny_bundle
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+NUM_IMAGES, CHUNK = 12, 4
+_TMP = tempfile.TemporaryDirectory()
+BUNDLE = os.path.join(_TMP.name, 'bundle')
+REFERENCE = os.path.join(_TMP.name, 'one_process')
+
+
+def setUpModule():
+  tiny_bundle(BUNDLE)
+  run_job(REFERENCE, num_processes=1)
+
+
+def tearDownModule():
+  _TMP.cleanup()
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def run_job(out_dir: str, num_processes: int, *extra: str) -> list[str]:
+  """Runs the job as `num_processes` local processes of 2 CPU devices each; returns
+  their logs (fails the test on a nonzero exit)."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  command = [sys.executable, '-m', 'specdec_jax.sample',
+             '--config', str(REPO / 'configs' / 'sample_fashion.py'),
+             f'--config.model.bundle_dir={BUNDLE}', f'--config.num_images={NUM_IMAGES}',
+             '--config.batch_per_device=2', f'--config.chunk_size={CHUNK}',
+             '--config.method=vanilla', '--config.fast_compile=True',
+             f'--config.out_dir={out_dir}', *extra]
+  if num_processes > 1:
+    command += [f'--coordinator_address=127.0.0.1:{free_port()}',
+                f'--num_processes={num_processes}']
+  jobs = [subprocess.Popen(command + ([f'--process_id={p}'] if num_processes > 1 else []),
+                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True) for p in range(num_processes)]
+  logs = [job.communicate(timeout=300)[0] for job in jobs]
+  for job, log in zip(jobs, logs):
+    if job.returncode != 0:
+      raise AssertionError(f'exit {job.returncode}:\n{log[-3000:]}')
+  return logs
+
+
+def read_indices(out_dir: str) -> list[int]:
+  lines = pathlib.Path(out_dir, sample_output.METRICS).read_text().splitlines()
+  return [json.loads(line)['index'] for line in lines]
+
+
+class SampleJobTest(absltest.TestCase):
+
+  def assert_same_set(self, out_dir: str):
+    reference = pathlib.Path(REFERENCE, sample_output.SAMPLES).read_bytes()
+    self.assertEqual(pathlib.Path(out_dir, sample_output.SAMPLES).read_bytes(), reference)
+    self.assertEqual(pathlib.Path(out_dir, sample_output.METRICS).read_text(),
+                     pathlib.Path(REFERENCE, sample_output.METRICS).read_text())
+    self.assertEqual(read_indices(out_dir), list(range(NUM_IMAGES)))  # no gaps, no duplicates
+    self.assertLen(list(pathlib.Path(out_dir, 'images').glob('*.png')), NUM_IMAGES)
+
+  def test_reference_set_layout(self):
+    with np.load(os.path.join(REFERENCE, sample_output.SAMPLES)) as samples:
+      self.assertEqual(list(samples), ['arr_0'])
+      images = samples['arr_0']
+    self.assertEqual(images.dtype, np.uint8)
+    self.assertEqual(images.shape, (NUM_IMAGES, 32, 32, 3))  # grayscale repeated to RGB
+    np.testing.assert_array_equal(images[..., 0], images[..., 2])
+    self.assertGreater(len(np.unique(images.reshape(NUM_IMAGES, -1), axis=0)), NUM_IMAGES // 2)
+    summary = json.loads(pathlib.Path(REFERENCE, sample_output.SUMMARY).read_text())
+    self.assertEqual(summary['num_images'], NUM_IMAGES)
+    self.assertEqual(summary['mean_tokens_per_forward'], 1.0)  # vanilla
+    self.assertGreater(summary['images_per_s'], 0)
+    record = json.loads(pathlib.Path(REFERENCE, sample_output.METRICS).read_text().split('\n')[5])
+    self.assertEqual((record['index'], record['label']), (5, 5))  # classes in turn
+
+  def test_two_processes_write_the_images_of_one(self):
+    out_dir = os.path.join(_TMP.name, 'two_processes')
+    logs = run_job(out_dir, 2)
+    self.assert_same_set(out_dir)
+    self.assertIn('over 2 processes, 4 devices', logs[0])
+    self.assertIn('images/s, ETA', logs[0])
+    writers = [json.loads(pathlib.Path(out_dir, 'chunks', f'chunk_{c:05d}.json').read_text())[
+        'process'] for c in range(NUM_IMAGES // CHUNK)]
+    self.assertEqual(writers, [0, 1, 0])  # each process wrote its own chunks
+
+  def test_run_stopped_partway_resumes_with_another_process_count(self):
+    out_dir = os.path.join(_TMP.name, 'resumed')
+    run_job(out_dir, 2, '--config.stop_after_chunks=1')
+    committed = sorted(p.name for p in pathlib.Path(out_dir, 'chunks').glob('*.json'))
+    self.assertEqual(committed, ['chunk_00000.json', 'chunk_00001.json'])  # one round of two
+    self.assertFalse(os.path.exists(os.path.join(out_dir, sample_output.SAMPLES)))
+    # What a kill during the next chunk leaves: a temporary file and a chunk's data
+    # without its manifest. Neither may count.
+    stray = pathlib.Path(out_dir, 'chunks', '.chunk_00002.npz.abc.tmp')
+    stray.write_bytes(b'partial')
+    pathlib.Path(out_dir, 'chunks', 'chunk_00002.npz').write_bytes(b'partial')
+    # One thread per XLA:CPU op changes no image, so the folder takes it.
+    logs = run_job(out_dir, 1, '--config.xla_cpu_single_thread=True')
+    self.assertIn('(1 to do)', logs[0])
+    self.assertIn('removed 1 temporary files', logs[0])
+    self.assertFalse(stray.exists())
+    self.assert_same_set(out_dir)
+
+
+if __name__ == '__main__':
+  absltest.main()
