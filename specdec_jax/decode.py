@@ -106,8 +106,15 @@ def _step_keys(row_keys, step, purpose: int):
       row_keys)
 
 
-def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys, rule):
-  """The jitted body: prefill, first token, first drafts, then the while_loop."""
+def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys, rule,
+            sampling=None):
+  """The jitted body: prefill, first token, first drafts, then the while_loop.
+
+  sampling: the traced `Sampling` (its float fields are loop inputs, not
+  constants); None uses the plan's own (then its values are compiled in).
+  """
+  if sampling is not None:
+    plan = dataclasses.replace(plan, sampling=sampling)
   mode, cfg, num_images, mesh = plan.mode, plan.cfg, plan.num_images, plan.mesh
 
   # Prefill and the first token (always plain AR).
@@ -196,7 +203,7 @@ def _per_image_keys(key, num_images: int):
   return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_images))
 
 
-def _arguments(plan: _Plan, target_params, cond, key, rule, draft_params, draft_cond,
+def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                target_rules, draft_rules) -> tuple:
   """The traced arguments of the compiled decode for one call."""
   # COOL-SD's mean-normalised schedule needs the window length; Vanilla has no rule.
@@ -213,7 +220,7 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, draft_params, draft_
     cond = jax.device_put(cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), cond))
     draft_cond = jax.device_put(
         draft_cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), draft_cond))
-  return (target_params, draft_params, cond, draft_cond, row_keys, rule)
+  return (target_params, draft_params, cond, draft_cond, row_keys, rule, sampling)
 
 
 def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
@@ -233,10 +240,13 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
   draft_capacity = mode.draft_capacity(
       draft=draft, cond=cond if draft_cond is None else draft_cond, prefix=prefix,
       num_tokens=num_tokens)
-  plan = _Plan(target=target, draft=draft, mode=mode, sampling=sampling, num_tokens=num_tokens,
+  # The sampling values are traced arguments: the static plan (the compile
+  # key) holds only the structural flag, and the arguments' signature holds
+  # the Sampling's tree structure (top_k, cfg_interval, its flags).
+  plan = _Plan(target=target, draft=draft, mode=mode, sampling=None, num_tokens=num_tokens,
                num_images=num_images, cfg=sampling.uses_cfg, target_capacity=capacity,
                draft_capacity=draft_capacity, mesh=mesh)
-  args = _arguments(plan, target_params, cond, key, rule, draft_params, draft_cond,
+  args = _arguments(plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                     target_rules, draft_rules)
   signature = (plan, options, _signature(args))
   compiled = _COMPILED.get(signature)
@@ -270,6 +280,9 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     mode: Vanilla(), ChainDraft(k, drafter), TreeDraft(tree, drafter),
       Jacobi(window, init), or any other `modes.Mode` subclass.
     sampling: CFG and logits processing, applied identically to target and draft.
+      Its cfg_scale, temperature and top_p are traced: a sweep over their
+      values reuses one compiled program (crossing cfg_scale = 1,
+      temperature = 0 or top_p = 1, or changing top_k, compiles a new one).
     rule: acceptance rule (`specdec_jax.rules`) for every mode but Vanilla.
     draft, draft_params, draft_cond: the drafter (EAGLE-style head or a small
       `DecodeModel`), its parameters and conditioning (default: cond).
@@ -282,16 +295,19 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
   Returns:
     DecodeResult(tokens int32[B, n], metrics, compile_seconds, run_seconds);
     compile_seconds (validation plus compilation) is 0.0 when the call reused
-    a prepared program: a call with the same models, mode, sampling, shapes,
-    dtypes, shardings and rule structure as an earlier one skips validation,
+    a prepared program: a call with the same models, mode, shapes, dtypes,
+    shardings, rule structure and sampling structure as an earlier one skips validation,
     tracing and compilation (host overhead about a millisecond; README
     "The decoding engine").
   """
   options = tuple(sorted((compiler_options or {}).items()))
-  # A repeated call (same models, mode, sampling, shapes and rule structure)
+  # A repeated call (same models, mode, shapes, rule and sampling structure)
   # skips validation and compilation: its cheap signature finds the program.
-  call_signature = (target, draft, mode, sampling, int(num_tokens), capacity, mesh, options,
-                    _signature((target_params, draft_params, cond, draft_cond, key, rule)))
+  # Rule hyperparameters and the sampling's cfg_scale, temperature and top_p
+  # are leaves, so new values reuse it.
+  call_signature = (target, draft, mode, int(num_tokens), capacity, mesh, options,
+                    _signature((target_params, draft_params, cond, draft_cond, key, rule,
+                                sampling)))
   prepared = _PREPARED.get(call_signature)
   compile_seconds = 0.0
   if prepared is None:
@@ -303,7 +319,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     _PREPARED[call_signature] = (plan, compiled)
   else:
     plan, compiled = prepared
-    args = _arguments(plan, target_params, cond, key, rule, draft_params, draft_cond,
+    args = _arguments(plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                       target_rules, draft_rules)
   start = time.perf_counter()
   tokens, metrics = compiled(*args)

@@ -41,12 +41,17 @@ as_rows = drafting.as_rows
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """Everything static about one compiled decode (a jit static argument)."""
+  """Everything static about one compiled decode (a jit static argument).
+
+  sampling: None in the plan `decode.generate` compiles (the Sampling is a
+  traced argument and `decode._decode` puts it here, so modes read
+  `plan.sampling` inside the trace); a concrete Sampling here is compiled in.
+  """
 
   target: Any
   draft: Any
   mode: Any
-  sampling: logits_lib.Sampling
+  sampling: logits_lib.Sampling | None
   num_tokens: int
   num_images: int
   cfg: bool

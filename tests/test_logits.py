@@ -1,5 +1,8 @@
 """Closed-form checks of the shared logits processing."""
 
+import dataclasses
+
+import chex
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -126,6 +129,130 @@ class SamplingTest(parameterized.TestCase):
   def test_bad_values_raise(self, kwargs, name):
     with self.assertRaisesRegex(ValueError, name):
       logits.Sampling(**kwargs)
+
+
+class SamplingPytreeTest(absltest.TestCase):
+  """cfg_scale, temperature and top_p are traced; top_k, cfg_interval and the flags static."""
+
+  def test_children_are_the_float_fields_and_aux_holds_the_flags(self):
+    sampling = logits.Sampling(cfg_scale=4.0, temperature=0.5, top_p=0.9, top_k=7,
+                               cfg_interval=2)
+    leaves, treedef = jax.tree.flatten(sampling)
+    self.assertEqual(leaves, [4.0, 0.5, 0.9])
+    self.assertEqual(sampling.flags, logits.SamplingFlags(cfg=True, greedy=False, nucleus=True))
+    self.assertEqual(jax.tree.unflatten(treedef, leaves), sampling)
+    # Same structure for other values on the same side of the flags; not across them.
+    same = jax.tree.structure(logits.Sampling(cfg_scale=2.0, temperature=1.5, top_p=0.5,
+                                              top_k=7, cfg_interval=2))
+    self.assertEqual(same, treedef)
+    for other in (dict(cfg_scale=1.0), dict(temperature=0.0), dict(top_p=1.0), dict(top_k=8)):
+      changed = dataclasses.replace(sampling, **other)
+      self.assertNotEqual(jax.tree.structure(changed), treedef, other)
+
+  def test_int_values_are_stored_as_floats(self):
+    """An int scale must not give the compiled decode a second signature."""
+    sampling = logits.Sampling(cfg_scale=4, temperature=1, top_p=1)
+    self.assertEqual([type(x) for x in jax.tree.leaves(sampling)], [float] * 3)
+
+  def test_jit_traces_once_over_a_sweep(self):
+    cond = jax.random.normal(jax.random.key(0), (3, 40))
+    uncond = jax.random.normal(jax.random.key(1), (3, 40))
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def probs(sampling, cond, uncond):
+      return sampling.probs(cond, uncond)
+
+    chex.clear_trace_counter()
+    for cfg_scale, temperature, top_p in ((2.0, 1.0, 0.9), (4.0, 0.5, 0.7), (1.5, 2.0, 0.99)):
+      sampling = logits.Sampling(cfg_scale=cfg_scale, temperature=temperature, top_p=top_p,
+                                 top_k=10)
+      np.testing.assert_allclose(probs(sampling, cond, uncond), sampling.probs(cond, uncond),
+                                 rtol=1e-5, atol=1e-7)
+    chex.clear_trace_counter()
+
+  def test_tree_map_on_concrete_values_checks_them(self):
+    with self.assertRaisesRegex(ValueError, 'top_p'):
+      jax.tree.map(lambda x: x * 2, logits.Sampling(top_p=0.9))
+
+  def test_subclasses_are_registered_with_their_fields_static(self):
+    from specdec_jax.models import lumina_layout  # pylint: disable=g-import-not-at-top
+    layout = lumina_layout.ImageLayout(2, 2)
+    sampling = lumina_layout.LuminaSampling(layout=layout, cfg_scale=3.0, top_k=50)
+    leaves, treedef = jax.tree.flatten(sampling)
+    self.assertEqual(leaves, [3.0, 1.0, 1.0])
+    rebuilt = jax.tree.unflatten(treedef, leaves)
+    self.assertIsInstance(rebuilt, lumina_layout.LuminaSampling)
+    self.assertEqual(rebuilt.layout, layout)
+
+
+def _old_top_k_mask(x, top_k):
+  """The implementation before the single-sort path (kept here as the reference)."""
+  if top_k <= 0 or top_k >= x.shape[-1]:
+    return x
+  kth = jax.lax.top_k(x, top_k)[0][..., -1:]
+  return jnp.where(x < kth, -jnp.inf, x)
+
+
+def _old_top_p_mask(x, top_p):
+  """argsort, gather, inverse argsort: the implementation before the single-sort path."""
+  order = jnp.argsort(-x, axis=-1, stable=True)
+  cumulative = jnp.cumsum(jax.nn.softmax(jnp.take_along_axis(x, order, axis=-1), -1), -1)
+  remove_sorted = cumulative > top_p
+  remove_sorted = jnp.concatenate(
+      [jnp.zeros_like(remove_sorted[..., :1]), remove_sorted[..., :-1]], axis=-1)
+  remove = jnp.take_along_axis(remove_sorted, jnp.argsort(order, axis=-1), axis=-1)
+  return jnp.where(remove, -jnp.inf, x)
+
+
+def _test_logits(seed, shape=(4, 3, 257)):
+  """Random logits, half of the rows rounded so that many values tie (also at the
+  k-th value and at the nucleus boundary), a few -inf entries."""
+  x = np.asarray(jax.random.normal(jax.random.key(seed), shape)) * 2
+  x[::2] = np.round(x[::2] * 2) / 2
+  x[1, 0, :5] = -np.inf
+  return jnp.asarray(x, jnp.float32)
+
+
+class FilterLogitsTest(parameterized.TestCase):
+  """The single-sort exact path against the previous implementation, ties included."""
+
+  @parameterized.product(top_k=[0, 1, 7, 50, 256, 257], top_p=[0.05, 0.5, 0.9, 0.999, 1.0],
+                         seed=[0, 1])
+  def test_exact_path_equals_the_previous_masks(self, top_k, top_p, seed):
+    x = _test_logits(seed)
+    expected = _old_top_k_mask(x, top_k)
+    if top_p < 1:
+      expected = _old_top_p_mask(expected, top_p)
+    got = logits.filter_logits(x, top_k=top_k, top_p=top_p, nucleus=top_p < 1)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+  def test_ties_at_the_nucleus_boundary_are_kept_in_index_order(self):
+    """Four equal logits: top_p 0.3 keeps the first two (0.25 <= 0.3 < 0.5), by index."""
+    x = jnp.array([0.0, 1.0, 1.0, 1.0, 1.0, -9.0]) * 1.0
+    got = np.isfinite(np.asarray(logits.top_p_mask(x, 0.3)))
+    np.testing.assert_array_equal(got, [False, True, True, False, False, False])
+
+  @parameterized.product(top_k=[1, 7, 50], top_p=[0.5, 0.9, 1.0], seed=[0, 1])
+  def test_approx_equals_exact_on_cpu(self, top_k, top_p, seed):
+    """On CPU `lax.approx_max_k` is exact, so the approximate path must give the exact
+    masks (its nucleus is normalised differently, so only a cumulative mass within an
+    ulp of top_p could differ; the fixed seeds have none). Continuous logits: where the
+    nucleus reaches past the k-th value, the approx path keeps all its ties."""
+    x = jax.random.normal(jax.random.key(seed), (4, 3, 257)) * 2
+    exact = logits.filter_logits(x, top_k=top_k, top_p=top_p, nucleus=top_p < 1)
+    approx = logits.filter_logits(x, top_k=top_k, top_p=top_p, nucleus=top_p < 1,
+                                  topk_method='approx', topk_recall=0.9)
+    np.testing.assert_array_equal(np.isfinite(approx), np.isfinite(exact))
+    np.testing.assert_array_equal(np.asarray(approx), np.asarray(exact))
+
+  def test_sampling_approx_probs_equal_exact_on_cpu(self):
+    x = jax.random.normal(jax.random.key(3), (2, 5, 300))
+    exact = logits.Sampling(top_k=20, top_p=0.8).probs(x)
+    approx = logits.Sampling(top_k=20, top_p=0.8, topk_method='approx').probs(x)
+    np.testing.assert_allclose(approx, exact, rtol=1e-6, atol=1e-8)
+    with self.assertRaisesRegex(ValueError, 'topk_method'):
+      logits.Sampling(topk_method='fast')
 
 
 if __name__ == '__main__':
