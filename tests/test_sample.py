@@ -16,7 +16,11 @@ import tempfile
 from absl.testing import absltest
 import numpy as np
 
+from specdec_jax.app import sample
+from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
+from specdec_jax.configs import sample_fashion
+from specdec_jax.configs import sample_llamagen_c2i
 from tests.test_generate import tiny_bundle
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -122,6 +126,60 @@ class SampleJobTest(absltest.TestCase):
     self.assertIn('removed 1 temporary files', logs[0])
     self.assertFalse(stray.exists())
     self.assert_same_set(out_dir)
+
+
+class SampleErrorsTest(absltest.TestCase):
+  """Configurations no run can use are refused early, saying what to change."""
+
+  def config(self, **changes):
+    config = sample_fashion.get_config()
+    config.model.bundle_dir = BUNDLE
+    config.update(dict(num_images=NUM_IMAGES, batch_per_device=2, chunk_size=CHUNK,
+                       method='vanilla', out_dir=os.path.join(_TMP.name, 'errors')))
+    config.update(changes)
+    return config
+
+  def test_folder_written_by_another_configuration(self):
+    with self.assertRaises(sample_output.FolderMismatchError) as caught:
+      sample.run(self.config(out_dir=REFERENCE, method='sjd', seed=3))
+    message = str(caught.exception)
+    self.assertIn("method: 'vanilla' (folder) -> 'sjd' (now)", message)
+    self.assertIn('seed: 0 (folder) -> 3 (now)', message)
+    self.assertIn('--config.out_dir', message)
+
+  def test_unknown_method_and_bad_sizes(self):
+    with self.assertRaisesRegex(ValueError, "method='medusa' is unknown; known: .*'coolsd'"):
+      sample.check_config(self.config(method='medusa'))
+    for field in ('num_images', 'batch_per_device', 'chunk_size'):
+      with self.assertRaisesRegex(ValueError, f'config.{field} must be >= 1, got 0'):
+        sample.check_config(self.config(**{field: 0}))
+
+  def test_drafting_method_without_its_drafter(self):
+    config = self.config(method='coolsd')
+    config.model.update(kind='llamagen', checkpoint=os.path.join(BUNDLE, 'target'),
+                        vq=os.path.join(BUNDLE, 'tokenizer'))
+    family, identity = sample_model.load(config.model)
+    self.assertEqual(set(identity), {'kind', 'checkpoint', 'vq'})
+    with self.assertRaisesRegex(ValueError, "'coolsd' drafts with 'eagle'.*--config.model.eagle"):
+      sample_model.build_method(config, family)
+    self.assertEqual(sample_model.build_method(self.config(method='csd'), family).name, 'csd')
+
+  def test_llamagen_preset_without_converted_checkpoints(self):
+    config = sample_llamagen_c2i.get_config()
+    with self.assertRaisesRegex(FileNotFoundError,
+                                "model.checkpoint='ckpts/gpt_xl_c2i'.*does not exist"):
+      sample.check_config(config)
+    config.model.checkpoint = os.path.join(BUNDLE, 'target')
+    config.model.vq = os.path.join(_TMP.name, 'nowhere')
+    with self.assertRaisesRegex(FileNotFoundError, 'config.model.vq='):
+      sample.check_config(config)
+
+  def test_prompts_for_a_class_conditional_model(self):
+    family, _ = sample_model.load(self.config().model)
+    with self.assertRaisesRegex(ValueError, 'class-conditional.*config.classes'):
+      sample_model.classes(self.config(prompts='prompts.txt'), family)
+    with self.assertRaisesRegex(ValueError, r'\[10\], outside \[0, 10\)'):
+      sample_model.classes(self.config(classes=(1, 10)), family)
 
 
 if __name__ == '__main__':

@@ -132,6 +132,8 @@ class Sampler:
     self.rows = sample_plan.rows_by_process(
         self.row_sharding.devices_indices_map((self.global_batch,)), self.global_batch)
     self.my_rows = self.rows[jax.process_index()]
+    self.writers = [p for p, rows in enumerate(self.rows) if rows]
+    self.local_batch = len(self.rows[self.writers[0]])
     self.decode_images = sample_model.image_decoder(self.family, config.batch_per_device)
     self.options = decode.FAST_COMPILE if config.fast_compile else None
     # Rule leaves (neighbour tables, embeddings) as host arrays: a process-local
@@ -162,7 +164,7 @@ class Sampler:
       compile seconds spent in this round.
     """
     config, compile_s = self.config, 0.0
-    steps = sample_plan.steps_per_chunk(config.chunk_size, len(self.my_rows))
+    steps = sample_plan.steps_per_chunk(config.chunk_size, self.local_batch)
     tokens, metrics, index = [], [], []
     for s in range(steps):
       step = sample_plan.step_plan(chunks, s, self.rows, config.num_images, config.chunk_size)
@@ -216,7 +218,7 @@ def run(config) -> dict | None:
   sampler = Sampler(config)
   pending = prepare_folder(config, sampler.fingerprint)
   ranges, process_count = chunk_ranges(config), jax.process_count()
-  schedule = sample_plan.rounds(pending, process_count)
+  schedule = sample_plan.rounds(pending, sampler.writers, process_count)
   logging.info('%d images, %d chunks of %d (%d to do) over %d processes, %d devices; global '
                'batch %d; method %s', config.num_images, len(ranges), config.chunk_size,
                len(pending), process_count, jax.device_count(), sampler.global_batch,

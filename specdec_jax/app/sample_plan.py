@@ -5,8 +5,8 @@ G global batch (images per decode call, over every device), b local batch
 (G / P, the rows of one process), D data-parallel devices.
 
 The set is cut into chunks of C consecutive image indices (the last may be
-shorter). A *round* gives each process at most one chunk not yet committed;
-a process decodes its chunk in `steps_per_chunk` = ceil(C / b) global
+shorter). A *round* gives each process that owns batch rows (a writer) at most
+one chunk not yet committed; a writer decodes its chunk in `steps_per_chunk` = ceil(C / b) global
 decode calls, filling its own rows of the global batch (the rows its devices
 hold) with its chunk's images and padding the rest with dummy rows (index -1,
 decoded and thrown away). Every process computes the same plan from the same
@@ -35,12 +35,20 @@ def chunk_range(chunk: int, num_images: int, chunk_size: int) -> range:
   return range(chunk * chunk_size, min((chunk + 1) * chunk_size, num_images))
 
 
-def rounds(pending: list[int], num_processes: int) -> list[list[int | None]]:
-  """Round r -> the chunk of each process (None: idle, it decodes dummies)."""
+def rounds(pending: list[int], writers: list[int], num_processes: int
+           ) -> list[list[int | None]]:
+  """Round r -> the chunk of each process (None: idle, or not a writer).
+
+  Args:
+    pending: chunks not committed yet, in order.
+    writers: the processes that own batch rows (`rows_by_process`).
+  """
   out = []
-  for start in range(0, len(pending), num_processes):
-    group = list(pending[start:start + num_processes])
-    out.append(group + [None] * (num_processes - len(group)))
+  for start in range(0, len(pending), len(writers)):
+    chunks = [None] * num_processes
+    for writer, chunk in zip(writers, pending[start:start + len(writers)]):
+      chunks[writer] = chunk
+    out.append(chunks)
   return out
 
 
@@ -48,26 +56,27 @@ def rows_by_process(devices_indices: dict, global_batch: int) -> list[list[int]]
   """Global batch rows each process writes, from a [G] sharding's device -> index map.
 
   A row held by devices of several processes (the 'model' axis spanning
-  processes) belongs to the lowest process index among them.
+  processes) belongs to the lowest process index among them; a process may
+  then own no rows (it still takes part in every decode call).
 
   Args:
     devices_indices: `NamedSharding.devices_indices_map((G,))`.
     global_batch: G.
   Returns:
-    rows[p]: sorted global rows of process p; every process has the same count.
+    rows[p]: sorted global rows of process p; processes that own rows own the
+    same number.
   Raises:
-    ValueError: if processes would hold different numbers of rows.
+    ValueError: if processes would own different (nonzero) numbers of rows.
   """
   owner = np.full((global_batch,), -1)
   for device, index in devices_indices.items():
     rows = np.arange(global_batch)[index[0]]
     process = device.process_index
     owner[rows] = np.where((owner[rows] < 0) | (owner[rows] > process), process, owner[rows])
-  num_processes = int(owner.max()) + 1
+  num_processes = 1 + max(device.process_index for device in devices_indices)
   rows = [np.flatnonzero(owner == p).tolist() for p in range(num_processes)]
-  counts = {len(r) for r in rows}
-  if len(counts) != 1:
-    raise ValueError(f'processes hold different numbers of batch rows {[len(r) for r in rows]}; '
+  if len({len(r) for r in rows if r}) != 1:
+    raise ValueError(f'processes own different numbers of batch rows {[len(r) for r in rows]}; '
                      'every process needs the same number of devices on the data axis.')
   return rows
 
@@ -103,7 +112,7 @@ def step_plan(chunks: list[int | None], step: int, rows: list[list[int]], num_im
   Args:
     chunks: chunk of each process in this round (None: idle).
     step: 0 <= step < steps_per_chunk(chunk_size, b).
-    rows: `rows_by_process` (b rows per process).
+    rows: `rows_by_process` (b rows per writing process).
   """
   global_batch = sum(len(r) for r in rows)
   index = np.full((global_batch,), DUMMY, np.int64)

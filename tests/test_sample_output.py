@@ -1,0 +1,156 @@
+"""The sampler's work split (`sample_plan`) and output folder (`sample_output`), without JAX runs."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from specdec_jax.app import sample_output
+from specdec_jax.app import sample_plan
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeDevice:
+  id: int
+  process_index: int
+
+
+def sharded_rows(num_processes: int, devices_per_process: int, per_device: int) -> dict:
+  """A [G] batch over data devices, process-major, as devices_indices_map gives it."""
+  out = {}
+  for p in range(num_processes):
+    for d in range(devices_per_process):
+      start = (p * devices_per_process + d) * per_device
+      out[FakeDevice(p * 100 + d, p)] = (slice(start, start + per_device),)
+  return out
+
+
+class PlanTest(parameterized.TestCase):
+
+  @parameterized.parameters((1, 2, 2, 23, 8), (2, 2, 2, 23, 8), (3, 1, 4, 30, 5), (2, 4, 1, 7, 3))
+  def test_every_image_is_planned_once_whatever_the_topology(self, processes, devices,
+                                                             per_device, num_images, chunk):
+    rows = sample_plan.rows_by_process(sharded_rows(processes, devices, per_device),
+                                       processes * devices * per_device)
+    pending = list(range(sample_plan.num_chunks(num_images, chunk)))
+    seen = []
+    for chunks in sample_plan.rounds(pending, list(range(processes)), processes):
+      for step in range(sample_plan.steps_per_chunk(chunk, devices * per_device)):
+        plan = sample_plan.step_plan(chunks, step, rows, num_images, chunk)
+        for p, process_rows in enumerate(rows):
+          index = plan.index[process_rows]
+          real = index[index >= 0]
+          seen += real.tolist()
+          if len(real):  # a process's rows hold images of its own chunk only
+            self.assertIn(real[0], sample_plan.chunk_range(chunks[p], num_images, chunk))
+            self.assertIn(real[-1], sample_plan.chunk_range(chunks[p], num_images, chunk))
+    self.assertEqual(sorted(seen), list(range(num_images)))
+
+  def test_dummy_rows_and_labels(self):
+    plan = sample_plan.StepPlan(np.asarray([7, 8, sample_plan.DUMMY, 0]))
+    np.testing.assert_array_equal(plan.labels((3, 4, 5)), [4, 5, 3, 3])
+    np.testing.assert_array_equal(plan.key_indices(), [7, 8, 0, 0])
+
+  def test_rounds_skip_committed_chunks(self):
+    self.assertEqual(sample_plan.rounds([1, 3, 4], [0, 1], 2), [[1, 3], [4, None]])
+    self.assertEqual(sample_plan.rounds([1, 3], [0, 2], 3), [[1, None, 3]])
+
+  def test_uneven_processes_are_refused(self):
+    rows = {FakeDevice(0, 0): (slice(0, 2),), FakeDevice(1, 0): (slice(2, 4),),
+            FakeDevice(2, 1): (slice(4, 6),)}  # process 0 holds 4 rows, process 1 two
+    with self.assertRaisesRegex(ValueError, r'\[4, 2\].*same number of devices'):
+      sample_plan.rows_by_process(rows, 6)
+
+  def test_rows_replicated_over_processes_belong_to_the_lowest(self):
+    rows = {FakeDevice(0, 0): (slice(0, 2),), FakeDevice(1, 1): (slice(0, 2),),
+            FakeDevice(2, 0): (slice(2, 4),), FakeDevice(3, 1): (slice(2, 4),)}
+    self.assertEqual(sample_plan.rows_by_process(rows, 4), [[0, 1, 2, 3], []])
+
+
+class OutputTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.out = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.out)
+
+  def commit(self, chunk, start, count):
+    index = np.arange(start, start + count)
+    images = np.full((count, 4, 4, 3), chunk, np.uint8)
+    records = [dict(index=int(i), label=0) for i in index]
+    sample_output.commit_chunk(self.out, chunk, index, images, records, process=0)
+
+  def test_npz_is_deterministic_and_readable(self):
+    arrays = dict(arr_0=np.arange(24, dtype=np.uint8).reshape(2, 2, 2, 3))
+    first = sample_output.npz_bytes(arrays)
+    with mock.patch('time.time', return_value=2e9):  # another clock gives the same bytes
+      self.assertEqual(sample_output.npz_bytes(arrays), first)
+    path = os.path.join(self.out, 'a.npz')
+    sample_output.write_npz(path, dict(arr_0=[arrays['arr_0'][:1], arrays['arr_0'][1:]]))
+    self.assertEqual(pathlib.Path(path).read_bytes(), first)  # streamed pieces, same file
+    with np.load(path) as loaded:
+      np.testing.assert_array_equal(loaded['arr_0'], arrays['arr_0'])
+
+  def test_a_chunk_counts_once_its_manifest_is_written(self):
+    with mock.patch.object(sample_output, 'write_json', side_effect=KeyboardInterrupt):
+      with self.assertRaises(KeyboardInterrupt):  # killed just before the manifest
+        self.commit(0, 0, 3)
+    self.assertFalse(sample_output.committed(self.out, 0, range(0, 3)))
+    self.commit(0, 0, 3)
+    self.assertTrue(sample_output.committed(self.out, 0, range(0, 3)))
+    self.assertFalse(sample_output.committed(self.out, 0, range(0, 4)))  # other chunking
+    self.assertEqual(sorted(p.name for p in pathlib.Path(self.out, 'images').iterdir()),
+                     ['000000.png', '000001.png', '000002.png'])
+
+  def test_interrupted_write_leaves_only_a_temporary_file_which_is_removed(self):
+    target = pathlib.Path(self.out, 'chunks', 'chunk_00000.npz')
+    with mock.patch('os.replace', side_effect=KeyboardInterrupt):
+      with self.assertRaises(KeyboardInterrupt):
+        sample_output.write_atomic(target, b'data')
+    self.assertFalse(target.exists())
+    self.assertEmpty(list(target.parent.iterdir()))  # its temporary file is removed too
+    # A process killed outright (no cleanup) leaves one; the next start removes it.
+    pathlib.Path(target.parent, '.chunk_00000.npz.x1.tmp').write_bytes(b'dat')
+    self.assertEqual(sample_output.remove_temporaries(self.out), 1)
+    self.assertEmpty(list(target.parent.iterdir()))
+
+  def test_merge_checks_hashes_and_indices(self):
+    self.commit(0, 0, 3)
+    self.commit(1, 3, 2)
+    records = sample_output.merge(self.out, [range(0, 3), range(3, 5)])
+    self.assertEqual([r['index'] for r in records], [0, 1, 2, 3, 4])
+    with np.load(os.path.join(self.out, sample_output.SAMPLES)) as loaded:
+      np.testing.assert_array_equal(loaded['arr_0'][:, 0, 0, 0], [0, 0, 0, 1, 1])
+    pathlib.Path(self.out, 'chunks', 'chunk_00001.npz').write_bytes(b'corrupt')
+    with self.assertRaisesRegex(ValueError, 'chunk_00001.*npz_sha256.*rerun'):
+      sample_output.merge(self.out, [range(0, 3), range(3, 5)])
+    with self.assertRaisesRegex(ValueError, 'expected range'):
+      sample_output.read_chunk(self.out, 0, range(0, 4))
+
+  def test_folder_of_another_configuration_is_refused_with_what_differs(self):
+    fingerprint = dict(method='eagle', seed=0, hparams=dict(draft_length=4), classes=(1, 2))
+    self.assertFalse(sample_output.check_folder(self.out, fingerprint))  # new folder
+    sample_output.write_json(os.path.join(self.out, sample_output.CONFIG),
+                             dict(fingerprint=fingerprint))
+    self.assertTrue(sample_output.check_folder(self.out, dict(fingerprint)))  # a restart
+    changed = dict(fingerprint, method='coolsd', hparams=dict(draft_length=6))
+    with self.assertRaises(sample_output.FolderMismatchError) as caught:
+      sample_output.check_folder(self.out, changed)
+    message = str(caught.exception)
+    self.assertIn("method: 'eagle' (folder) -> 'coolsd' (now)", message)
+    self.assertIn('hparams.draft_length: 4 (folder) -> 6 (now)', message)
+    self.assertNotIn('seed', message)
+    self.assertIn('new --config.out_dir', message)
+    self.assertEqual(json.loads(pathlib.Path(self.out, 'config.json').read_text())[
+        'fingerprint']['method'], 'eagle')
+
+
+if __name__ == '__main__':
+  absltest.main()
