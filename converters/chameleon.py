@@ -36,6 +36,7 @@ from absl import logging
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import precision
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.models import chameleon
@@ -243,14 +244,19 @@ def config_from_meta(config_cls, meta_config: dict, dtype: Any = None):
   values = dict(meta_config)
   if dtype is not None:
     values['dtype'] = values['param_dtype'] = dtype
-  values['dtype'] = jnp.dtype(values['dtype'])
-  values['param_dtype'] = jnp.dtype(values['param_dtype'])
+  values['dtype'] = precision.resolve_dtype(values['dtype'])
+  values['param_dtype'] = precision.resolve_dtype(values['param_dtype'])
   return config_cls(**values)
 
 
 def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
                    ) -> tuple[chameleon.ChameleonModel, Any]:
-  """(ChameleonModel, params) from a folder written by `convert`."""
+  """(ChameleonModel, params) from a folder written by `convert`.
+
+  dtype: cast params and set the compute dtype ('float32', 'bfloat16', or
+  'auto': float32 on CPU, bfloat16 on accelerators); None keeps the stored one.
+  """
+  dtype = None if dtype is None else precision.resolve_dtype(dtype)
   params, meta = common.load_params(out_dir, dtype)
   config = config_from_meta(chameleon.ChameleonConfig, meta['config'], dtype)
   return chameleon.ChameleonModel(config), params

@@ -45,6 +45,7 @@ from absl import flags
 from absl import logging
 import jax.numpy as jnp
 
+from specdec_jax import precision
 from specdec_jax.converters import chameleon as chameleon_converter
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
@@ -282,7 +283,12 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
 
 def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
                    ) -> tuple[janus.JanusModel, Any]:
-  """(JanusModel, params) from a folder written by `convert`."""
+  """(JanusModel, params) from a folder written by `convert`.
+
+  dtype: cast params and set the compute dtype ('float32', 'bfloat16', or
+  'auto': float32 on CPU, bfloat16 on accelerators); None keeps the stored one.
+  """
+  dtype = None if dtype is None else precision.resolve_dtype(dtype)
   params, meta = common.load_params(out_dir, dtype)
   config = chameleon_converter.config_from_meta(janus.JanusConfig, meta['config'], dtype)
   return janus.JanusModel(config), params

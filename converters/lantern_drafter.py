@@ -3,7 +3,7 @@ r"""Converts LANTERN / EAGLE-1 drafter folders to a specdec Orbax checkpoint.
 Usage:
   python -m specdec_jax.converters.lantern_drafter --input llamagen_drafter/ \
       --output ckpts/llamagen_t2i_drafter [--kind auto|llamagen|lumina] \
-      [--dtype float32]
+      [--dtype float32]    # default bfloat16
 
 A drafter folder holds `config.json` (the base model's config with
 `num_hidden_layers: 1`, optional `bias`, and for LlamaGen `input_type` in
@@ -77,8 +77,8 @@ def detect_kind(config_json: Mapping[str, Any]) -> str:
 
 
 def drafter_config_from_json(config_json: Mapping[str, Any], kind: str = 'auto',
-                             dtype: str = 'float32') -> eagle.DrafterConfig:
-  """Builds a DrafterConfig from a LANTERN drafter config.json."""
+                             dtype: str | None = None) -> eagle.DrafterConfig:
+  """Builds a DrafterConfig from a LANTERN drafter config.json (dtype None: auto)."""
   kind = detect_kind(config_json) if kind == 'auto' else kind
   if kind not in KINDS:
     raise ValueError(f'kind must be auto or one of {KINDS}, got {kind!r}.')
@@ -201,7 +201,7 @@ def convert_drafter(state_dict: MutableMapping[str, Any], config: eagle.DrafterC
 
 
 def convert_dir(input_dir: str | os.PathLike, output_dir: str | os.PathLike, *,
-                kind: str = 'auto', dtype: str = 'float32',
+                kind: str = 'auto', dtype: str = 'bfloat16',
                 overwrite: bool = False) -> str:
   """Reads, validates, converts and writes one drafter folder; returns the output."""
   config_json, weights = read_drafter_dir(input_dir)
@@ -223,7 +223,7 @@ def load_drafter(out_dir: str | os.PathLike, head_kernel: Any, dtype: str | None
   Args:
     out_dir: folder written by this converter.
     head_kernel: the target's LM head kernel [E, V].
-    dtype: compute dtype override.
+    dtype: compute dtype override ('float32', 'bfloat16' or 'auto').
   """
   meta = common.read_meta(out_dir)
   if meta.get('model') != 'eagle_drafter':
@@ -248,7 +248,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string('input', None, 'Drafter folder (config.json + weights).', **fv)
   flags.DEFINE_string('output', None, 'Output folder (must not exist).', **fv)
   flags.DEFINE_enum('kind', 'auto', ['auto', *KINDS], 'Drafter flavour.', **fv)
-  flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Output dtype.', **fv)
+  flags.DEFINE_enum('dtype', 'bfloat16', ['float32', 'bfloat16'], 'Output param dtype.', **fv)
   flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.', **fv)
 
 

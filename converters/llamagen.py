@@ -3,7 +3,7 @@ r"""Converts LlamaGen GPT checkpoints (c2i, t2i) to a specdec Orbax checkpoint.
 Usage:
   python -m specdec_jax.converters.llamagen --input c2i_B_256.pt \
       --output ckpts/llamagen_c2i_B_256 --config GPT-B --model_type c2i \
-      [--image_size 256] --dtype float32
+      [--image_size 256] [--dtype float32]    # default bfloat16
 
 `--image_size` (the training resolution) fixes the 2D RoPE grid and the
 number of image tokens, and nothing in the weights reveals it, so a wrong
@@ -258,8 +258,8 @@ def load_llamagen(out_dir: str | os.PathLike, dtype: str | None = None):
 
   Args:
     out_dir: folder written by this converter.
-    dtype: compute/param dtype override ('float32', 'bfloat16'); default as
-      converted.
+    dtype: compute/param dtype override ('float32', 'bfloat16', or 'auto':
+      float32 on CPU, bfloat16 on accelerators); default as converted.
   """
   meta = common.read_meta(out_dir)
   if meta.get('model') != 'llamagen_gpt':
@@ -311,7 +311,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer('image_size', None, 'Training resolution (sets the 2D RoPE '
                        'grid: (image_size/16)^2 tokens). Required unless the file name '
                        'states it (c2i_XL_384.pt -> 384).', **fv)
-  flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Output dtype.', **fv)
+  flags.DEFINE_enum('dtype', 'bfloat16', ['float32', 'bfloat16'], 'Output param dtype '
+                    '(bfloat16 halves the size; float32 keeps fp32 checkpoints exact).', **fv)
   flags.DEFINE_bool('use_ema', False, 'Convert the "ema" weights.', **fv)
   flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.', **fv)
   flags.DEFINE_bool('trust_pickle', False, 'Allow full unpickling of files the safe '

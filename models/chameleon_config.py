@@ -5,14 +5,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
+
+from specdec_jax import precision
 
 PAD_ID = 1  # Chameleon `<pad>`; its value is irrelevant (padding is masked).
 
 
 @dataclasses.dataclass(frozen=True)
 class ChameleonConfig:
-  """Chameleon language-model dimensions (defaults: Lumina-mGPT 7B)."""
+  """Chameleon language-model dimensions (defaults: Lumina-mGPT 7B).
+
+  `dtype` (compute and KV cache) None or 'auto' resolves when the config is
+  built: float32 on CPU, bfloat16 on accelerators (`specdec_jax.precision`);
+  `param_dtype` None follows `dtype`. Both fields then hold jnp dtypes.
+  """
 
   vocab_size: int = 65536
   hidden_size: int = 4096
@@ -25,10 +31,11 @@ class ChameleonConfig:
   rope_theta: float = 10000.0
   swin_norm: bool = False
   max_position_embeddings: int = 4096
-  dtype: Any = jnp.float32  # compute and cache dtype
-  param_dtype: Any = jnp.float32
+  dtype: Any = None  # compute and cache dtype
+  param_dtype: Any = None
 
   def __post_init__(self):
+    resolve_dtypes(self)
     if self.num_heads * self.head_dim != self.hidden_size:
       raise ValueError(
           f'ChameleonConfig: num_heads * head_dim = {self.num_heads} * '
@@ -62,6 +69,19 @@ class ChameleonConfig:
     )
     values.update(overrides)
     return cls(**values)
+
+
+def resolve_dtypes(config) -> None:
+  """Resolves a frozen config's `dtype` and `param_dtype` fields in place.
+
+  dtype None/'auto' -> `precision.default_dtype()`; param_dtype None ->
+  dtype. Shared by the Chameleon and Janus-Pro configs.
+  """
+  dtype = precision.resolve_dtype(config.dtype)
+  param_dtype = dtype if config.param_dtype is None else precision.resolve_dtype(
+      config.param_dtype)
+  object.__setattr__(config, 'dtype', dtype)
+  object.__setattr__(config, 'param_dtype', param_dtype)
 
 
 def rope_theta_from_hf(hf: dict[str, Any], *, what: str,

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import kv_cache as kv
+from specdec_jax import precision
 from specdec_jax import protocol
 from specdec_jax.models import layers
 from specdec_jax.models import llamagen
@@ -55,7 +56,9 @@ class DrafterConfig:
     fc_bias: the fc layer has a bias (LANTERN config `bias`, default True).
     rope: '2d' (LlamaGen, interleaved pairs) or '1d' (Lumina, rotate_half).
     grid_size, cls_token_num: the 2D table (cls = target's minus one).
-    dtype: compute and cache dtype name.
+    dtype: compute, parameter and cache dtype name; None or 'auto' resolves
+      when the config is built (float32 on CPU, bfloat16 on accelerators,
+      `specdec_jax.precision`).
   """
 
   hidden_size: int = 1280
@@ -72,7 +75,7 @@ class DrafterConfig:
   rope_theta: float = 10000.0
   grid_size: int = 16
   cls_token_num: int = 119
-  dtype: str = 'float32'
+  dtype: str | None = None
 
   def __post_init__(self):
     if self.num_kv_heads is None:
@@ -86,7 +89,7 @@ class DrafterConfig:
     if self.cls_token_num < 0:
       raise ValueError(f'DrafterConfig: cls_token_num must be >= 0, got '
                        f'{self.cls_token_num}.')
-    jnp.dtype(self.dtype)
+    object.__setattr__(self, 'dtype', precision.resolve_dtype(self.dtype).name)
 
   @property
   def head_dim(self) -> int:
@@ -138,9 +141,11 @@ class DrafterModule(nn.Module):
     """tokens int32[B, T], target_hidden [B, T, E] -> (logits f32, hidden, cache)."""
     c = self.config
     dtype = c.compute_dtype
-    embeds = nn.Embed(c.vocab_size, c.hidden_size, dtype=dtype, name='embed_tokens')(tokens)
+    embeds = nn.Embed(c.vocab_size, c.hidden_size, dtype=dtype, param_dtype=dtype,
+                      name='embed_tokens')(tokens)
     x = jnp.concatenate([embeds, target_hidden.astype(dtype)], axis=-1)  # [B, T, 2E]
-    x = nn.Dense(c.hidden_size, use_bias=c.fc_bias, dtype=dtype, name='fc')(x)
+    x = nn.Dense(c.hidden_size, use_bias=c.fc_bias, dtype=dtype, param_dtype=dtype,
+                 name='fc')(x)
     positions = kv.window_positions(cache, tokens.shape[1], depths)
     cos, sin = rope_tables(c, positions)
     for index in range(c.num_layers):
@@ -148,10 +153,11 @@ class DrafterModule(nn.Module):
           num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
           ffn_dim=c.intermediate_size, norm_eps=c.rms_norm_eps,
           rope='interleaved' if c.rope == '2d' else 'half', qk_norm=c.qk_norm,
-          input_norm=c.input_layernorm or index > 0, dtype=dtype,
+          input_norm=c.input_layernorm or index > 0, dtype=dtype, param_dtype=dtype,
           name=f'layers_{index}')
       x, cache = layer(x, cos, sin, cache, index, window_mask)
-    logits = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, name='lm_head')(x)
+    logits = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype,
+                      name='lm_head')(x)
     return logits.astype(jnp.float32), x, kv.advance(cache, tokens.shape[1])
 
 

@@ -34,11 +34,16 @@ import numpy as np
 from specdec_jax import kv_cache as kv
 from specdec_jax import protocol
 from specdec_jax.models import chameleon
+from specdec_jax.models import chameleon_config
 
 
 @dataclasses.dataclass(frozen=True)
 class JanusConfig:
-  """Janus-Pro generation-path dimensions (defaults: Janus-Pro-7B)."""
+  """Janus-Pro generation-path dimensions (defaults: Janus-Pro-7B).
+
+  dtype/param_dtype None resolve as `ChameleonConfig`'s (float32 on CPU,
+  bfloat16 on accelerators; param_dtype follows dtype).
+  """
 
   text_vocab_size: int = 102400
   hidden_size: int = 4096
@@ -53,10 +58,11 @@ class JanusConfig:
   gen_embed_dim: int = 8
   gen_head_dim: int = 4096
   max_position_embeddings: int = 16384
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
+  dtype: Any = None
+  param_dtype: Any = None
 
   def __post_init__(self):
+    chameleon_config.resolve_dtypes(self)
     if self.num_heads * self.head_dim != self.hidden_size:
       raise ValueError(
           f'JanusConfig: num_heads * head_dim = {self.num_heads} * '

@@ -8,6 +8,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from specdec_jax import precision
+
 
 MODEL_TYPES = ('c2i', 't2i')
 T2I_CAPTION_TOKENS = 120
@@ -39,7 +41,10 @@ class GPTConfig:
       multiple_of) as the original does.
     block_size: number of image tokens N = G^2 ((image_size / 16)^2).
     cls_token_num: P, condition tokens in front of the image.
-    dtype: compute and cache dtype name ('float32' or 'bfloat16').
+    dtype: compute, parameter and cache dtype name ('float32',
+      'bfloat16'); None or 'auto' picks float32 on CPU and bfloat16 on
+      accelerators (`specdec_jax.precision`), resolved when the config is
+      built, so the field always holds a concrete name.
   """
 
   n_layer: int = 12
@@ -56,7 +61,7 @@ class GPTConfig:
   caption_dim: int = 2048
   cls_token_num: int = 1
   block_size: int = 256
-  dtype: str = 'float32'
+  dtype: str | None = None
 
   def __post_init__(self):
     if self.n_kv_head is None:
@@ -83,7 +88,7 @@ class GPTConfig:
     if self.cls_token_num < 1:
       raise ValueError(f'GPTConfig: cls_token_num must be >= 1, got '
                        f'{self.cls_token_num}.')
-    jnp.dtype(self.dtype)  # raises on an unknown dtype name
+    object.__setattr__(self, 'dtype', precision.resolve_dtype(self.dtype).name)
 
   @property
   def head_dim(self) -> int:

@@ -106,7 +106,7 @@ class ClassEmbedder(nn.Module):
   def __call__(self, labels: jax.Array) -> jax.Array:
     """labels int32[B] -> [B, 1, E]."""
     table = nn.Embed(self.num_classes + 1, self.dim, dtype=self.dtype,
-                     name='embedding_table')
+                     param_dtype=self.dtype, name='embedding_table')
     return table(labels)[:, None, :]
 
 
@@ -121,7 +121,7 @@ class CaptionEmbedder(nn.Module):
   def setup(self):
     init = nn.initializers.normal(stddev=self.caption_dim ** -0.5)
     self.uncond_embedding = self.param('uncond_embedding', init,
-                                       (self.num_tokens, self.caption_dim))
+                                       (self.num_tokens, self.caption_dim), self.dtype)
     self.cap_proj = _CaptionMLP(self.dim, self.dtype)
 
   def __call__(self, features: jax.Array) -> jax.Array:
@@ -142,9 +142,10 @@ class _CaptionMLP(nn.Module):
   @nn.compact
   def __call__(self, features: jax.Array) -> jax.Array:
     """[B, P, C] -> fc1 -> GELU(tanh) -> fc2 -> [B, P, E]."""
-    h = nn.Dense(self.dim, use_bias=False, dtype=self.dtype, name='fc1')(features)
-    h = nn.gelu(h, approximate=True)
-    return nn.Dense(self.dim, use_bias=False, dtype=self.dtype, name='fc2')(h)
+    dense = lambda name: nn.Dense(self.dim, use_bias=False, dtype=self.dtype,
+                                  param_dtype=self.dtype, name=name)
+    h = nn.gelu(dense('fc1')(features), approximate=True)
+    return dense('fc2')(h)
 
 
 class GPTModule(nn.Module):
@@ -155,7 +156,7 @@ class GPTModule(nn.Module):
   def setup(self):
     c = self.config
     dtype = c.compute_dtype
-    self.tok_embeddings = nn.Embed(c.vocab_size, c.dim, dtype=dtype)
+    self.tok_embeddings = nn.Embed(c.vocab_size, c.dim, dtype=dtype, param_dtype=dtype)
     if c.model_type == 'c2i':
       self.cls_embedding = ClassEmbedder(c.num_classes, c.dim, dtype)
     else:
@@ -163,11 +164,12 @@ class GPTModule(nn.Module):
     self.layers = [
         layers.DecoderLayer(
             num_heads=c.n_head, num_kv_heads=c.n_kv_head, head_dim=c.head_dim,
-            ffn_dim=c.ffn_dim, norm_eps=c.norm_eps, rope='interleaved', dtype=dtype)
+            ffn_dim=c.ffn_dim, norm_eps=c.norm_eps, rope='interleaved', dtype=dtype,
+            param_dtype=dtype)
         for _ in range(c.n_layer)
     ]
-    self.norm = layers.RMSNorm(c.norm_eps)
-    self.output = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype)
+    self.norm = layers.RMSNorm(c.norm_eps, dtype)
+    self.output = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype)
 
   def embed_tokens(self, tokens: jax.Array) -> jax.Array:
     """int32[B, T] -> [B, T, E]."""

@@ -161,7 +161,7 @@ class ParityTest(parameterized.TestCase):
     config, state, head, tokens, hidden = fixture(kind)
     folder = write_drafter_dir(_tempdir(self) / 'drafter', kind, state,
                                weights='pytorch_model.bin')
-    out = convert.convert_dir(folder, folder.parent / 'converted')
+    out = convert.convert_dir(folder, folder.parent / 'converted', dtype='float32')
     model, params = convert.load_drafter(out, head.T)
     self.assertEqual(model.config, config)
     expected_logits, expected_features = ref_eagle.drafter_forward(
@@ -237,7 +237,7 @@ class ConverterTest(absltest.TestCase):
     config, state, head, _, _ = fixture('lumina')
     folder = write_drafter_dir(self.dir / 'drafter', 'lumina', state,
                                weights='model.safetensors')
-    out = convert.convert_dir(folder, self.dir / 'out')
+    out = convert.convert_dir(folder, self.dir / 'out', dtype='float32')
     model, params = convert.load_drafter(out, head.T)
     chex.assert_trees_all_close(
         params, eagle.attach_head(convert.convert_drafter(state, config), head.T))

@@ -2,6 +2,7 @@
 CLI errors). See tests/test_llamagen.py.
 """
 
+import dataclasses
 from unittest import mock
 
 from absl import app
@@ -140,9 +141,16 @@ class ConverterTest(parameterized.TestCase):
     convert.main(argv, flag_values)
 
   def test_command_line(self):
+    # The command line writes bfloat16 unless told --dtype=float32.
     self._main(f'--input={self._save(self.state)}', '--model_type=c2i', '--image_size=64')
-    model, _ = convert.load_llamagen(self.dir / 'out')
+    model, params = convert.load_llamagen(self.dir / 'out')
+    self.assertEqual(model.config, dataclasses.replace(self.config, dtype='bfloat16'))
+    self.assertEqual(params['output']['kernel'].dtype, jnp.bfloat16)
+    self._main(f'--input={self._save(self.state)}', '--image_size=64', '--dtype=float32',
+               '--overwrite')
+    model, params = convert.load_llamagen(self.dir / 'out')
     self.assertEqual(model.config, self.config)
+    self.assertEqual(params['output']['kernel'].dtype, jnp.float32)
 
   @parameterized.named_parameters(
       ('c2i_xl_384', 'c2i_XL_384.pt', 384),
@@ -168,7 +176,7 @@ class ConverterTest(parameterized.TestCase):
     logged = [call.args[0] % call.args[1:] for call in info.call_args_list]
     self.assertIn('--image_size not given: using 64 from the file name '
                   'c2i_tiny_64.safetensors.', logged)
-    model, _ = convert.load_llamagen(self.dir / 'out')
+    model, _ = convert.load_llamagen(self.dir / 'out', dtype='auto')  # float32 on CPU
     self.assertEqual(model.config, self.config)  # block_size (64/16)^2 = 16
 
   @parameterized.named_parameters(
