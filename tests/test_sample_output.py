@@ -93,7 +93,8 @@ class OutputTest(absltest.TestCase):
     with mock.patch('time.time', return_value=2e9):  # another clock gives the same bytes
       self.assertEqual(sample_output.npz_bytes(arrays), first)
     path = os.path.join(self.out, 'a.npz')
-    sample_output.write_npz(path, dict(arr_0=[arrays['arr_0'][:1], arrays['arr_0'][1:]]))
+    pieces = iter([arrays['arr_0'][:1], arrays['arr_0'][1:]])
+    sample_output.write_npz(path, dict(arr_0=((2, 2, 2, 3), np.uint8, pieces)))
     self.assertEqual(pathlib.Path(path).read_bytes(), first)  # streamed pieces, same file
     with np.load(path) as loaded:
       np.testing.assert_array_equal(loaded['arr_0'], arrays['arr_0'])

@@ -125,6 +125,9 @@ class Sampler:
     self.classes = sample_model.classes(config, self.family)
     self.fingerprint = fingerprint(config, identity)
     self.sampling = logits_lib.Sampling(**config.sampling.to_dict())
+    if jax.device_count() % config.model_parallel:
+      raise ValueError(f'config.model_parallel={config.model_parallel} does not divide the '
+                       f'{jax.device_count()} devices.')
     data = jax.device_count() // config.model_parallel
     self.mesh = sharding.make_mesh(data=data, model=config.model_parallel)
     self.global_batch = config.batch_per_device * data
@@ -219,10 +222,11 @@ def run(config) -> dict | None:
   pending = prepare_folder(config, sampler.fingerprint)
   ranges, process_count = chunk_ranges(config), jax.process_count()
   schedule = sample_plan.rounds(pending, sampler.writers, process_count)
-  logging.info('%d images, %d chunks of %d (%d to do) over %d processes, %d devices; global '
-               'batch %d; method %s', config.num_images, len(ranges), config.chunk_size,
-               len(pending), process_count, jax.device_count(), sampler.global_batch,
-               config.method)
+  if jax.process_index() == 0:
+    logging.info('%d images, %d chunks of %d (%d to do) over %d processes, %d devices; '
+                 'global batch %d; method %s', config.num_images, len(ranges),
+                 config.chunk_size, len(pending), process_count, jax.device_count(),
+                 sampler.global_batch, config.method)
   loop_start, compile_s, done_now, chunks_now = time.perf_counter(), 0.0, 0, 0
   remaining = sum(len(ranges[c]) for c in pending)
   for number, chunks in enumerate(schedule):
@@ -231,9 +235,10 @@ def run(config) -> dict | None:
     chunks_now += sum(c is not None for c in chunks)
     elapsed = time.perf_counter() - loop_start
     rate = done_now / max(elapsed - compile_s, 1e-9)
-    logging.info('round %d/%d: %d/%d images this run, %.2f images/s, ETA %.0f s',
-                 number + 1, len(schedule), done_now, remaining, rate,
-                 (remaining - done_now) / rate)
+    if jax.process_index() == 0:
+      logging.info('round %d/%d: %d/%d images this run, %.2f images/s, ETA %.0f s',
+                   number + 1, len(schedule), done_now, remaining, rate,
+                   (remaining - done_now) / rate)
     if config.stop_after_chunks and chunks_now >= config.stop_after_chunks:
       logging.info('stopping after %d chunks (config.stop_after_chunks); rerun to finish.',
                    chunks_now)

@@ -31,6 +31,7 @@ import os
 import pathlib
 import tempfile
 import zipfile
+from typing import Iterable
 
 import numpy as np
 
@@ -123,34 +124,37 @@ def png_path(out_dir, index: int) -> pathlib.Path:
   return pathlib.Path(out_dir) / 'images' / f'{index:06d}.png'
 
 
-def _write_npz_to(target, parts: dict[str, list[np.ndarray]]) -> None:
-  """Writes arrays, each the concatenation of `parts[name]` on axis 0 (streamed),
-  as an uncompressed .npz with fixed zip timestamps: same arrays, same bytes."""
+def _write_npz_to(target, arrays: dict[str, tuple[tuple, np.dtype, Iterable[np.ndarray]]]
+                  ) -> None:
+  """Writes an uncompressed .npz with fixed zip timestamps (same arrays, same
+  bytes); each array is (shape, dtype, pieces along axis 0), streamed."""
   with zipfile.ZipFile(target, 'w', zipfile.ZIP_STORED, allowZip64=True) as archive:
-    for name, pieces in parts.items():
-      first = np.asarray(pieces[0])
-      shape = (sum(len(p) for p in pieces),) + first.shape[1:]
+    for name, (shape, dtype, pieces) in arrays.items():
       info = zipfile.ZipInfo(f'{name}.npy', date_time=(1980, 1, 1, 0, 0, 0))
       with archive.open(info, 'w', force_zip64=True) as f:
-        np.lib.format.write_array_header_2_0(
-            f, dict(descr=np.lib.format.dtype_to_descr(first.dtype), fortran_order=False,
-                    shape=shape))
+        np.lib.format.write_array_header_2_0(f, dict(
+            descr=np.lib.format.dtype_to_descr(np.dtype(dtype)), fortran_order=False,
+            shape=tuple(shape)))
+        written = 0
         for piece in pieces:
-          f.write(np.ascontiguousarray(piece, first.dtype).tobytes())
+          f.write(np.ascontiguousarray(piece, dtype).tobytes())
+          written += len(piece)
+        if written != shape[0]:
+          raise ValueError(f'{name}: {written} rows written, {shape[0]} announced.')
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
   """The deterministic .npz of a few arrays, in memory."""
   buffer = io.BytesIO()
-  _write_npz_to(buffer, {name: [array] for name, array in arrays.items()})
+  _write_npz_to(buffer, {name: (a.shape, a.dtype, [a]) for name, a in arrays.items()})
   return buffer.getvalue()
 
 
-def write_npz(path, parts: dict[str, list[np.ndarray]]) -> None:
-  """Writes a deterministic .npz atomically, streaming each array's pieces (a
-  50,000-image set never sits in memory twice)."""
+def write_npz(path, arrays: dict[str, tuple[tuple, np.dtype, Iterable[np.ndarray]]]) -> None:
+  """Writes a deterministic .npz atomically; each array is (shape, dtype, pieces
+  along axis 0), streamed, so a 50,000-image set never sits in memory."""
   with _atomic_file(path) as f:
-    _write_npz_to(f, parts)
+    _write_npz_to(f, arrays)
 
 
 def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
@@ -208,17 +212,27 @@ def read_chunk(out_dir, chunk: int, expected: range) -> tuple[np.ndarray, list[d
 
 
 def merge(out_dir, chunk_ranges: list[range]) -> list[dict]:
-  """Writes samples.npz (arr_0) and metrics.jsonl from every committed chunk.
+  """Writes samples.npz (arr_0) and metrics.jsonl from every committed chunk, one
+  chunk in memory at a time.
 
   Returns:
     Every image's metric record, in index order.
   """
-  pieces, records = [], []
-  for chunk, expected in enumerate(chunk_ranges):
-    images, chunk_records = read_chunk(out_dir, chunk, expected)
-    pieces.append(images)
-    records += chunk_records
-  write_npz(pathlib.Path(out_dir) / SAMPLES, dict(arr_0=pieces))
+  records = []
+  first, first_records = read_chunk(out_dir, 0, chunk_ranges[0])
+
+  def pieces():
+    nonlocal records
+    records += first_records
+    yield first
+    for chunk, expected in enumerate(chunk_ranges[1:], start=1):
+      images, chunk_records = read_chunk(out_dir, chunk, expected)
+      records += chunk_records
+      yield images
+
+  total = sum(len(r) for r in chunk_ranges)
+  write_npz(pathlib.Path(out_dir) / SAMPLES,
+            dict(arr_0=((total,) + first.shape[1:], first.dtype, pieces())))
   write_atomic(pathlib.Path(out_dir) / METRICS,
                ''.join(json.dumps(r, sort_keys=True) + '\n' for r in records).encode())
   return records
