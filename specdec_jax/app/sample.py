@@ -72,11 +72,12 @@ def fingerprint(config, identity: dict) -> dict:
 def initialize_distributed(mode: str, coordinator_address, num_processes, process_id) -> None:
   """jax.distributed.initialize(), unless this is a single process.
 
-  mode 'auto' initializes when a coordinator is given (flags or
+  mode 'auto' initializes when any of the three is given (or
   JAX_COORDINATOR_ADDRESS) or SLURM runs several tasks; 'true' always (JAX
   then detects Cloud TPU pods and SLURM itself); 'false' never.
   """
-  explicit = coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
+  explicit = (coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
+              or num_processes is not None or process_id is not None)
   slurm = int(os.environ.get('SLURM_NTASKS', '1')) > 1
   if mode == 'false' or (mode == 'auto' and not (explicit or slurm)):
     return
