@@ -1,0 +1,197 @@
+"""The decode compiles for TPU (v5e:2x2, deviceless) and its loop stays on the device.
+
+What must hold on an accelerator, checked on the optimized per-device HLO of
+a tiny LlamaGen + EAGLE decode compiled for four TPU v5e chips (mesh 1 x 4)
+without any chip: every mode compiles; the decode loop has no host callbacks
+or host transfers; no collective inside the loop body moves a whole layer of
+KV cache or the full [R, T, V] logits. A deliberately mis-sharded loop is the
+negative control (the checker must flag it). Skipped, with the reason, when
+libtpu is not installed or the topology API fails; the HLO reader's own test
+runs everywhere.
+"""
+
+import importlib.util
+import os
+import sys
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                'bench'))
+
+import tpu_compile_hlo as hlo  # pylint: disable=g-import-not-at-top,wrong-import-position
+import tpu_compile_lib as lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec_jax import decode  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec_jax import logits
+from specdec_jax import rules
+from specdec_jax import sharding
+from specdec_jax import verify
+from specdec_jax.models import eagle
+from specdec_jax.models import llamagen
+
+TOPOLOGY = 'v5e:2x2'
+TREE = verify.StaticTree.from_paths(((0,), (1,), (0, 0), (0, 1), (1, 0)))
+MODES = {'vanilla': decode.Vanilla(), 'chain_eagle': decode.ChainDraft(3, 'eagle'),
+         'tree_eagle': decode.TreeDraft(TREE, 'eagle'), 'jacobi': decode.Jacobi(3)}
+
+
+def _devices_or_skip_reason():
+  if importlib.util.find_spec('libtpu') is None:
+    return None, "libtpu is not installed (pip install -e '.[tpu]')"
+  try:
+    return lib.tpu_devices(TOPOLOGY), None
+  except Exception as error:  # pylint: disable=broad-except
+    return None, f'the TPU topology API failed for {TOPOLOGY}: {type(error).__name__}: {error}'
+
+
+def _tiny():
+  # One layer keeps compilation short; 64 image tokens make a layer of KV
+  # cache (rows x slots x heads x head dim) larger than a window's logits.
+  config = llamagen.gpt_config('GPT-B', n_layer=1, n_head=4, dim=64, vocab_size=128,
+                               block_size=64, num_classes=10, dtype='bfloat16')
+  target = llamagen.LlamaGenGPT(config)
+  drafter = eagle.EagleDrafter(eagle.llamagen_drafter_config(config))
+  return target, drafter
+
+
+HLO_SNIPPET = """
+HloModule m
+
+%inner_body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %ar = f32[8]{0} all-reduce(%x), to_apply=%add
+  ROOT %t = (s32[], f32[8]) tuple(%i, %ar)
+}
+
+%inner_cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %c = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+%body (p: (s32[], f32[16,4])) -> (s32[], f32[16,4]) {
+  %p = (s32[], f32[16,4]) parameter(0)
+  %x = f32[16,4]{1,0} get-tuple-element(%p), index=1
+  %ag = (f32[16,4]{1,0}, f32[64,4]{1,0}, u32[]{:S(2)}) all-gather-start(%x), dimensions={0}
+  %agd = f32[64,4]{1,0} all-gather-done(%ag)
+  %w = (s32[], f32[8]) while(%init), condition=%inner_cond, body=%inner_body
+  ROOT %t = (s32[], f32[16,4]) tuple(%i, %x)
+}
+
+%cond (p: (s32[], f32[16,4])) -> pred[] {
+  %p = (s32[], f32[16,4]) parameter(0)
+  ROOT %b = pred[] constant(true)
+}
+
+ENTRY %main (a: f32[16,4]) -> f32[16,4] {
+  %a = f32[16,4]{1,0} parameter(0)
+  %s = (s32[], f32[8]) while(%a), condition=%inner_cond, body=%inner_body, metadata={op_name="jit(f)/scan"}
+  %loop = (s32[], f32[16,4]) while(%a), condition=%cond, body=%body, metadata={op_name="jit(f)/while"}
+  %cb = f32[16,4]{1,0} custom-call(%a), custom_call_target="xla_ffi_python_cpu_callback"
+  ROOT %r = f32[16,4]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+class HloReaderTest(absltest.TestCase):
+  """The reader on handwritten HLO: no libtpu needed."""
+
+  def test_counts_loop_collectives_with_nested_trip_counts(self):
+    report = hlo.loop_report(HLO_SNIPPET)
+    self.assertTrue(report.found_loop)
+    # The async all-gather counts once (its start), its output 64 x 4 floats.
+    self.assertEqual(report.collectives['all-gather'],
+                     {'count': 1, 'operand_bytes': 16 * 4 * 4, 'result_bytes': 64 * 4 * 4})
+    # The all-reduce sits in a nested loop of 3 iterations (i < 3).
+    self.assertEqual(report.collectives['all-reduce']['count'], 3)
+    self.assertEqual(report.collectives['all-reduce']['operand_bytes'], 3 * 8 * 4)
+    self.assertEqual(report.host_transfers, [])
+    self.assertEqual(report.host_transfers_anywhere, ['cb'])
+    self.assertEqual([c[0] for c in hlo.oversized_collectives(report, 64 * 4 * 4)],
+                     ['all-gather'])
+
+
+class TpuCompileTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.devices, reason = _devices_or_skip_reason()
+    if cls.devices is None:
+      raise absltest.SkipTest(reason)
+    cls.mesh = sharding.make_mesh(1, 4, devices=cls.devices)
+
+  def _limits(self, program, window: int) -> dict:
+    vocab = program.plan.target.vocab_size
+    rows = program.target_cache.lengths.shape[0]
+    return {'one layer of KV cache': lib.layer_kv_bytes(program.target_cache),
+            'the full logits': rows * window * vocab * 4}
+
+  @parameterized.named_parameters(*MODES.items())
+  def test_compiles_and_the_loop_stays_on_device(self, mode):
+    target, drafter = _tiny()
+    params = lib.abstract_params(target, self.mesh, sharding.LLAMA_RULES)
+    draft = draft_params = None
+    if isinstance(mode, (decode.ChainDraft, decode.TreeDraft)):
+      draft = drafter
+      draft_params = lib.abstract_params(drafter, self.mesh, sharding.LLAMA_RULES)
+    cond = jnp.array([3, 10], jnp.int32)  # one image with CFG: [cond; uncond]
+    program = lib.build_program(target, params, cond, num_tokens=64, mode=mode,
+                                sampling=logits.Sampling(cfg_scale=4.0, top_k=20),
+                                rule=rules.Lossless(), draft=draft, draft_params=draft_params,
+                                mesh=self.mesh)
+    compiled, _, _ = lib.compile_decode(program, compiler_options=None)
+    report = hlo.loop_report(compiled.as_text())
+    self.assertTrue(report.found_loop, 'no decode while loop in the compiled program')
+    self.assertEqual(report.host_transfers, [])
+    self.assertEqual(report.host_transfers_anywhere, [])
+    self.assertEqual(report.unknown_trip_counts, [])
+    for what, limit in self._limits(program, mode.width).items():
+      self.assertEqual(hlo.oversized_collectives(report, limit), [],
+                       f'a collective in the loop moves {what} ({limit} bytes) every iteration')
+    memory = lib.memory(compiled)
+    self.assertLess(memory['hbm_bytes'], lib.chip_of(TOPOLOGY).hbm_bytes)
+    cost = lib.cost(compiled)
+    self.assertGreater(cost['flops'], 0)
+
+  def test_checker_flags_a_mis_sharded_loop(self):
+    """Negative control: a loop that gathers its head-sharded cache and its logits."""
+    rows, slots, heads, dim, vocab = 2, 32, 4, 16, 256
+    by_heads = NamedSharding(self.mesh, P(None, None, sharding.MODEL, None))
+    by_vocab = NamedSharding(self.mesh, P(None, sharding.MODEL))
+    replicated = NamedSharding(self.mesh, P())
+    cache = jax.ShapeDtypeStruct((rows, slots, heads, dim), jnp.bfloat16, sharding=by_heads)
+    head = jax.ShapeDtypeStruct((heads * dim, vocab), jnp.bfloat16, sharding=by_vocab)
+
+    def mis_sharded(cache, head):
+      def body(state):
+        step, cache, token = state
+        whole = jax.lax.with_sharding_constraint(cache, replicated)  # gathers every head
+        hidden = jnp.roll(whole, step, axis=2).reshape(rows, slots, heads * dim)[:, :1]
+        logits_ = jax.lax.with_sharding_constraint(hidden @ head, replicated)  # [R, 1, V]
+        token = jnp.argmax(logits_[:, 0], axis=-1).astype(jnp.int32)
+        cache = jax.lax.with_sharding_constraint(whole + token[:, None, None, None], by_heads)
+        return step + 1, cache, token
+
+      return jax.lax.while_loop(lambda s: s[0] < 8, body,
+                                (jnp.int32(0), cache, jnp.zeros((rows,), jnp.int32)))
+
+    compiled = jax.jit(mis_sharded).lower(cache, head).compile()
+    report = hlo.loop_report(compiled.as_text())
+    self.assertTrue(report.found_loop)
+    layer = rows * slots * heads * dim * 2
+    self.assertNotEmpty(hlo.oversized_collectives(report, layer),
+                        f'the checker missed the cache gather: {report.largest}')
+    self.assertNotEmpty(hlo.oversized_collectives(report, rows * vocab * 2),
+                        f'the checker missed the logits gather: {report.largest}')
+
+
+if __name__ == '__main__':
+  absltest.main()
