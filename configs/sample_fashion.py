@@ -32,7 +32,9 @@ def get_config():
   config.hparams = ml_collections.ConfigDict({name: base[name] for name in HYPERPARAMETERS})
   config.sampling = base.sampling
   config.classes = ()  # () = every class; image i gets classes[i % len(classes)]
-  config.prompts = ''  # a prompt file, for text-conditional models (c2i models refuse it)
+  # t2i models: .npz of FLAN-T5 caption features (`features` [n, P, C], `mask` [n, P]);
+  # image i gets prompt i % n. Class-conditional models refuse it.
+  config.prompts = ''
   config.num_images = 1000
   config.batch_per_device = 10  # images per device per decode call (fixes the per-device shapes)
   config.model_parallel = 1  # devices on the 'model' mesh axis (tensor parallelism of the target)

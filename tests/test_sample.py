@@ -5,6 +5,7 @@ localhost with the gloo CPU collectives), and after a run stopped partway is
 restarted with another process count.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -14,6 +15,7 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+import jax
 import numpy as np
 
 from specdec_jax.app import sample
@@ -21,6 +23,8 @@ from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
 from specdec_jax.configs import sample_fashion
 from specdec_jax.configs import sample_llamagen_c2i
+from specdec_jax.converters import common
+from specdec_jax.models import llamagen
 from tests.test_generate import tiny_bundle
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -177,9 +181,46 @@ class SampleErrorsTest(absltest.TestCase):
   def test_prompts_for_a_class_conditional_model(self):
     family, _ = sample_model.load(self.config().model)
     with self.assertRaisesRegex(ValueError, 'class-conditional.*config.classes'):
-      sample_model.classes(self.config(prompts='prompts.txt'), family)
+      sample_model.conditions(self.config(prompts='prompts.txt'), family)
     with self.assertRaisesRegex(ValueError, r'\[10\], outside \[0, 10\)'):
-      sample_model.classes(self.config(classes=(1, 10)), family)
+      sample_model.conditions(self.config(classes=(1, 10)), family)
+
+
+class SampleT2ITest(absltest.TestCase):
+  """A text-conditional LlamaGen takes a prompt file of caption features (in process)."""
+
+  def test_prompts_condition_images_in_turn(self):
+    gpt = llamagen.GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=32, block_size=16,
+                             multiple_of=32, model_type='t2i', caption_dim=8, cls_token_num=3)
+    target = llamagen.LlamaGenGPT(gpt)
+    checkpoint = os.path.join(_TMP.name, 't2i')
+    common.write_params_atomic(checkpoint, target.init_params(jax.random.key(0)),
+                               config=dataclasses.asdict(gpt), source_files=[],
+                               extra_meta=dict(model='llamagen_gpt'))
+    prompts = os.path.join(_TMP.name, 'prompts.npz')
+    mask = np.asarray([[1, 1, 1], [1, 0, 0], [1, 1, 0]], bool)  # T5 layout: valid first
+    np.savez(prompts, features=np.random.default_rng(0).normal(size=(3, 3, 8)) * mask[..., None],
+             mask=mask)
+    config = sample_fashion.get_config()
+    config.model.update(kind='llamagen', checkpoint=checkpoint,
+                        vq=os.path.join(BUNDLE, 'tokenizer'))
+    config.update(dict(num_images=5, batch_per_device=2, chunk_size=4, method='vanilla',
+                       prompts=prompts, out_dir=os.path.join(_TMP.name, 't2i_samples')))
+    no_prompts = config.copy_and_resolve_references()
+    no_prompts.prompts = ''
+    with self.assertRaisesRegex(ValueError, 'text-conditional.*config.prompts'):
+      sample.run(no_prompts)
+    summary = sample.run(config)
+    self.assertEqual(summary['num_images'], 5)
+    lines = pathlib.Path(config.out_dir, sample_output.METRICS).read_text().splitlines()
+    self.assertEqual([json.loads(line)['prompt'] for line in lines], [0, 1, 2, 0, 1])
+    with np.load(os.path.join(config.out_dir, sample_output.SAMPLES)) as samples:
+      images = samples['arr_0']
+    self.assertEqual(images.shape, (5, 8, 8, 3))  # 4 x 4 tokens of 2 x 2 patches
+    # Images 0 and 3 share a prompt but not a key.
+    self.assertFalse(np.array_equal(images[0], images[3]))
+    stored = json.loads(pathlib.Path(config.out_dir, sample_output.CONFIG).read_text())
+    self.assertIn('prompts_sha256', stored['fingerprint']['conditions'])
 
 
 if __name__ == '__main__':

@@ -55,7 +55,7 @@ class PlanTest(parameterized.TestCase):
 
   def test_dummy_rows_and_labels(self):
     plan = sample_plan.StepPlan(np.asarray([7, 8, sample_plan.DUMMY, 0]))
-    np.testing.assert_array_equal(plan.labels((3, 4, 5)), [4, 5, 3, 3])
+    np.testing.assert_array_equal(plan.condition_ids(3), [1, 2, 0, 0])
     np.testing.assert_array_equal(plan.key_indices(), [7, 8, 0, 0])
 
   def test_rounds_skip_committed_chunks(self):

@@ -61,10 +61,12 @@ def check_config(config) -> None:
   sample_model.check_model_config(config.model)
 
 
-def fingerprint(config, identity: dict) -> dict:
+def fingerprint(config, identity: dict, conditions: sample_model.Conditions) -> dict:
   """What the images depend on; a restart into the folder must match it."""
-  fields = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_FINGERPRINT}
+  fields = {k: v for k, v in config.to_dict().items()
+            if k not in NOT_IN_FINGERPRINT + ('classes', 'prompts')}
   fields['model'] = identity  # checkpoint metadata hashes, not paths
+  fields['conditions'] = conditions.identity  # the classes, or the prompt file's hash
   fields['platform'] = jax.default_backend()  # float results differ across backends
   return json.loads(json.dumps(fields, default=str))
 
@@ -104,16 +106,17 @@ def rows_of(array: jax.Array, rows: list[int]) -> np.ndarray:
   return np.stack([found[r] for r in rows])
 
 
-def image_records(index, labels, metrics: dict) -> list[dict]:
+def image_records(index, conditions: sample_model.Conditions, metrics: dict) -> list[dict]:
   """Per-image metric dicts from host metric arrays (each [n] or [n, K])."""
+  values = conditions.values(sample_plan.StepPlan(index).condition_ids(conditions.count))
   steps = np.maximum(metrics['verify_steps'], 1)
   tokens_per_forward = (metrics['accepted_tokens'] + metrics['verify_steps']) / steps
-  return [dict(index=int(i), label=int(label), tokens_per_forward=float(tokens_per_forward[j]),
+  return [{'index': int(i), conditions.name: int(value)} | dict(tokens_per_forward=float(tokens_per_forward[j]),
                target_forwards=int(metrics['target_forwards'][j]),
                draft_forwards=int(metrics['draft_forwards'][j]),
                verify_steps=int(metrics['verify_steps'][j]),
                accepted_per_position=metrics['accepted_per_position'][j].tolist())
-          for j, (i, label) in enumerate(zip(index, labels))]
+          for j, (i, value) in enumerate(zip(index, values))]
 
 
 class Sampler:
@@ -123,8 +126,8 @@ class Sampler:
     self.config = config
     self.family, identity = sample_model.load(config.model)
     self.method = sample_model.build_method(config, self.family)
-    self.classes = sample_model.classes(config, self.family)
-    self.fingerprint = fingerprint(config, identity)
+    self.conditions = sample_model.conditions(config, self.family)
+    self.fingerprint = fingerprint(config, identity, self.conditions)
     self.sampling = logits_lib.Sampling(**config.sampling.to_dict())
     if jax.device_count() % config.model_parallel:
       raise ValueError(f'config.model_parallel={config.model_parallel} does not divide the '
@@ -146,15 +149,15 @@ class Sampler:
 
   def decode_step(self, step: sample_plan.StepPlan):
     """One global decode call; this process's rows: (tokens int32[b, L], metrics)."""
-    labels = step.labels(self.classes)
-    kwargs = generate.decode_kwargs(self.method, self.family, labels, self.sampling)
+    cond = self.conditions.cond(step.condition_ids(self.conditions.count))
+    kwargs = generate.decode_kwargs(self.method, self.family, cond, self.sampling)
     kwargs['rule'] = self.rule
     if 'draft_cond' in kwargs:
       kwargs['draft_cond'] = jax.tree.map(np.asarray, kwargs['draft_cond'])
-    cond = jax.tree.map(np.asarray, self.family.target.cfg_cond(self.family.target_params,
-                                                                 jnp.asarray(labels)))
+    # Host arrays: decode.generate places them on the global mesh.
+    rows = jax.tree.map(np.asarray, self.family.target.cfg_cond(self.family.target_params, cond))
     result = decode.generate(
-        self.family.target, self.family.target_params, cond, mesh=self.mesh,
+        self.family.target, self.family.target_params, rows, mesh=self.mesh,
         key=global_keys(step.key_indices(), self.config.seed, self.row_sharding),
         compiler_options=self.options, **kwargs)
     metrics = {field.name: rows_of(getattr(result.metrics, field.name), self.my_rows)
@@ -182,10 +185,10 @@ class Sampler:
     if chunk is not None:
       index = np.concatenate(index)
       metrics = {k: np.concatenate([m[k] for m in metrics]) for k in metrics[0]}
-      labels = sample_plan.StepPlan(index).labels(self.classes)
       sample_output.commit_chunk(config.out_dir, chunk, index,
                                  self.decode_images(np.concatenate(tokens)),
-                                 image_records(index, labels, metrics), jax.process_index(),
+                                 image_records(index, self.conditions, metrics),
+                                 jax.process_index(),
                                  config.write_png)
     return compile_s
 

@@ -3,7 +3,8 @@
 Legend: N images, L image tokens per image, V vocabulary, H x W pixels.
 
 A model is either the bundled Fashion-MNIST family (`kind='fashion'`) or a
-converted LlamaGen class-conditional checkpoint with its VQ tokenizer and,
+converted LlamaGen checkpoint (c2i, or t2i with a prompt file of caption
+features) with its VQ tokenizer and,
 optionally, a converted EAGLE/LANTERN drafter and a small LlamaGen drafting
 GPT (`kind='llamagen'`); both load into `family_lib.Family`, so methods are
 named and built exactly as the main command builds them
@@ -12,6 +13,7 @@ named and built exactly as the main command builds them
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import pathlib
 
@@ -26,6 +28,7 @@ from specdec_jax.converters import common
 from specdec_jax.converters import lantern_drafter
 from specdec_jax.converters import llamagen as llamagen_converter
 from specdec_jax.converters import vq as vq_converter
+from specdec_jax.models import llamagen
 
 KINDS = ('fashion', 'llamagen')
 # The main command's methods; its second vanilla seed is a noise level, not a method.
@@ -83,10 +86,6 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
     return family, dict(kind='fashion', **{part: _meta_sha256(root / part)
                                            for part in family_lib.PARTS})
   target, target_params = llamagen_converter.load_llamagen(model.checkpoint)
-  if target.config.model_type != 'c2i':
-    raise ValueError(f'config.model.checkpoint={model.checkpoint!r} is a '
-                     f'{target.config.model_type} model; this job samples class-conditional '
-                     '(c2i) models, whose conditioning is config.classes.')
   tokenizer, tokenizer_params = vq_converter.load_tokenizer(model.vq)
   eagle = eagle_params = draft_gpt = draft_gpt_params = None
   if model.eagle:
@@ -115,6 +114,10 @@ def build_method(config: ml_collections.ConfigDict, family: family_lib.Family) -
   named = ml_collections.ConfigDict(dict(config.hparams.to_dict(),
                                          methods=('vanilla', config.method)))
   method = generate.build_methods(named, family)[-1]
+  if method.drafter == 'draft_model' and family.target.config.model_type == 't2i':
+    raise ValueError("config.method='draft_model' conditions its draft GPT on class ids "
+                     "(app.generate.decode_kwargs); this model is t2i: choose another method "
+                     "(e.g. 'eagle', 'sjd').")
   if method.drafter is not None and getattr(
       family, 'eagle' if method.drafter == 'eagle' else 'draft_gpt') is None:
     field = DRAFTER_FIELDS[method.drafter]
@@ -125,9 +128,72 @@ def build_method(config: ml_collections.ConfigDict, family: family_lib.Family) -
   return method
 
 
-def classes(config: ml_collections.ConfigDict, family: family_lib.Family) -> tuple[int, ...]:
-  """config.classes (every class when empty); image i gets classes[i % len(classes)]."""
-  if config.get('prompts'):
+@dataclasses.dataclass(frozen=True)
+class Conditions:
+  """What image i is conditioned on: entry i % count of `classes` (c2i) or of the
+  prompts' caption features (t2i).
+
+  Attributes:
+    name: the metrics record's key, 'label' or 'prompt'.
+    classes: int32[count] class ids (c2i), or None.
+    captions: t2i prompts as left-padded `CaptionCond(features float32[count, P, C],
+      mask bool[count, P])`, or None.
+    identity: what the images depend on (the classes, or the prompt file's SHA-256).
+  """
+
+  name: str
+  classes: np.ndarray | None = None
+  captions: llamagen.CaptionCond | None = None
+  identity: object = None
+
+  @property
+  def count(self) -> int:
+    return len(self.classes) if self.classes is not None else len(self.captions.features)
+
+  def values(self, ids: np.ndarray) -> np.ndarray:
+    """What the metrics record: the class id (c2i) or the prompt's row (t2i)."""
+    return self.classes[ids] if self.classes is not None else np.asarray(ids)
+
+  def cond(self, ids: np.ndarray):
+    """Unguided conditioning of the rows with condition ids int[G] (entries < count)."""
+    if self.classes is not None:
+      return jnp.asarray(self.classes[ids])
+    return llamagen.CaptionCond(features=jnp.asarray(self.captions.features[ids]),
+                                mask=jnp.asarray(self.captions.mask[ids]))
+
+
+def _read_prompts(path: str, target) -> llamagen.CaptionCond:
+  """A prompt file: .npz of FLAN-T5 outputs as T5 gives them, `features`
+  float[n, P, C] with valid tokens first and `mask` [n, P] (1 on a prefix),
+  left padded here as LlamaGen's sample_t2i.py does."""
+  want = (target.config.cls_token_num, target.config.caption_dim)
+  try:
+    with np.load(path) as loaded:
+      features, mask = loaded['features'], loaded['mask']
+  except (OSError, KeyError, ValueError) as e:
+    raise ValueError(f'config.prompts={path!r}: expected an .npz with `features` '
+                     f'float[n, {want[0]}, {want[1]}] (FLAN-T5 outputs, valid tokens first) '
+                     f'and `mask` [n, {want[0]}]; reading it failed: {e}') from e
+  if features.ndim != 3 or features.shape[1:] != want or mask.shape != features.shape[:2]:
+    raise ValueError(f'config.prompts={path!r}: features {features.shape} and mask '
+                     f'{mask.shape} do not fit this model: want [n, {want[0]}, {want[1]}] '
+                     f'and [n, {want[0]}].')
+  captions = llamagen.left_pad_captions(jnp.asarray(features, jnp.float32), jnp.asarray(mask))
+  return jax.tree.map(np.asarray, captions)
+
+
+def conditions(config: ml_collections.ConfigDict, family: family_lib.Family) -> Conditions:
+  """config.classes (c2i; empty = every class) or config.prompts (t2i), checked
+  against the model."""
+  model_type = family.target.config.model_type
+  if model_type == 't2i':
+    if not config.prompts:
+      raise ValueError('this model is text-conditional (t2i): set config.prompts to a prompt '
+                       'file (.npz of FLAN-T5 caption features, docs/sampling.md).')
+    digest = hashlib.sha256(pathlib.Path(config.prompts).read_bytes()).hexdigest()
+    return Conditions('prompt', captions=_read_prompts(config.prompts, family.target),
+                      identity=dict(prompts_sha256=digest))
+  if config.prompts:
     raise ValueError(f'config.prompts={config.prompts!r}: this model is class-conditional '
                      '(c2i) and takes no prompts; set config.classes (empty = every class).')
   chosen = tuple(int(c) for c in config.classes) or tuple(range(family.num_classes))
@@ -135,7 +201,7 @@ def classes(config: ml_collections.ConfigDict, family: family_lib.Family) -> tup
   if bad:
     raise ValueError(f'config.classes has {bad}, outside [0, {family.num_classes}) for this '
                      'model.')
-  return chosen
+  return Conditions('label', classes=np.asarray(chosen, np.int32), identity=list(chosen))
 
 
 def image_decoder(family: family_lib.Family, batch: int):

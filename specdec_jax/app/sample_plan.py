@@ -91,10 +91,9 @@ class StepPlan:
 
   index: np.ndarray
 
-  def labels(self, classes: tuple[int, ...]) -> np.ndarray:
-    """int32[G]: image i has class classes[i % len(classes)] (dummies classes[0])."""
-    real = np.maximum(self.index, 0)
-    return np.asarray(classes, np.int32)[real % len(classes)]
+  def condition_ids(self, count: int) -> np.ndarray:
+    """int64[G]: image i is conditioned on entry i % count (dummies on entry 0)."""
+    return np.maximum(self.index, 0) % count
 
   def key_indices(self) -> np.ndarray:
     """int32[G]: the index each row's key is folded with (dummies reuse 0)."""
