@@ -97,26 +97,31 @@ def global_keys(indices: np.ndarray, seed: int, row_sharding: NamedSharding) -> 
 
 
 def rows_of(array: jax.Array, rows: list[int]) -> np.ndarray:
-  """The given global rows of an array, read from this process's shards."""
+  """The given global rows of an array [G, ...], read from this process's shards."""
   found = {}
   for shard in array.addressable_shards:
     start = shard.index[0].start or 0
     for offset, row in enumerate(np.asarray(shard.data)):
       found.setdefault(start + offset, row)
-  return np.stack([found[r] for r in rows])
+  return np.asarray([found[r] for r in rows], array.dtype).reshape((len(rows),) + array.shape[1:])
 
 
-def image_records(index, conditions: sample_model.Conditions, metrics: dict) -> list[dict]:
-  """Per-image metric dicts from host metric arrays (each [n] or [n, K])."""
+def image_records(index: np.ndarray, conditions: sample_model.Conditions,
+                  metrics: dict) -> list[dict]:
+  """Per-image metric dicts (metrics.jsonl lines) from host metric arrays [n] or [n, K]."""
   values = conditions.values(sample_plan.StepPlan(index).condition_ids(conditions.count))
   steps = np.maximum(metrics['verify_steps'], 1)
   tokens_per_forward = (metrics['accepted_tokens'] + metrics['verify_steps']) / steps
-  return [{'index': int(i), conditions.name: int(value)} | dict(tokens_per_forward=float(tokens_per_forward[j]),
-               target_forwards=int(metrics['target_forwards'][j]),
-               draft_forwards=int(metrics['draft_forwards'][j]),
-               verify_steps=int(metrics['verify_steps'][j]),
-               accepted_per_position=metrics['accepted_per_position'][j].tolist())
-          for j, (i, value) in enumerate(zip(index, values))]
+  records = []
+  for j, (i, value) in enumerate(zip(index, values)):
+    records.append({
+        'index': int(i), conditions.name: int(value),
+        'tokens_per_forward': float(tokens_per_forward[j]),
+        'target_forwards': int(metrics['target_forwards'][j]),
+        'draft_forwards': int(metrics['draft_forwards'][j]),
+        'verify_steps': int(metrics['verify_steps'][j]),
+        'accepted_per_position': metrics['accepted_per_position'][j].tolist()})
+  return records
 
 
 class Sampler:
@@ -188,8 +193,7 @@ class Sampler:
       sample_output.commit_chunk(config.out_dir, chunk, index,
                                  self.decode_images(np.concatenate(tokens)),
                                  image_records(index, self.conditions, metrics),
-                                 jax.process_index(),
-                                 config.write_png)
+                                 jax.process_index(), config.write_png)
     return compile_s
 
 
@@ -240,9 +244,9 @@ def run(config) -> dict | None:
     elapsed = time.perf_counter() - loop_start
     rate = done_now / max(elapsed - compile_s, 1e-9)
     if jax.process_index() == 0:
-      logging.info('round %d/%d: %d/%d images this run, %.2f images/s, ETA %.0f s',
-                   number + 1, len(schedule), done_now, remaining, rate,
-                   (remaining - done_now) / rate)
+      logging.info('round %d/%d: %d/%d images done (%d this run), %.2f images/s, ETA %.0f s',
+                   number + 1, len(schedule), config.num_images - remaining + done_now,
+                   config.num_images, done_now, rate, (remaining - done_now) / rate)
     if config.stop_after_chunks and chunks_now >= config.stop_after_chunks:
       logging.info('stopping after %d chunks (config.stop_after_chunks); rerun to finish.',
                    chunks_now)
