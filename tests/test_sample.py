@@ -18,6 +18,9 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
+from specdec_jax import decode
+from specdec_jax import logits
+from specdec_jax.app import family as family_lib
 from specdec_jax.app import sample
 from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
@@ -142,6 +145,21 @@ class SampleErrorsTest(absltest.TestCase):
                        method='vanilla', out_dir=os.path.join(_TMP.name, 'errors')))
     config.update(changes)
     return config
+
+  def test_image_i_is_the_engine_decode_with_key_i(self):
+    """The job's keys are the engine's own per-image convention: a plain
+    decode.generate of images 0..3 with one key(seed) gives the same images."""
+    config = self.config(num_images=4, batch_per_device=4, seed=7,
+                         out_dir=os.path.join(_TMP.name, 'engine_keys'))
+    sample.run(config)
+    family = family_lib.load(BUNDLE)
+    labels = np.arange(4, dtype=np.int32)
+    result = decode.generate(
+        family.target, family.target_params,
+        family.target.cfg_cond(family.target_params, labels), num_tokens=family.num_tokens,
+        key=jax.random.key(7), sampling=logits.Sampling(**config.sampling.to_dict()))
+    with np.load(os.path.join(config.out_dir, sample_output.SAMPLES)) as samples:
+      np.testing.assert_array_equal(samples['arr_0'][..., :1], family.decode(result.tokens))
 
   def test_folder_written_by_another_configuration(self):
     with self.assertRaises(sample_output.FolderMismatchError) as caught:
