@@ -2,6 +2,11 @@
 
 Legend: B batch rows, T new tokens, S cache slots, H query heads, K key/value
 heads (H % K == 0), D head dim.
+
+The attention itself goes through `jax.nn.dot_product_attention` with the
+engine's boolean mask [B, T, S] (per-row lengths, padding, draft-tree
+ancestors), so XLA, or cuDNN on GPU when asked, picks the kernel.
+`einsum_attention` is the explicit reference the tests compare it with.
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ import jax.numpy as jnp
 
 from specdec_jax import kv_cache as kv
 
+# 'xla': jax.nn.dot_product_attention(implementation=None), XLA's choice on
+# any backend; 'cudnn': its cuDNN kernel (GPU only); 'einsum': the reference.
+IMPLEMENTATIONS = ('xla', 'cudnn', 'einsum')
+
 
 def cached_attention(
     queries: jax.Array,
@@ -19,6 +28,7 @@ def cached_attention(
     cache: kv.KVCache,
     layer: int,
     window_mask: jax.Array | None = None,
+    implementation: str = 'xla',
 ) -> tuple[jax.Array, kv.KVCache]:
   """Writes T new keys/values at each row's length, then attends over the cache.
 
@@ -30,23 +40,52 @@ def cached_attention(
     layer: index of this layer's buffers.
     window_mask: optional bool[T, T] visibility among the new tokens (default
       causal).
+    implementation: one of IMPLEMENTATIONS.
   Returns:
     ([B, T, H, D] attention output in the queries' dtype, updated cache).
   """
-  num_new = queries.shape[1]
   cache = kv.update_layer(cache, layer, new_keys, new_values)
-  keys = cache.keys[layer]  # [B, S, K, D]
-  values = cache.values[layer]
-  num_heads, num_kv_heads = queries.shape[2], keys.shape[2]
-  group = num_heads // num_kv_heads
-  batch = keys.shape[0]
-  head_dim = queries.shape[-1]
-  q = queries.reshape(batch, num_new, num_kv_heads, group, head_dim)
+  mask = kv.attention_mask(cache, queries.shape[1], window_mask)  # [B, T, S]
+  out = attend(queries, cache.keys[layer], cache.values[layer], mask, implementation)
+  return out, cache
+
+
+def attend(queries: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array,
+           implementation: str = 'xla') -> jax.Array:
+  """softmax(q k^T / sqrt(D) where mask, else -inf) v, scores and softmax in float32.
+
+  Args:
+    queries: [B, T, H, D].
+    keys, values: [B, S, K, D] (cast to the queries' dtype).
+    mask: bool[B, T, S]; every query must see at least one key (its own slot).
+    implementation: one of IMPLEMENTATIONS.
+  Returns:
+    [B, T, H, D] in the queries' dtype.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f'attention implementation must be one of {IMPLEMENTATIONS}, '
+                     f'got {implementation!r}.')
+  keys, values = keys.astype(queries.dtype), values.astype(queries.dtype)
+  if implementation == 'einsum':
+    return einsum_attention(queries, keys, values, mask)
+  if implementation == 'cudnn' and jax.default_backend() != 'gpu':
+    raise ValueError(f"attention implementation 'cudnn' needs a GPU backend, this "
+                     f"one is {jax.default_backend()!r}; use 'xla'.")
+  return jax.nn.dot_product_attention(
+      queries, keys, values, mask=mask[:, None, :, :],
+      implementation='cudnn' if implementation == 'cudnn' else None)
+
+
+def einsum_attention(queries: jax.Array, keys: jax.Array, values: jax.Array,
+                     mask: jax.Array) -> jax.Array:
+  """The explicit grouped-query attention (reference for `attend`); shapes as there."""
+  batch, num_new, num_heads, head_dim = queries.shape
+  num_kv_heads = keys.shape[2]
+  q = queries.reshape(batch, num_new, num_kv_heads, num_heads // num_kv_heads, head_dim)
   scores = jnp.einsum('btkgd,bskd->bkgts', q, keys.astype(q.dtype),
                       preferred_element_type=jnp.float32)
   scores = scores * (head_dim ** -0.5)
-  mask = kv.attention_mask(cache, num_new, window_mask)  # [B, T, S]
   scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
   out = jnp.einsum('bkgts,bskd->btkgd', weights, values)
-  return out.reshape(batch, num_new, num_heads, head_dim).astype(queries.dtype), cache
+  return out.reshape(batch, num_new, num_heads, head_dim).astype(queries.dtype)
