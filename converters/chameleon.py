@@ -40,6 +40,7 @@ from specdec_jax import precision
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.models import chameleon
+from specdec_jax.models import layers
 from specdec_jax.models import lumina_layout
 
 IGNORED_PREFIXES = ('model.vqmodel.',)
@@ -249,17 +250,19 @@ def config_from_meta(config_cls, meta_config: dict, dtype: Any = None):
   return config_cls(**values)
 
 
-def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
+def load_converted(out_dir: str | pathlib.Path, dtype: Any = None, scan_layers: bool = False
                    ) -> tuple[chameleon.ChameleonModel, Any]:
   """(ChameleonModel, params) from a folder written by `convert`.
 
   dtype: cast params and set the compute dtype ('float32', 'bfloat16', or
   'auto': float32 on CPU, bfloat16 on accelerators); None keeps the stored one.
+  scan_layers: one scan over the blocks, params stacked for it.
   """
   dtype = None if dtype is None else precision.resolve_dtype(dtype)
   params, meta = common.load_params(out_dir, dtype)
   config = config_from_meta(chameleon.ChameleonConfig, meta['config'], dtype)
-  return chameleon.ChameleonModel(config), params
+  return (chameleon.ChameleonModel(dataclasses.replace(config, scan_layers=scan_layers)),
+          layers.stack_layer_params(params) if scan_layers else params)
 
 
 FLAGS = flags.FLAGS

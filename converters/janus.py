@@ -51,6 +51,7 @@ from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.models import chameleon as chameleon_model
 from specdec_jax.models import janus
+from specdec_jax.models import layers
 
 IGNORED_PREFIXES = ('vision_model.', 'aligner.', 'gen_vision_model.',
                     'language_model.lm_head.')
@@ -281,17 +282,19 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
       overwrite=overwrite)
 
 
-def load_converted(out_dir: str | pathlib.Path, dtype: Any = None
+def load_converted(out_dir: str | pathlib.Path, dtype: Any = None, scan_layers: bool = False
                    ) -> tuple[janus.JanusModel, Any]:
   """(JanusModel, params) from a folder written by `convert`.
 
   dtype: cast params and set the compute dtype ('float32', 'bfloat16', or
   'auto': float32 on CPU, bfloat16 on accelerators); None keeps the stored one.
+  scan_layers: one scan over the blocks, params stacked for it.
   """
   dtype = None if dtype is None else precision.resolve_dtype(dtype)
   params, meta = common.load_params(out_dir, dtype)
   config = chameleon_converter.config_from_meta(janus.JanusConfig, meta['config'], dtype)
-  return janus.JanusModel(config), params
+  return (janus.JanusModel(dataclasses.replace(config, scan_layers=scan_layers)),
+          layers.stack_layer_params(params) if scan_layers else params)
 
 
 FLAGS = flags.FLAGS

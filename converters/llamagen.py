@@ -49,6 +49,7 @@ from absl import logging
 import numpy as np
 
 from specdec_jax.converters import common
+from specdec_jax.models import layers
 from specdec_jax.models import llamagen
 
 NON_WEIGHT_KEYS = ('freqs_cis', 'kv_cache')
@@ -253,13 +254,16 @@ def convert_file(
   return str(out)
 
 
-def load_llamagen(out_dir: str | os.PathLike, dtype: str | None = None):
+def load_llamagen(out_dir: str | os.PathLike, dtype: str | None = None,
+                  scan_layers: bool = False):
   """Loads a converted checkpoint: (LlamaGenGPT, params) ready for the engine.
 
   Args:
     out_dir: folder written by this converter.
     dtype: compute/param dtype override ('float32', 'bfloat16', or 'auto':
       float32 on CPU, bfloat16 on accelerators); default as converted.
+    scan_layers: build the model with one scan over its blocks, and stack
+      the per-layer params for it (`models.layers.stack_layer_params`).
   """
   meta = common.read_meta(out_dir)
   if meta.get('model') != 'llamagen_gpt':
@@ -269,8 +273,11 @@ def load_llamagen(out_dir: str | os.PathLike, dtype: str | None = None):
   fields = dict(meta['config'])
   if dtype is not None:
     fields['dtype'] = dtype
+  fields['scan_layers'] = scan_layers
   config = llamagen.GPTConfig(**fields)
   params, _ = common.load_params(out_dir, dtype=config.dtype)
+  if scan_layers:
+    params = layers.stack_layer_params(params)
   return llamagen.LlamaGenGPT(config), params
 
 

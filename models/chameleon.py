@@ -113,6 +113,7 @@ class DecoderStack(nn.Module):
   swin_norm: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, x, cache: kv.KVCache, window_mask=None, depths=None):
@@ -121,12 +122,16 @@ class DecoderStack(nn.Module):
     positions = kv.window_positions(cache, num_new, depths)  # [B, T]
     angles = layers.rope_1d_angles(positions, self.head_dim, self.rope_theta)
     cos, sin = jnp.cos(angles), jnp.sin(angles)  # [B, T, D/2]
-    for i in range(self.num_layers):
-      x, cache = layers.DecoderLayer(
-          self.num_heads, self.num_kv_heads, self.head_dim, self.ffn_dim,
-          norm_eps=self.norm_eps, rope='half', qk_norm=self.qk_norm,
-          swin_norm=self.swin_norm, dtype=self.dtype, param_dtype=self.param_dtype,
-          name=f'layers_{i}')(x, cos, sin, cache, i, window_mask)
+    make_layer = lambda name: layers.DecoderLayer(
+        self.num_heads, self.num_kv_heads, self.head_dim, self.ffn_dim,
+        norm_eps=self.norm_eps, rope='half', qk_norm=self.qk_norm,
+        swin_norm=self.swin_norm, dtype=self.dtype, param_dtype=self.param_dtype,
+        name=name)
+    if self.scan_layers:
+      x, cache = layers.scan_layers(make_layer(layers.SCANNED), self.num_layers, x, cos, sin,
+                                    cache, window_mask)
+    for i in range(0 if self.scan_layers else self.num_layers):
+      x, cache = make_layer(f'layers_{i}')(x, cos, sin, cache, i, window_mask)
     hidden = layers.RMSNorm(self.norm_eps, self.param_dtype, name='norm')(x)
     return hidden, kv.advance(cache, num_new)
 
@@ -147,7 +152,7 @@ class ChameleonLM(nn.Module):
         c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim,
         c.intermediate_size, c.rms_norm_eps, c.rope_theta, qk_norm=True,
         swin_norm=c.swin_norm, dtype=c.dtype, param_dtype=c.param_dtype,
-        name='model')(x, cache, window_mask, depths)
+        scan_layers=c.scan_layers, name='model')(x, cache, window_mask, depths)
     logits = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
                       param_dtype=c.param_dtype, name='lm_head')(hidden)
     return logits.astype(jnp.float32), hidden, cache
@@ -237,7 +242,7 @@ class ChameleonModel:
     c = self.config
     return kv.init_cache(num_layers=c.num_layers, batch_size=batch_size,
                          capacity=capacity, num_kv_heads=c.num_kv_heads,
-                         head_dim=c.head_dim, dtype=c.dtype)
+                         head_dim=c.head_dim, dtype=c.dtype, stacked=c.scan_layers)
 
   def forward(self, params, cache, tokens, window_mask=None, depths=None):
     logits, hidden, cache = self.module.apply(

@@ -18,6 +18,8 @@ class ChameleonConfig:
   `dtype` (compute and KV cache) None or 'auto' resolves when the config is
   built: float32 on CPU, bfloat16 on accelerators (`specdec_jax.precision`);
   `param_dtype` None follows `dtype`. Both fields then hold jnp dtypes.
+  `scan_layers` runs the blocks as one `nn.scan` (see `GPTConfig`): params
+  `model/layers` with a leading layer axis, stacked caches.
   """
 
   vocab_size: int = 65536
@@ -33,6 +35,7 @@ class ChameleonConfig:
   max_position_embeddings: int = 4096
   dtype: Any = None  # compute and cache dtype
   param_dtype: Any = None
+  scan_layers: bool = False
 
   def __post_init__(self):
     resolve_dtypes(self)

@@ -60,6 +60,7 @@ class JanusConfig:
   max_position_embeddings: int = 16384
   dtype: Any = None
   param_dtype: Any = None
+  scan_layers: bool = False  # one nn.scan over the blocks, see ChameleonConfig
 
   def __post_init__(self):
     chameleon_config.resolve_dtypes(self)
@@ -168,7 +169,7 @@ class JanusGenLM(nn.Module):
     self.model = chameleon.DecoderStack(
         c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
         c.rms_norm_eps, c.rope_theta, qk_norm=False, dtype=c.dtype,
-        param_dtype=c.param_dtype)
+        param_dtype=c.param_dtype, scan_layers=c.scan_layers)
     self.gen_embed = nn.Embed(c.image_vocab_size, c.gen_embed_dim, dtype=c.dtype,
                               param_dtype=c.param_dtype)
     self.gen_aligner = GenAligner(c.hidden_size, c.dtype, c.param_dtype)
@@ -227,7 +228,7 @@ class JanusModel:
     c = self.config
     return kv.init_cache(num_layers=c.num_layers, batch_size=batch_size,
                          capacity=capacity, num_kv_heads=c.num_kv_heads,
-                         head_dim=c.head_dim, dtype=c.dtype)
+                         head_dim=c.head_dim, dtype=c.dtype, stacked=c.scan_layers)
 
   def _run(self, params, cache, tokens, window_mask=None, depths=None, text=False):
     logits, hidden, cache = self.module.apply(

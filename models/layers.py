@@ -15,6 +15,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import attention
 from specdec_jax import kv_cache as kv
@@ -200,3 +201,84 @@ class DecoderLayer(nn.Module):
     attn_out, cache = attn(norm_in(x), cos, sin, cache, layer, window_mask)
     h = x + attn_out
     return h + mlp(post_norm(h)), cache
+
+
+# ------------------------------------------------------- scan over layers ---
+
+SCANNED = 'layers'  # param key of the stacked layers of a scanned model
+
+
+def _scan_body(layer, carry, index, cos, sin, window_mask):
+  x, cache = carry
+  return layer(x, cos, sin, cache, index, window_mask), None
+
+
+def scan_layers(layer: DecoderLayer, num_layers: int, x, cos, sin, cache: kv.KVCache,
+                window_mask=None):
+  """Runs `layer` num_layers times with `nn.scan`: one compiled block, not N.
+
+  Params get a leading layer axis under the layer's name (`SCANNED`; see
+  `stack_layer_params`). The cache rides in the scan carry and each layer
+  writes its slice of a stacked cache in place (`kv.update_layer` with the
+  traced layer index); a tuple-layout cache is stacked on entry and unstacked
+  on exit, a copy of every buffer per call, so scanned models create stacked
+  caches.
+
+  Args:
+    layer: an unbound DecoderLayer (or a bound submodule from `setup`).
+    x: [B, T, E]; cos, sin: float32[B, T, D/2]; window_mask: as DecoderLayer.
+  Returns:
+    (x [B, T, E], cache in the layout it came in).
+  """
+  stacked = cache.stacked
+  cache = kv.stack_layers(cache)
+  scan = nn.scan(_scan_body, variable_axes={'params': 0}, split_rngs={'params': True},
+                 in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=num_layers)
+  (x, cache), _ = scan(layer, (x, cache), jnp.arange(num_layers, dtype=jnp.int32), cos, sin,
+                       window_mask)
+  return x, (cache if stacked else kv.unstack_layers(cache))
+
+
+def _decoder_layer_names(params) -> list[str]:
+  """['layers_0', ..., 'layers_{N-1}'] if a dict holds exactly those DecoderLayers, else []."""
+  found = [k for k in params if k.startswith('layers_') and k[len('layers_'):].isdigit()]
+  names = [f'layers_{i}' for i in range(len(found))]
+  if not found or sorted(found) != sorted(names):
+    return []
+  return names if all('self_attn' in params[n] for n in names) else []
+
+
+def stack_layer_params(params: Any) -> Any:
+  """Unscanned params (`layers_0` ... `layers_{N-1}`) -> scanned (`layers`, leading N axis).
+
+  Applies to every dict of the tree holding exactly the decoder layers
+  `layers_0` ... `layers_{N-1}` (LlamaGen's top level, Chameleon's and
+  Janus-Pro's `model`; not Janus's `gen_aligner`, whose `layers_0`/`layers_2`
+  are Dense layers), so a converted checkpoint loads into a model built with
+  `scan_layers=True`. Numpy leaves stay numpy.
+  """
+  if not hasattr(params, 'items'):
+    return params
+  names = _decoder_layer_names(params)
+  out = {k: stack_layer_params(v) for k, v in params.items() if k not in names}
+  if names:
+    per_layer = [params[name] for name in names]
+    stack = np.stack if all(isinstance(l, np.ndarray)
+                            for l in jax.tree_util.tree_leaves(per_layer)) else jnp.stack
+    out[SCANNED] = jax.tree.map(lambda *leaves: stack(leaves), *per_layer)
+  return out
+
+
+def unstack_layer_params(params: Any) -> Any:
+  """Inverse of `stack_layer_params`: `layers` [N, ...] -> `layers_0` ... `layers_{N-1}`."""
+  if not hasattr(params, 'items'):
+    return params
+  scanned = SCANNED in params and 'self_attn' in params[SCANNED]
+  out = {k: unstack_layer_params(v) for k, v in params.items()
+         if not (scanned and k == SCANNED)}
+  if scanned:
+    stacked = params[SCANNED]
+    count = jax.tree_util.tree_leaves(stacked)[0].shape[0]
+    for i in range(count):
+      out[f'layers_{i}'] = jax.tree.map(lambda leaf, i=i: leaf[i], stacked)
+  return out

@@ -51,8 +51,9 @@ class LlamaGenGPT:
   """LlamaGen GPT as a `DecodeModel`.
 
   Params are the Flax tree of `GPTModule`: `tok_embeddings`, `cls_embedding`,
-  `layers_{i}` (DecoderLayer), `norm`, `output` (see
-  `converters/llamagen.py` for the mapping from the original keys).
+  `layers_{i}` (DecoderLayer; with `scan_layers`, one `layers` tree with a
+  leading layer axis), `norm`, `output` (see `converters/llamagen.py` for the
+  mapping from the original keys).
   """
 
   config: GPTConfig
@@ -82,7 +83,8 @@ class LlamaGenGPT:
     c = self.config
     return kv.init_cache(num_layers=c.n_layer, batch_size=batch_size,
                          capacity=capacity, num_kv_heads=c.n_kv_head,
-                         head_dim=c.head_dim, dtype=c.compute_dtype)
+                         head_dim=c.head_dim, dtype=c.compute_dtype,
+                         stacked=c.scan_layers)
 
   def init_params(self, rng: jax.Array) -> Any:
     """Random parameters (tests, benchmarks, the bundled model's training)."""

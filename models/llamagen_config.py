@@ -45,6 +45,10 @@ class GPTConfig:
       'bfloat16'); None or 'auto' picks float32 on CPU and bfloat16 on
       accelerators (`specdec_jax.precision`), resolved when the config is
       built, so the field always holds a concrete name.
+    scan_layers: run the N blocks as one `nn.scan` (one compiled block: much
+      faster compiles for deep models); params then hold one `layers` tree
+      with a leading N axis (`models.layers.stack_layer_params` converts) and
+      `init_cache` makes a stacked cache.
   """
 
   n_layer: int = 12
@@ -62,6 +66,7 @@ class GPTConfig:
   cls_token_num: int = 1
   block_size: int = 256
   dtype: str | None = None
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.n_kv_head is None:

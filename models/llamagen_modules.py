@@ -161,13 +161,12 @@ class GPTModule(nn.Module):
       self.cls_embedding = ClassEmbedder(c.num_classes, c.dim, dtype)
     else:
       self.cls_embedding = CaptionEmbedder(c.caption_dim, c.dim, c.cls_token_num, dtype)
-    self.layers = [
-        layers.DecoderLayer(
-            num_heads=c.n_head, num_kv_heads=c.n_kv_head, head_dim=c.head_dim,
-            ffn_dim=c.ffn_dim, norm_eps=c.norm_eps, rope='interleaved', dtype=dtype,
-            param_dtype=dtype)
-        for _ in range(c.n_layer)
-    ]
+    make_layer = lambda: layers.DecoderLayer(
+        num_heads=c.n_head, num_kv_heads=c.n_kv_head, head_dim=c.head_dim,
+        ffn_dim=c.ffn_dim, norm_eps=c.norm_eps, rope='interleaved', dtype=dtype,
+        param_dtype=dtype)
+    # Scanned: one module `layers` with stacked params; else `layers_{i}`.
+    self.layers = make_layer() if c.scan_layers else [make_layer() for _ in range(c.n_layer)]
     self.norm = layers.RMSNorm(c.norm_eps, dtype)
     self.output = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype)
 
@@ -189,8 +188,11 @@ class GPTModule(nn.Module):
     positions = kv.window_positions(cache, embeds.shape[1], depths)  # [B, T]
     cos, sin = rope_2d(positions, c.head_dim, c.grid_size, c.cls_token_num, c.rope_base)
     x = embeds.astype(c.compute_dtype)
-    for index, layer in enumerate(self.layers):
-      x, cache = layer(x, cos, sin, cache, index, window_mask)
+    if c.scan_layers:
+      x, cache = layers.scan_layers(self.layers, c.n_layer, x, cos, sin, cache, window_mask)
+    else:
+      for index, layer in enumerate(self.layers):
+        x, cache = layer(x, cos, sin, cache, index, window_mask)
     hidden = self.norm(x)
     logits = self.output(hidden).astype(jnp.float32)
     return logits, hidden, kv.advance(cache, embeds.shape[1])

@@ -37,7 +37,7 @@ def cached_attention(
     new_keys: [B, T, K, D], already rotated.
     new_values: [B, T, K, D].
     cache: cache before the write; `lengths` are not moved here.
-    layer: index of this layer's buffers.
+    layer: index of this layer's buffers (a traced scalar for a stacked cache).
     window_mask: optional bool[T, T] visibility among the new tokens (default
       causal).
     implementation: one of IMPLEMENTATIONS.
@@ -46,7 +46,8 @@ def cached_attention(
   """
   cache = kv.update_layer(cache, layer, new_keys, new_values)
   mask = kv.attention_mask(cache, queries.shape[1], window_mask)  # [B, T, S]
-  out = attend(queries, cache.keys[layer], cache.values[layer], mask, implementation)
+  keys, values = kv.layer_buffers(cache, layer)  # [B, S, K, D]
+  out = attend(queries, keys, values, mask, implementation)
   return out, cache
 
 

@@ -15,6 +15,13 @@ them (a padding slot still sees itself while it is written, so every query
 has at least one key); `position_offset[B]` is subtracted from the slot index to give the
 position id a model's rotary embedding sees (so a left-padded row still starts
 at position 0 on its first real token).
+
+Two layouts of the buffers: a tuple over layers of [B, S, K, D] arrays (the
+default), or one stacked [N, B, S, K, D] array each for keys and values
+(`stacked=True`), which a model scanning over its layers (`lax.scan`) carries
+through the scan and indexes with the traced layer number. Everything else
+(lengths, masks, `advance`, `set_lengths`) is the same; code that transforms
+every layer's buffer goes through `map_buffers`, which keeps the layout.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ class KVCache:
   """Per-layer key/value buffers plus per-row lengths.
 
   Attributes:
-    keys: tuple over layers of [B, S, K, D] arrays.
-    values: tuple over layers of [B, S, K, D] arrays.
+    keys: tuple over layers of [B, S, K, D] arrays, or one [N, B, S, K, D]
+      array (stacked layout).
+    values: as keys.
     lengths: int32[B], number of valid slots per row.
     key_valid: bool[B, S], False for padding slots inside [0, lengths).
     position_offset: int32[B], position id = slot index - position_offset.
@@ -54,6 +62,10 @@ class KVCache:
   def num_layers(self) -> int:
     return len(self.keys)
 
+  @property
+  def stacked(self) -> bool:
+    return not isinstance(self.keys, tuple)
+
 
 def init_cache(
     *,
@@ -63,18 +75,27 @@ def init_cache(
     num_kv_heads: int,
     head_dim: int,
     dtype=jnp.float32,
+    stacked: bool = False,
 ) -> KVCache:
-  """Returns an empty cache: zero buffers, zero lengths, every slot valid."""
+  """Returns an empty cache: zero buffers, zero lengths, every slot valid.
+
+  stacked: one [N, B, S, K, D] array for keys and one for values (for models
+  that scan over layers) instead of a tuple of N arrays.
+  """
   for name, value in (('num_layers', num_layers), ('batch_size', batch_size),
                       ('capacity', capacity), ('num_kv_heads', num_kv_heads),
                       ('head_dim', head_dim)):
     if int(value) < 1:
       raise ValueError(f'init_cache: {name} must be >= 1, got {value}.')
   shape = (batch_size, capacity, num_kv_heads, head_dim)
-  zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+  if stacked:
+    keys, values = (jnp.zeros((num_layers,) + shape, dtype) for _ in range(2))
+  else:
+    keys, values = (tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+                    for _ in range(2))
   return KVCache(
-      keys=zeros,
-      values=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+      keys=keys,
+      values=values,
       lengths=jnp.zeros((batch_size,), jnp.int32),
       key_valid=jnp.ones((batch_size, capacity), bool),
       position_offset=jnp.zeros((batch_size,), jnp.int32),
@@ -146,16 +167,63 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
   return in_prefix[:, None, :] | (in_window[:, None, :] & window_visible)
 
 
-def update_layer(cache: KVCache, layer: int, new_keys: jax.Array, new_values: jax.Array) -> KVCache:
+def update_layer(cache: KVCache, layer: int | jax.Array, new_keys: jax.Array,
+                 new_values: jax.Array) -> KVCache:
   """Writes one layer's [B, T, K, D] keys/values at each row's length.
 
+  `layer` is a Python int, or (stacked layout only) a traced int32 scalar.
   Does not move `lengths`; call `advance` once after all layers are written.
   """
+  if cache.stacked:
+    return cache.replace(keys=_write_stacked(cache.keys, layer, new_keys, cache.lengths),
+                         values=_write_stacked(cache.values, layer, new_values, cache.lengths))
   keys = list(cache.keys)
   values = list(cache.values)
   keys[layer] = write_rows(keys[layer], new_keys, cache.lengths)
   values[layer] = write_rows(values[layer], new_values, cache.lengths)
   return cache.replace(keys=tuple(keys), values=tuple(values))
+
+
+def _write_stacked(buffer, layer, new, starts):
+  """buffer [N, B, S, K, D]: writes new[b] at [layer, b, starts[b]:+T] (one scatter).
+
+  A scatter rather than a vmapped dynamic_update_slice, whose batching over
+  axis 1 would move the whole stacked buffer each layer.
+  """
+  rows = jnp.arange(new.shape[0])[:, None]  # [B, 1]
+  slots = starts[:, None] + jnp.arange(new.shape[1])[None, :]  # [B, T]
+  return buffer.at[layer, rows, slots].set(new.astype(buffer.dtype), mode='promise_in_bounds')
+
+
+def layer_buffers(cache: KVCache, layer: int | jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(keys, values) [B, S, K, D] of one layer, in either layout."""
+  return cache.keys[layer], cache.values[layer]
+
+
+def map_buffers(fn, cache: KVCache) -> KVCache:
+  """Applies fn ([B, S, K, D] -> [B, S, K, D]) to every layer's keys and values.
+
+  Keeps the layout: a stacked cache maps with `jax.vmap` over the layer axis,
+  so callers (tree compaction, resharding) need not know which one they hold.
+  """
+  if cache.stacked:
+    return cache.replace(keys=jax.vmap(fn)(cache.keys), values=jax.vmap(fn)(cache.values))
+  return cache.replace(keys=tuple(fn(x) for x in cache.keys),
+                       values=tuple(fn(x) for x in cache.values))
+
+
+def stack_layers(cache: KVCache) -> KVCache:
+  """The same cache in the stacked layout (a copy of the buffers)."""
+  if cache.stacked:
+    return cache
+  return cache.replace(keys=jnp.stack(cache.keys), values=jnp.stack(cache.values))
+
+
+def unstack_layers(cache: KVCache) -> KVCache:
+  """The same cache in the tuple layout (a copy of the buffers)."""
+  if not cache.stacked:
+    return cache
+  return cache.replace(keys=tuple(cache.keys), values=tuple(cache.values))
 
 
 def advance(cache: KVCache, num_tokens: jax.Array | int) -> KVCache:

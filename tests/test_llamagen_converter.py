@@ -16,6 +16,7 @@ import numpy as np
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import llamagen as convert
+from specdec_jax.models import layers
 from tests import torch_reference as ref
 from tests.llamagen_support import tiny_config
 from tests.llamagen_support import torch_state
@@ -151,6 +152,11 @@ class ConverterTest(parameterized.TestCase):
     model, params = convert.load_llamagen(self.dir / 'out')
     self.assertEqual(model.config, self.config)
     self.assertEqual(params['output']['kernel'].dtype, jnp.float32)
+    # The same checkpoint loads into a model scanning over its layers.
+    model, stacked = convert.load_llamagen(self.dir / 'out', scan_layers=True)
+    self.assertTrue(model.config.scan_layers)
+    chex.assert_trees_all_equal(stacked, layers.stack_layer_params(params))
+    self.assertEqual(stacked['layers']['mlp']['down']['kernel'].shape[0], self.config.n_layer)
 
   @parameterized.named_parameters(
       ('c2i_xl_384', 'c2i_XL_384.pt', 384),
