@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
 import time
-import os
 
 from absl import app
 from absl import flags
@@ -189,6 +189,7 @@ def measure(config: Config) -> dict:
       'name': config.name, **dataclasses.asdict(config), 'mesh': f'{data}x{width}',
       'num_tokens': num_tokens, 'rows': 2 * config.images, 'window': mode.width,
       'lower_s': lower_s, 'compile_s': compile_s, 'compile_without_loop_s': prefill_compile_s,
+      'host_load_average': os.getloadavg()[0], 'host_cpus': os.cpu_count(),
       'memory': memory, 'shared_param_bytes': shared, 'hbm_bytes': hbm,
       'hbm_capacity_bytes': chip.hbm_bytes, 'fits': hbm <= chip.hbm_bytes,
       'weight_bytes': weights, 'kv_bytes': cache, 'floor_bytes': floor,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import time
 from typing import Any
@@ -147,8 +148,14 @@ def build_program(target, target_params, cond, *, num_tokens: int, mode, samplin
   draft_cache = None
   if draft is not None and draft_capacity > 1:
     draft_cache = abstract_cache(draft, draft_capacity)
-  return Program(plan, (target_params, draft_params, cond, cond, keys, rule),
-                 abstract_cache(target, capacity), draft_cache)
+  args = (target_params, draft_params, cond, cond, keys, rule)
+  if 'sampling' in inspect.signature(decode._decode).parameters:  # pylint: disable=protected-access
+    # Engines whose Sampling is a traced argument (its floats are loop inputs):
+    # the plan keeps only the CFG flag, as `decode._prepare` builds it.
+    plan = dataclasses.replace(plan, sampling=None)
+    replicated = NamedSharding(mesh, P())
+    args += (abstract_like(sampling, jax.tree.map(lambda _: replicated, sampling)),)
+  return Program(plan, args, abstract_cache(target, capacity), draft_cache)
 
 
 @contextlib.contextmanager

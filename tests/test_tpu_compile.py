@@ -34,8 +34,8 @@ from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
 
 TOPOLOGY = 'v5e:2x2'
-TREE = verify.StaticTree.from_paths(((0,), (1,), (0, 0), (0, 1), (1, 0)))
-MODES = {'vanilla': decode.Vanilla(), 'chain_eagle': decode.ChainDraft(3, 'eagle'),
+TREE = verify.StaticTree.from_paths(((0,), (1,), (0, 0)))
+MODES = {'vanilla': decode.Vanilla(), 'chain_eagle': decode.ChainDraft(2, 'eagle'),
          'tree_eagle': decode.TreeDraft(TREE, 'eagle'), 'jacobi': decode.Jacobi(3)}
 
 
