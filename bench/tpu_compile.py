@@ -245,7 +245,7 @@ def main(argv):
     configs = [c for c in configs if re.search(_ONLY.value, c.name)]
   if _EXCLUDE.value:
     configs = [c for c in configs if not re.search(_EXCLUDE.value, c.name)]
-  header = {'label': _LABEL.value, 'commit': _commit(), 'jax': jax.__version__,
+  header = {'label': _LABEL.value, 'bench_commit': _commit(), 'jax': jax.__version__,
             'decode_module': decode.__file__, 'started': time.strftime('%Y-%m-%d %H:%M:%S UTC',
                                                                       time.gmtime())}
   results = []
