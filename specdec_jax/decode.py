@@ -1,6 +1,7 @@
 """The decoding engine: one compiled `lax.while_loop` per call, for every mode.
 
-Legend: B images, R cache rows (B, or 2B = [cond; uncond] with CFG), V
+Legend: B images, R cache rows (B, or 2B with CFG: rows 2b, 2b + 1 = image b's
+conditional and unconditional rows, see `drafting`), V
 vocabulary, E hidden width, P prefix slots, n image tokens to generate, T
 verify window (vanilla 1, chain k+1, tree N nodes, Jacobi W), K draft slots
 (T - 1; tree: depth D).
@@ -116,10 +117,13 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
   if sampling is not None:
     plan = dataclasses.replace(plan, sampling=sampling)
   mode, cfg, num_images, mesh = plan.mode, plan.cfg, plan.num_images, plan.mesh
+  # [cond; uncond] halves -> interleaved rows (an image's rows on one device).
+  cond, draft_cond = drafting.cfg_rows(cond, cfg), drafting.cfg_rows(draft_cond, cfg)
 
   # Prefill and the first token (always plain AR).
   cache = plan.target.init_cache(num_images * (2 if cfg else 1), plan.target_capacity)
-  out = plan.target.prefill(target_params, sharding.constrain_cache(cache, mesh), cond)
+  pairs = 2 if cfg else 1  # cache rows per image
+  out = plan.target.prefill(target_params, sharding.constrain_cache(cache, mesh, pairs), cond)
   first_probs = drafting.guided_probs(plan.sampling, out.logits[:, -1:],
                                       jnp.zeros((num_images, 1), jnp.int32), cfg)[:, 0]
   first = drafting.sample(_step_keys(row_keys, 0, 0), first_probs)
@@ -139,7 +143,7 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
 
   def body(state: LoopState) -> LoopState:
     active = state.num_generated < plan.num_tokens  # [B]
-    old_length = state.target_cache.lengths[:num_images]
+    old_length = drafting.image_rows(state.target_cache.lengths, cfg)
     pending = jnp.take_along_axis(state.tokens, state.num_generated[:, None] - 1, axis=1)
     window = mode.verify_window(pending, state.drafts)  # [B, T]
     window_mask, depths = mode.layout()
@@ -147,7 +151,8 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
                               window_mask=window_mask, depths=depths)
     offsets = jnp.arange(window.shape[1]) if depths is None else depths
     token_index = state.num_generated[:, None] + offsets[None, :]
-    target_probs = drafting.guided_probs(plan.sampling, out.logits, token_index, cfg)
+    target_probs = sharding.constrain_batch(
+        drafting.guided_probs(plan.sampling, out.logits, token_index, cfg), mesh)
     verdict, cache = mode.verify(plan, rule, _step_keys(row_keys, state.step, 0), window,
                                  state.drafts, target_probs, out.cache, old_length)
 
@@ -169,8 +174,8 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
         step=state.step + 1,
         tokens=sharding.constrain_batch(tokens, mesh),
         num_generated=num_generated,
-        target_cache=sharding.constrain_cache(cache, mesh),
-        drafts=drafts.replace(cache=sharding.constrain_cache(drafts.cache, mesh)),
+        target_cache=sharding.constrain_cache(cache, mesh, pairs),
+        drafts=drafts.replace(cache=sharding.constrain_cache(drafts.cache, mesh, pairs)),
         metrics=state.metrics.record(active, verdict.num_accepted, forwards))
 
   state = jax.lax.while_loop(condition, body, state)
@@ -217,9 +222,9 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_para
     target_params = sharding.shard_params(target_params, mesh, target_rules)
     if draft_params is not None:
       draft_params = sharding.shard_params(draft_params, mesh, draft_rules)
-    cond = jax.device_put(cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), cond))
-    draft_cond = jax.device_put(
-        draft_cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), draft_cond))
+    place = lambda tree: jax.device_put(tree, jax.tree.map(
+        lambda x: sharding.batch_sharding(x, mesh, 2 if plan.cfg else 1), tree))
+    cond, draft_cond = place(cond), place(draft_cond)
   return (target_params, draft_params, cond, draft_cond, row_keys, rule, sampling)
 
 
@@ -273,7 +278,11 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     target: a `DecodeModel` (frozen dataclass, static under jit).
     target_params: its parameters (sharded already, or placed here by `mesh`).
     cond: conditioning of every cache row (model-specific, e.g. class ids
-      int32[R]); with CFG (sampling.cfg_scale != 1) rows are [cond; uncond].
+      int32[R]); with CFG (sampling.cfg_scale > 1) rows are [cond; uncond]
+      halves (as the models' `cfg_cond` builds them). The engine interleaves
+      them once (image b's rows become cache rows 2b, 2b + 1, so over a
+      'data' mesh an image's two rows share a device); nothing outside
+      the compiled decode sees that layout.
     num_tokens: n image tokens per image.
     key: one PRNG key, or per-image keys [B] (then image b's tokens depend
       only on key[b], whatever the batch).

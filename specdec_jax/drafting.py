@@ -1,8 +1,16 @@
 """Drafting steps of the decode loop: drafter catch-up, chain and tree drafts, Jacobi windows.
 
-Legend: B images, R = B (no CFG) or 2B cache rows ([cond; uncond]), V
-vocabulary, E hidden width, k chain drafts, N tree nodes (node 0 = the root,
-the last committed token), D tree depth, W Jacobi window, K1 catch-up width.
+Legend: B images, R = B (no CFG) or 2B cache rows, V vocabulary, E hidden
+width, k chain drafts, N tree nodes (node 0 = the root, the last committed
+token), D tree depth, W Jacobi window, K1 catch-up width.
+
+CFG row layout. Inside the engine an image's two rows are adjacent: row 2b
+is image b's conditional row, 2b + 1 its unconditional row (`as_rows`,
+`cfg_rows`, `image_rows`). With images split over the mesh's 'data' axis both
+rows of an image then sit on one device, so combining them (`guided_probs`)
+moves no logits between devices. The public convention of
+`decode.generate(cond=...)` stays [cond; uncond] halves (what the models'
+`cfg_cond` builds); `cfg_rows` converts it once, at the start of the decode.
 
 Drafter bookkeeping. A drafter cache holds everything committed up to and
 including the pending token (the last committed token, which the target has
@@ -35,8 +43,26 @@ EAGLE, MODEL = 'eagle', 'model'
 
 
 def as_rows(x: jax.Array, cfg: bool) -> jax.Array:
-  """Image-level [B, ...] -> cache rows [R, ...] ([x; x] under CFG)."""
-  return jnp.concatenate([x, x], axis=0) if cfg else x
+  """Image-level [B, ...] -> cache rows [R, ...] (each image's entry twice under CFG)."""
+  return jnp.repeat(x, 2, axis=0) if cfg else x
+
+
+def image_rows(x: jax.Array, cfg: bool) -> jax.Array:
+  """Cache rows [R, ...] -> the conditional rows [B, ...] (rows 0, 2, 4, ... under CFG)."""
+  return x.reshape((x.shape[0] // 2, 2) + x.shape[1:])[:, 0] if cfg else x
+
+
+def cfg_rows(cond, cfg: bool):
+  """The public [cond; uncond] halves -> the engine's interleaved rows (a pytree,
+  leading row axis): row 2b = cond[b], row 2b + 1 = cond[B + b]."""
+  if not cfg:
+    return cond
+
+  def interleave(x):
+    halves = x.reshape((2, x.shape[0] // 2) + x.shape[1:])
+    return jnp.swapaxes(halves, 0, 1).reshape(x.shape)
+
+  return jax.tree.map(interleave, cond)
 
 
 def guided_probs(sampling, logits: jax.Array, token_index: jax.Array, cfg: bool) -> jax.Array:
@@ -47,12 +73,13 @@ def guided_probs(sampling, logits: jax.Array, token_index: jax.Array, cfg: bool)
     logits: float32 raw logits of every cache row.
     token_index: int32[B, T], 0-based index of the predicted image token
       (decides the CFG interval).
-    cfg: whether the rows are [cond; uncond].
+    cfg: whether every image has a conditional and an unconditional row
+      (rows 2b and 2b + 1, so the split below never crosses devices).
   """
   if not cfg:  # token_index still goes in: position-aware processors (Lumina layout) use it
     return sampling.probs(logits, token_index=token_index)
-  num_images = logits.shape[0] // 2
-  return sampling.probs(logits[:num_images], logits[num_images:], token_index=token_index)
+  pairs = logits.reshape((logits.shape[0] // 2, 2) + logits.shape[1:])  # [B, 2, T, V]
+  return sampling.probs(pairs[:, 0], pairs[:, 1], token_index=token_index)
 
 
 def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
@@ -69,7 +96,18 @@ def sample_distinct(key: jax.Array, probs: jax.Array, num: int) -> jax.Array:
   assumes of siblings.
   """
   scores = jnp.log(jnp.maximum(probs, 0.0)) + jax.random.gumbel(key, probs.shape)
-  return jax.lax.top_k(scores, num)[1].astype(jnp.int32)
+  # num argmaxes rather than lax.top_k: XLA's partitioner gathers a TopK's
+  # batch, so under a 'data' mesh top_k would all-gather [B, V] per node.
+  # Same picks and order as top_k(scores, num), ties to the lower index.
+  taken = jnp.zeros(scores.shape, bool)
+  picks = []
+  for _ in range(num):
+    remaining = jnp.where(taken, -jnp.inf, scores)
+    pick = jnp.argmax(remaining)
+    pick = jnp.where(remaining[pick] == -jnp.inf, jnp.argmax(~taken), pick)  # only -inf left
+    taken = taken.at[pick].set(True)
+    picks.append(pick)
+  return jnp.stack(picks).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """What the decode loop asks of a decoding mode, and the pieces modes share.
 
-Legend: B images, R cache rows (B, or 2B = [cond; uncond] with CFG), V
+Legend: B images, R cache rows (B, or 2B with CFG: rows 2b, 2b + 1 = image b's
+conditional and unconditional rows, `drafting.as_rows`), V
 vocabulary, E hidden width, n image tokens, T verify window (tokens per
 target forward), K draft slots (the most drafts one step can accept).
 
@@ -230,12 +231,14 @@ class DrafterMode(Mode):
   def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
     drafter = drafting.Drafter(plan.draft, self.drafter)
     cache = plan.draft.init_cache(prefill.cache.batch_size, plan.draft_capacity)
-    cache = drafter.prefill(draft_params, sharding.constrain_cache(cache, plan.mesh),
-                            draft_cond, prefill.hidden)
+    cache = drafter.prefill(
+        draft_params, sharding.constrain_cache(cache, plan.mesh, 2 if plan.cfg else 1),
+        draft_cond, prefill.hidden)
     features = prefill.hidden[:, -1:] if drafter.kind == drafting.EAGLE else None
     zero = jnp.zeros((plan.num_images,), jnp.int32)
-    drafts = self._catch_up_and_draft(plan, draft_params, cache, cache.lengths[:plan.num_images],
-                                      first[:, None], features, zero, keys, first_index)
+    committed = drafting.image_rows(cache.lengths, plan.cfg)
+    drafts = self._catch_up_and_draft(plan, draft_params, cache, committed, first[:, None],
+                                      features, zero, keys, first_index)
     return drafts, 1 + self.draft_forwards
 
   def advance(self, plan, draft_params, drafts, step, keys):

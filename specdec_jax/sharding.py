@@ -3,8 +3,8 @@
 Legend: B cache rows, S cache slots, K key/value heads, D head dim, E width,
 F feed-forward width, V vocabulary.
 
-One mesh with axes ('data', 'model'): images (and their CFG rows) are split
-over 'data', attention heads and feed-forward/vocabulary columns over 'model'
+One mesh with axes ('data', 'model'): images (each with its adjacent CFG
+rows) are split over 'data', attention heads and feed-forward/vocabulary columns over 'model'
 (Megatron-style tensor parallelism: column-parallel q/k/v/gate/up/head,
 row-parallel o/down). Target and draft parameters live on the same mesh, each
 with its own rules, because one jitted `lax.while_loop` runs on one device
@@ -92,29 +92,41 @@ def shard_params(params, mesh: Mesh, rules: Sequence = LLAMA_RULES):
   return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
 
 
-def cache_shardings(cache: kv.KVCache, mesh: Mesh) -> kv.KVCache:
-  """NamedShardings of a cache: rows over 'data', heads over 'model'."""
+def cache_shardings(cache: kv.KVCache, mesh: Mesh, rows_per_image: int = 1) -> kv.KVCache:
+  """NamedShardings of a cache: rows over 'data' in whole images, heads over 'model'.
+
+  rows_per_image: 2 with CFG (an image's rows are adjacent, `drafting.as_rows`);
+  rows are split over 'data' only if it divides the number of images, so an
+  image's conditional and unconditional rows always share a device (else the
+  rows are replicated: CFG would move logits between devices every step).
+  """
+  images = cache.batch_size // rows_per_image
+  rows = DATA if images % mesh.shape[DATA] == 0 else None
+
   def named(x, spec):
     return NamedSharding(mesh, fit_spec(x.shape, spec, mesh))
 
   return kv.KVCache(
-      keys=tuple(named(x, P(DATA, None, MODEL, None)) for x in cache.keys),
-      values=tuple(named(x, P(DATA, None, MODEL, None)) for x in cache.values),
-      lengths=named(cache.lengths, P(DATA)),
-      key_valid=named(cache.key_valid, P(DATA, None)),
-      position_offset=named(cache.position_offset, P(DATA)))
+      keys=tuple(named(x, P(rows, None, MODEL, None)) for x in cache.keys),
+      values=tuple(named(x, P(rows, None, MODEL, None)) for x in cache.values),
+      lengths=named(cache.lengths, P(rows)),
+      key_valid=named(cache.key_valid, P(rows, None)),
+      position_offset=named(cache.position_offset, P(rows)))
 
 
-def batch_sharding(x: jax.Array, mesh: Mesh) -> NamedSharding:
-  """Leading (image/row) axis over 'data', everything else replicated."""
-  return NamedSharding(mesh, fit_spec(x.shape, P(DATA), mesh))
+def batch_sharding(x: jax.Array, mesh: Mesh, rows_per_image: int = 1) -> NamedSharding:
+  """Leading (image/row) axis over 'data' in whole images, everything else replicated."""
+  whole = np.ndim(x) >= 1 and (x.shape[0] // rows_per_image) % mesh.shape[DATA] == 0
+  return NamedSharding(mesh, P(DATA) if whole else P())
 
 
-def constrain_cache(cache: kv.KVCache, mesh: Mesh | None) -> kv.KVCache:
+def constrain_cache(cache: kv.KVCache, mesh: Mesh | None,
+                    rows_per_image: int = 1) -> kv.KVCache:
   """with_sharding_constraint of a cache inside jit (no-op without a mesh)."""
   if mesh is None or cache is None:
     return cache
-  return jax.lax.with_sharding_constraint(cache, cache_shardings(cache, mesh))
+  return jax.lax.with_sharding_constraint(cache,
+                                          cache_shardings(cache, mesh, rows_per_image))
 
 
 def constrain_batch(tree, mesh: Mesh | None):

@@ -35,6 +35,18 @@ class SampleDistinctTest(absltest.TestCase):
     law = law / law.sum()
     self.assertGreater(testing.chi_square_pvalue(counts, law)[0], 1e-4)
 
+  def test_picks_equal_gumbel_top_k_including_zero_probabilities(self):
+    """The argmax loop picks what lax.top_k of the same Gumbel scores picks, in order,
+    also when fewer tokens than picks have mass (-inf scores, lower index first)."""
+    probs = jnp.array([[0.0, 0.7, 0.0, 0.3, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+                       [0.1, 0.2, 0.3, 0.1, 0.2, 0.1]])
+    for seed in range(20):
+      key = jax.random.key(seed)
+      for row in probs:
+        scores = jnp.log(row) + jax.random.gumbel(key, row.shape)
+        np.testing.assert_array_equal(drafting.sample_distinct(key, row, 4),
+                                      jax.lax.top_k(scores, 4)[1])
+
 
 class JacobiTest(absltest.TestCase):
 

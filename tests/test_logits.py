@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import logits
+from tests import logits_reference
 
 
 class ProcessLogitsTest(parameterized.TestCase):
@@ -186,25 +187,6 @@ class SamplingPytreeTest(absltest.TestCase):
     self.assertEqual(rebuilt.layout, layout)
 
 
-def _old_top_k_mask(x, top_k):
-  """The implementation before the single-sort path (kept here as the reference)."""
-  if top_k <= 0 or top_k >= x.shape[-1]:
-    return x
-  kth = jax.lax.top_k(x, top_k)[0][..., -1:]
-  return jnp.where(x < kth, -jnp.inf, x)
-
-
-def _old_top_p_mask(x, top_p):
-  """argsort, gather, inverse argsort: the implementation before the single-sort path."""
-  order = jnp.argsort(-x, axis=-1, stable=True)
-  cumulative = jnp.cumsum(jax.nn.softmax(jnp.take_along_axis(x, order, axis=-1), -1), -1)
-  remove_sorted = cumulative > top_p
-  remove_sorted = jnp.concatenate(
-      [jnp.zeros_like(remove_sorted[..., :1]), remove_sorted[..., :-1]], axis=-1)
-  remove = jnp.take_along_axis(remove_sorted, jnp.argsort(order, axis=-1), axis=-1)
-  return jnp.where(remove, -jnp.inf, x)
-
-
 def _test_logits(seed, shape=(4, 3, 257)):
   """Random logits, half of the rows rounded so that many values tie (also at the
   k-th value and at the nucleus boundary), a few -inf entries."""
@@ -221,9 +203,9 @@ class FilterLogitsTest(parameterized.TestCase):
                          seed=[0, 1])
   def test_exact_path_equals_the_previous_masks(self, top_k, top_p, seed):
     x = _test_logits(seed)
-    expected = _old_top_k_mask(x, top_k)
+    expected = logits_reference.top_k_mask(x, top_k)
     if top_p < 1:
-      expected = _old_top_p_mask(expected, top_p)
+      expected = logits_reference.top_p_mask(expected, top_p)
     got = logits.filter_logits(x, top_k=top_k, top_p=top_p, nucleus=top_p < 1)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -13,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from specdec_jax import sharding
 from specdec_jax.models import tiny
+from tests import fresh_process
 
 # Runs in a fresh interpreter: the device count is fixed when JAX starts.
 _SHARDED_RUN = textwrap.dedent("""
@@ -82,11 +80,7 @@ class ShardedDecodeTest(absltest.TestCase):
 
   def test_sharded_run_equals_single_device(self):
     """8 simulated CPU devices, mesh data=2 x model=4: same tokens as one device."""
-    env = dict(os.environ)
-    env.pop('XLA_FLAGS', None)
-    env['JAX_PLATFORMS'] = 'cpu'
-    result = subprocess.run([sys.executable, '-c', _SHARDED_RUN], env=env, capture_output=True,
-                            text=True, timeout=600)
+    result = fresh_process.run_cpu_script(_SHARDED_RUN, timeout=600)
     self.assertEqual(result.returncode, 0, result.stderr[-4000:])
     self.assertIn('SHARDED_EQUAL', result.stdout)
 
