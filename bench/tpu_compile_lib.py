@@ -136,14 +136,19 @@ def build_program(target, target_params, cond, *, num_tokens: int, mode, samplin
                         num_tokens=num_tokens, num_images=num_images, cfg=sampling.uses_cfg,
                         target_capacity=capacity, draft_capacity=draft_capacity, mesh=mesh)
   rule = None if mode.rule_mode is None or rule is None else rule.for_window(mode.slots)
-  cond = abstract_like(cond, jax.tree.map(lambda x: sharding.batch_sharding(x, mesh), cond))
+  # Engines with interleaved CFG rows place rows over 'data' in whole images.
+  per_image = lambda fn: ({'rows_per_image': 2} if plan.cfg and 'rows_per_image' in
+                          inspect.signature(fn).parameters else {})
+  cond = abstract_like(cond, jax.tree.map(
+      lambda x: sharding.batch_sharding(x, mesh, **per_image(sharding.batch_sharding)), cond))
   keys = jax.eval_shape(lambda: jax.random.split(key, num_images))
   keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(mesh, P()))
   rows = num_images * (2 if plan.cfg else 1)
 
   def abstract_cache(model, slots):
     cache = jax.eval_shape(lambda: model.init_cache(rows, slots))
-    return abstract_like(cache, sharding.cache_shardings(cache, mesh))
+    return abstract_like(cache, sharding.cache_shardings(
+        cache, mesh, **per_image(sharding.cache_shardings)))
 
   draft_cache = None
   if draft is not None and draft_capacity > 1:
