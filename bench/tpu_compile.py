@@ -61,6 +61,8 @@ _EXCLUDE = flags.DEFINE_string('exclude', None, 'Regex on configuration names to
 _OUT = flags.DEFINE_string('out', None, 'JSON results (rewritten after every configuration).')
 _MARKDOWN = flags.DEFINE_string('markdown', None, 'Markdown table of the results.')
 _LABEL = flags.DEFINE_string('label', '', 'Free text stored in the JSON (e.g. before/after).')
+_COMPARE = flags.DEFINE_list('compare', None, 'BEFORE.json,AFTER.json: print a markdown table '
+                             'of their differences (configurations in both) and exit.')
 
 # A 15-node static tree of depth 4 (EAGLE-style: wide near the root).
 TREE = verify.StaticTree.from_paths((
@@ -230,6 +232,34 @@ def markdown(results: list[dict]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def _collective_totals(result: dict) -> tuple[int, float]:
+  entries = result['collectives'].values()
+  return (sum(e['count'] for e in entries),
+          sum(max(e['operand_bytes'], e['result_bytes']) for e in entries) / 1e6)
+
+
+def comparison(before: list[dict], after: list[dict]) -> str:
+  """Markdown: before -> after for every configuration measured in both."""
+  old = {r['name']: r for r in before if 'error' not in r}
+  lines = ['| configuration | compile s | HBM GiB | GB/it cost | GB/it HBM est. | est./floor '
+           '| collectives per iteration (count, MB) |', '|' + '---|' * 7]
+  for new in after:
+    if 'error' in new or new['name'] not in old:
+      continue
+    was = old[new['name']]
+    pair = lambda key, scale=1.0, fmt='.2f': (f'{was[key] / scale:{fmt}} -> '
+                                                f'{new[key] / scale:{fmt}}')
+    compile_s = (f"{was['lower_s'] + was['compile_s']:.0f} -> "
+                 f"{new['lower_s'] + new['compile_s']:.0f}")
+    (count0, mb0), (count1, mb1) = _collective_totals(was), _collective_totals(new)
+    lines.append(f"| {new['name']} | {compile_s} | {pair('hbm_bytes', lib.GiB)} "
+                 f"| {pair('bytes_accessed_per_iteration', 1e9)} "
+                 f"| {pair('hbm_estimate_per_iteration', 1e9, '.3f')} "
+                 f"| {pair('hbm_estimate_over_floor')} "
+                 f"| {count0}, {mb0:.2f} -> {count1}, {mb1:.2f} |")
+  return '\n'.join(lines) + '\n'
+
+
 def _commit() -> str:
   try:
     return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
@@ -240,6 +270,10 @@ def _commit() -> str:
 
 def main(argv):
   del argv
+  if _COMPARE.value:
+    before, after = (json.load(open(path))['results'] for path in _COMPARE.value)
+    print(comparison(before, after))
+    return
   configs = configurations(_QUICK.value)
   if _ONLY.value:
     configs = [c for c in configs if re.search(_ONLY.value, c.name)]
