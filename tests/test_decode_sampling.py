@@ -100,12 +100,11 @@ class TracedSamplingTest(absltest.TestCase):
       np.testing.assert_array_equal(got, _reference_vanilla(_sampling(*values)),
                                     err_msg=str(values))
 
-  def test_chain_sweep_matches_the_static_decode(self):
-    mode = decode.ChainDraft(2, 'model')
-    for values in SWEEP[:2]:
-      np.testing.assert_array_equal(
-          np.asarray(_generate(_sampling(*values), mode, seed=3).tokens),
-          np.asarray(_static_decode(_sampling(*values), mode, seed=3)), err_msg=str(values))
+  def test_chain_drafts_match_the_static_decode(self):
+    """The drafter's distributions see the traced values too (one value: compiles are slow)."""
+    mode, sampling = decode.ChainDraft(2, 'model'), _sampling(*SWEEP[1])
+    np.testing.assert_array_equal(np.asarray(_generate(sampling, mode, seed=3).tokens),
+                                  np.asarray(_static_decode(sampling, mode, seed=3)))
 
   def test_structural_changes_compile_a_new_program(self):
     """Crossing temperature = 0, top_p = 1 or changing top_k changes the program."""
