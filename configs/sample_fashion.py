@@ -25,8 +25,11 @@ def get_config():
   config = ml_collections.ConfigDict()
   # kind 'fashion': the bundle (bundle_dir '' = the one shipped in the package);
   # kind 'llamagen': converted checkpoint folders (configs/sample_llamagen_c2i.py).
+  # dtype and scan_layers apply to converted checkpoints ('auto': float32 on CPU,
+  # bfloat16 on GPU/TPU; specdec_jax.precision); the bundle is float32.
   config.model = ml_collections.ConfigDict(dict(
-      kind='fashion', bundle_dir='', checkpoint='', vq='', eagle='', draft_model=''))
+      kind='fashion', bundle_dir='', checkpoint='', vq='', eagle='', draft_model='',
+      dtype='auto', scan_layers=False))
   # vanilla, eagle, draft_model, lantern_pp, uniform, coolsd, sjd, gsd, csd
   config.method = 'eagle'
   config.hparams = ml_collections.ConfigDict({name: base[name] for name in HYPERPARAMETERS})

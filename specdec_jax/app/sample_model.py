@@ -85,14 +85,16 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
     family = family_lib.load(root)
     return family, dict(kind='fashion', **{part: _meta_sha256(root / part)
                                            for part in family_lib.PARTS})
-  target, target_params = llamagen_converter.load_llamagen(model.checkpoint)
+  target, target_params = llamagen_converter.load_llamagen(
+      model.checkpoint, dtype=model.dtype, scan_layers=model.scan_layers)
   tokenizer, tokenizer_params = vq_converter.load_tokenizer(model.vq)
   eagle = eagle_params = draft_gpt = draft_gpt_params = None
   if model.eagle:
-    eagle, eagle_params = lantern_drafter.load_drafter(model.eagle,
-                                                       target_params['output']['kernel'])
+    eagle, eagle_params = lantern_drafter.load_drafter(
+        model.eagle, target_params['output']['kernel'], dtype=model.dtype)
   if model.draft_model:
-    draft_gpt, draft_gpt_params = llamagen_converter.load_llamagen(model.draft_model)
+    draft_gpt, draft_gpt_params = llamagen_converter.load_llamagen(model.draft_model,
+                                                                   dtype=model.dtype)
   family = family_lib.Family(
       tokenizer=tokenizer, tokenizer_params=tokenizer_params, target=target,
       target_params=target_params, eagle=eagle, eagle_params=eagle_params,
@@ -100,7 +102,8 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
       reference_mean=None, reference_cov=None, classifier_test_accuracy=float('nan'),
       manifest={})
   identity = dict(kind='llamagen', checkpoint=_meta_sha256(model.checkpoint),
-                  vq=_meta_sha256(model.vq))
+                  vq=_meta_sha256(model.vq), dtype=str(target.config.dtype),
+                  scan_layers=bool(model.scan_layers))
   for field in DRAFTER_FIELDS.values():
     if model[field]:
       identity[field] = _meta_sha256(model[field])
