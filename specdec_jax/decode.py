@@ -121,8 +121,8 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
   cond, draft_cond = drafting.cfg_rows(cond, cfg), drafting.cfg_rows(draft_cond, cfg)
 
   # Prefill and the first token (always plain AR).
-  cache = plan.target.init_cache(num_images * (2 if cfg else 1), plan.target_capacity)
-  pairs = 2 if cfg else 1  # cache rows per image
+  pairs = plan.rows_per_image
+  cache = plan.target.init_cache(num_images * pairs, plan.target_capacity)
   out = plan.target.prefill(target_params, sharding.constrain_cache(cache, mesh, pairs), cond)
   first_probs = drafting.guided_probs(plan.sampling, out.logits[:, -1:],
                                       jnp.zeros((num_images, 1), jnp.int32), cfg)[:, 0]
@@ -151,6 +151,7 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
                               window_mask=window_mask, depths=depths)
     offsets = jnp.arange(window.shape[1]) if depths is None else depths
     token_index = state.num_generated[:, None] + offsets[None, :]
+    # [B, T, V] stays split by image, as the rows it came from (no logits move).
     target_probs = sharding.constrain_batch(
         drafting.guided_probs(plan.sampling, out.logits, token_index, cfg), mesh)
     verdict, cache = mode.verify(plan, rule, _step_keys(row_keys, state.step, 0), window,
@@ -223,7 +224,7 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_para
     if draft_params is not None:
       draft_params = sharding.shard_params(draft_params, mesh, draft_rules)
     place = lambda tree: jax.device_put(tree, jax.tree.map(
-        lambda x: sharding.batch_sharding(x, mesh, 2 if plan.cfg else 1), tree))
+        lambda x: sharding.batch_sharding(x, mesh, plan.rows_per_image), tree))
     cond, draft_cond = place(cond), place(draft_cond)
   return (target_params, draft_params, cond, draft_cond, row_keys, rule, sampling)
 
@@ -246,8 +247,8 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
       draft=draft, cond=cond if draft_cond is None else draft_cond, prefix=prefix,
       num_tokens=num_tokens)
   # The sampling values are traced arguments: the static plan (the compile
-  # key) holds only the structural flag, and the arguments' signature holds
-  # the Sampling's tree structure (top_k, cfg_interval, its flags).
+  # key) holds only its CFG flag, and the arguments' signature holds the
+  # Sampling's tree structure (top_k, cfg_interval, its flags).
   plan = _Plan(target=target, draft=draft, mode=mode, sampling=None, num_tokens=num_tokens,
                num_images=num_images, cfg=sampling.uses_cfg, target_capacity=capacity,
                draft_capacity=draft_capacity, mesh=mesh)
@@ -305,8 +306,8 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     DecodeResult(tokens int32[B, n], metrics, compile_seconds, run_seconds);
     compile_seconds (validation plus compilation) is 0.0 when the call reused
     a prepared program: a call with the same models, mode, shapes, dtypes,
-    shardings, rule structure and sampling structure as an earlier one skips validation,
-    tracing and compilation (host overhead about a millisecond; README
+    shardings, rule structure and sampling structure as an earlier one skips
+    validation, tracing and compilation (host overhead about a millisecond; README
     "The decoding engine").
   """
   options = tuple(sorted((compiler_options or {}).items()))

@@ -107,10 +107,11 @@ def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool
 
   Exact: one descending sort of V (the k-th value and the nucleus threshold
   are read off it and compared with the unsorted logits, so there is no
-  inverse permutation, and a batch split over a mesh stays split). topk_method 'approx' takes the k candidates
-  from `jax.lax.approx_max_k` (recall target topk_recall) and runs the nucleus
-  on them, with no sort of V at all; if the nucleus reaches the k-th value it
-  keeps every token tied with it (the exact path keeps ties in index order).
+  inverse permutation, and a batch split over a mesh stays split).
+  topk_method 'approx' takes the k candidates from `jax.lax.approx_max_k`
+  (recall target topk_recall) and runs the nucleus on them, with no sort of
+  V at all; if the nucleus reaches the k-th value it keeps every token tied
+  with it (the exact path keeps ties in index order).
 
   Args:
     logits: float32 [..., V] (after temperature).

@@ -60,6 +60,11 @@ class Plan:
   draft_capacity: int
   mesh: Any
 
+  @property
+  def rows_per_image(self) -> int:
+    """Cache rows per image: 2 with CFG (adjacent, `drafting.as_rows`), else 1."""
+    return 2 if self.cfg else 1
+
 
 @flax.struct.dataclass
 class Drafts:
@@ -232,7 +237,7 @@ class DrafterMode(Mode):
     drafter = drafting.Drafter(plan.draft, self.drafter)
     cache = plan.draft.init_cache(prefill.cache.batch_size, plan.draft_capacity)
     cache = drafter.prefill(
-        draft_params, sharding.constrain_cache(cache, plan.mesh, 2 if plan.cfg else 1),
+        draft_params, sharding.constrain_cache(cache, plan.mesh, plan.rows_per_image),
         draft_cond, prefill.hidden)
     features = prefill.hidden[:, -1:] if drafter.kind == drafting.EAGLE else None
     zero = jnp.zeros((plan.num_images,), jnp.int32)

@@ -4,9 +4,9 @@ Legend: B cache rows, S cache slots, K key/value heads, D head dim, E width,
 F feed-forward width, V vocabulary.
 
 One mesh with axes ('data', 'model'): images (each with its adjacent CFG
-rows) are split over 'data', attention heads and feed-forward/vocabulary columns over 'model'
-(Megatron-style tensor parallelism: column-parallel q/k/v/gate/up/head,
-row-parallel o/down). Target and draft parameters live on the same mesh, each
+rows) are split over 'data', attention heads and feed-forward/vocabulary
+columns over 'model' (Megatron-style tensor parallelism: column-parallel
+q/k/v/gate/up/head, row-parallel o/down). Target and draft parameters live on the same mesh, each
 with its own rules, because one jitted `lax.while_loop` runs on one device
 set (see docs/sharding.md).
 
