@@ -6,7 +6,7 @@ Speculative decoding is only correct when the draft distribution it divides
 by is the distribution the draft token was sampled from, and the target
 distribution is the one plain decoding would sample from. Both go through
 `Sampling.probs`: CFG combine on raw float32 logits, then temperature, then
-top-k, then top-p (the order of LlamaGen's `sample`; SPEC section 1).
+top-k, then top-p (the order of LlamaGen's `sample`).
 """
 
 from __future__ import annotations
