@@ -15,8 +15,8 @@ Classifier-free guidance as in the original: the unconditional prompt is the
 conditional one with every token strictly between BOS and `<begin_of_image>`
 replaced by the pad id; pads are attended to like ordinary tokens (the
 original passes no attention mask). The original interleaves rows (even cond,
-odd uncond); the engine's layout puts all conditional rows first
-(`build_prompt`). Prompts of different lengths are left-padded with a mask.
+odd uncond), as the engine does inside its loop; `decode.generate` takes
+all conditional rows first (`build_prompt`) and interleaves them once. Prompts of different lengths are left-padded with a mask.
 """
 
 from __future__ import annotations

@@ -46,8 +46,7 @@ def compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
     picked = jnp.take_along_axis(buffer, slots[:, :, None, None], axis=1)
     return kv.write_rows(buffer, picked, starts)
 
-  return cache.replace(keys=tuple(move(x) for x in cache.keys),
-                       values=tuple(move(x) for x in cache.values))
+  return kv.map_buffers(move, cache)  # per-layer tuple or stacked (scanned models)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,13 +73,21 @@ def _path_name(path) -> str:
 
 
 def param_specs(params, rules: Sequence = LLAMA_RULES, mesh: Mesh | None = None):
-  """PartitionSpecs for a parameter tree by regex rules on its paths."""
+  """PartitionSpecs for a parameter tree by regex rules on its paths.
+
+  A rule's spec describes one layer's tensor; a leaf with more dimensions (a
+  scanned model's stacked `[N, in, out]` kernel, `models.layers`) gets the
+  spec on its trailing dimensions and its leading layer axes replicated.
+  """
   compiled = [(re.compile(pattern), spec) for pattern, spec in rules]
 
   def spec_for(path, leaf):
     name = _path_name(path)
     for pattern, spec in compiled:
       if pattern.search(name):
+        extra = np.ndim(leaf) - len(spec)
+        if len(spec) and extra > 0:
+          spec = P(*([None] * extra), *spec)
         return fit_spec(np.shape(leaf), spec, mesh) if mesh is not None else spec
     return P()
 
@@ -106,9 +114,15 @@ def cache_shardings(cache: kv.KVCache, mesh: Mesh, rows_per_image: int = 1) -> k
   def named(x, spec):
     return NamedSharding(mesh, fit_spec(x.shape, spec, mesh))
 
+  if cache.stacked:  # one [N, B, S, K, D] array each (scanned models)
+    keys = named(cache.keys, P(None, rows, None, MODEL, None))
+    values = named(cache.values, P(None, rows, None, MODEL, None))
+  else:
+    keys = tuple(named(x, P(rows, None, MODEL, None)) for x in cache.keys)
+    values = tuple(named(x, P(rows, None, MODEL, None)) for x in cache.values)
   return kv.KVCache(
-      keys=tuple(named(x, P(rows, None, MODEL, None)) for x in cache.keys),
-      values=tuple(named(x, P(rows, None, MODEL, None)) for x in cache.values),
+      keys=keys,
+      values=values,
       lengths=named(cache.lengths, P(rows)),
       key_valid=named(cache.key_valid, P(rows, None)),
       position_offset=named(cache.position_offset, P(rows)))

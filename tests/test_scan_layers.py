@@ -13,6 +13,7 @@ from specdec_jax import decode
 from specdec_jax import kv_cache as kv
 from specdec_jax import logits
 from specdec_jax import rules
+from specdec_jax import verify
 from specdec_jax.models import chameleon
 from specdec_jax.models import janus
 from specdec_jax.models import layers
@@ -99,14 +100,19 @@ class ScanLayersTest(parameterized.TestCase):
     scanned = llamagen.LlamaGenGPT(llamagen.GPTConfig(**config, scan_layers=True))
     params = plain.init_params(jax.random.key(0))
     cond = plain.cfg_cond(params, jnp.array([0, 1, 3]))
-    run = lambda model, p, mode: decode.generate(
+    run = lambda model, p, mode, **extra: decode.generate(
         model, p, cond, num_tokens=12, key=jax.random.key(4), mode=mode,
         sampling=logits.Sampling(cfg_scale=2.0, temperature=0.0), rule=rules.Lossless(),
-        compiler_options=FAST).tokens
+        compiler_options=FAST, **extra).tokens
     want = run(plain, params, decode.Vanilla())
     stacked = layers.stack_layer_params(params)
-    for mode in (decode.Vanilla(), decode.Jacobi(3)):
-      np.testing.assert_array_equal(run(scanned, stacked, mode), want)
+    # TreeDraft self-drafting (the target as its own draft model): greedy, so
+    # every node agrees with the target; the accepted path is compacted in the
+    # stacked cache (`mode_tree.compact_path`).
+    tree = decode.TreeDraft(verify.StaticTree.from_paths([(0,), (1,), (0, 0)]), 'model')
+    for mode in (decode.Vanilla(), decode.Jacobi(3), tree):
+      extra = dict(draft=scanned, draft_params=stacked) if mode is tree else {}
+      np.testing.assert_array_equal(run(scanned, stacked, mode, **extra), want)
 
 
 class StackedCacheTest(absltest.TestCase):

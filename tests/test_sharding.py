@@ -8,7 +8,9 @@ import jax
 from absl.testing import absltest
 from jax.sharding import PartitionSpec as P
 
+from specdec_jax import kv_cache as kv
 from specdec_jax import sharding
+from specdec_jax.models import layers
 from specdec_jax.models import tiny
 from tests import fresh_process
 
@@ -60,6 +62,15 @@ class PartitionRulesTest(absltest.TestCase):
     self.assertEqual(layer['input_layernorm']['weight'], P())
     self.assertEqual(specs['lm_head']['kernel'], P(None, 'model'))
 
+  def test_stacked_layer_params_keep_the_per_layer_spec_on_trailing_dims(self):
+    """A scanned model's [N, in, out] kernels: 'model' stays on the same dim as unscanned."""
+    params = layers.stack_layer_params(tiny.TinyTransformer().init_params(jax.random.key(0)))
+    specs = sharding.param_specs(params)
+    self.assertEqual(specs['layers']['self_attn']['q_proj']['kernel'], P(None, None, 'model'))
+    self.assertEqual(specs['layers']['mlp']['down']['kernel'], P(None, 'model', None))
+    self.assertEqual(specs['layers']['input_layernorm']['weight'], P())
+    self.assertEqual(specs['lm_head']['kernel'], P(None, 'model'))
+
   def test_fit_spec_replicates_dims_the_axis_does_not_divide(self):
     mesh = sharding.make_mesh(1, 1)
     self.assertEqual(sharding.fit_spec((3, 8), P('data', 'model'), mesh), P('data', 'model'))
@@ -74,6 +85,9 @@ class PartitionRulesTest(absltest.TestCase):
     shardings = sharding.cache_shardings(cache, mesh)
     self.assertEqual(shardings.keys[0].spec, P('data', None, 'model', None))
     self.assertEqual(shardings.lengths.spec, P('data'))
+    stacked = sharding.cache_shardings(kv.stack_layers(cache), mesh)
+    self.assertEqual(stacked.keys.spec, P(None, 'data', None, 'model', None))
+    self.assertEqual(stacked.values.spec, P(None, 'data', None, 'model', None))
 
 
 class ShardedDecodeTest(absltest.TestCase):
