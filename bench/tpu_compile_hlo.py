@@ -87,8 +87,13 @@ class Instruction:
   name: str
   result_type: str  # the result type text (a tuple type keeps its parentheses)
   opcode: str
-  operands: str  # the operand list text, with operand types
+  operands: str  # the operand list text (names only in optimized HLO)
   attributes: str  # everything after the operand list
+  root: bool = False
+
+  @property
+  def operand_names(self) -> list[str]:
+    return re.findall(r'%([\w.\-]+)', self.operands)
 
   @property
   def called(self) -> list[str]:
@@ -145,8 +150,8 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
     if match:
       result_type, rest = _split_type(match.group(3))
       opcode, operands, attributes = _split_call(rest)
-      computations[current].append(
-          Instruction(match.group(2), result_type, opcode, operands, attributes))
+      computations[current].append(Instruction(match.group(2), result_type, opcode, operands,
+                                               attributes, bool(match.group(1))))
   return computations, entry
 
 
@@ -241,11 +246,13 @@ _NO_TRAFFIC = {'parameter', 'get-tuple-element', 'tuple', 'bitcast', 'constant',
 def hbm_traffic(computations, computation: str, instruction: Instruction) -> int:
   """Estimated HBM bytes one top-level instruction reads and writes.
 
-  Operands and results in HBM count in full (so an in-place update of a large
-  HBM buffer, or a fusion that reads part of an operand, is over-counted);
-  VMEM (S(1)) buffers do not count. Async copies count their HBM source or
-  destination once; async slices count the slice; async collectives count
-  their operands and outputs (their `-done` halves are skipped).
+  Operands and results in HBM count in full, except in fusions, where an
+  operand that is only sliced costs its slices and a buffer updated in place
+  costs the update (`_fusion_traffic`); VMEM (S(1)) buffers do not count.
+  Non-fused scatters and gathers still count their whole operands. Async
+  copies count their HBM source or destination once; async slices count the
+  slice; async collectives count their operands and outputs (their `-done`
+  halves are skipped).
   """
   opcode = instruction.opcode
   if opcode in _NO_TRAFFIC or opcode.endswith('-done'):
@@ -259,7 +266,72 @@ def hbm_traffic(computations, computation: str, instruction: Instruction) -> int
     return read + hbm_shapes_bytes(destination)
   if opcode.endswith('-start'):
     return hbm_shapes_bytes(operands) + hbm_shapes_bytes(' '.join(_async_outputs(instruction)))
+  if opcode == 'fusion':
+    return _fusion_traffic(computations, instruction, types)
   return hbm_shapes_bytes(operands) + hbm_shapes_bytes(instruction.result_type)
+
+
+def _sliced_bytes(computations, computation: str, parameter: str, depth: int = 0):
+  """Bytes read of a fused parameter used only through (dynamic-)slices, else None.
+
+  Follows the parameter into nested fusions (a slice fused one level down).
+  """
+  body = computations.get(computation, [])
+  uses = [i for i in body if parameter in i.operand_names]
+  if not uses or depth > 8:
+    return None
+  total = 0
+  for use in uses:
+    if use.opcode in ('dynamic-slice', 'slice') and use.operand_names[0] == parameter:
+      total += shape_bytes(use.result_type)
+      continue
+    if use.opcode != 'fusion' or not use.called:
+      return None
+    inner = {int(i.operands): i.name for i in computations.get(use.called[0], [])
+             if i.opcode == 'parameter' and i.operands.strip().isdigit()}
+    for index, name in enumerate(use.operand_names):
+      if name == parameter:
+        read = _sliced_bytes(computations, use.called[0], inner.get(index, ''), depth + 1)
+        if read is None:
+          return None
+        total += read
+  return total
+
+
+# Root ops that update their first operand in place; the update is operand `n`.
+_IN_PLACE_UPDATE = {'dynamic-update-slice': 1, 'scatter': 2}
+
+
+def _fusion_traffic(computations, fusion: Instruction, types: dict) -> int:
+  """A fusion's HBM bytes, reading only the slices of operands it only slices.
+
+  An operand whose fused parameter feeds nothing but (dynamic-)slices costs
+  the slices (a scanned layer's weights out of the stacked array); the buffer
+  of a dynamic-update-slice or scatter at the root, updated in place, costs
+  the update, read and written.
+  """
+  called = fusion.called[0] if fusion.called else ''
+  body = computations.get(called, [])
+  by_index = {int(i.operands): i.name for i in body
+              if i.opcode == 'parameter' and i.operands.strip().isdigit()}
+  fused_types = {i.name: i.result_type for i in body}
+  root = next((i for i in body if i.root), None)
+  in_place, update = None, 0
+  if root is not None and root.opcode in _IN_PLACE_UPDATE:
+    in_place = root.operand_names[0]
+    update = shape_bytes(fused_types.get(root.operand_names[_IN_PLACE_UPDATE[root.opcode]], ''))
+  total = 0
+  for index, name in enumerate(fusion.operand_names):
+    full = hbm_shapes_bytes(types.get(name, ''))
+    parameter = by_index.get(index, '')
+    if full and parameter == in_place:
+      full = update
+    elif full:
+      read = _sliced_bytes(computations, called, parameter)
+      full = full if read is None else min(full, read)
+    total += full
+  written = hbm_shapes_bytes(fusion.result_type)
+  return total + (min(written, update) if in_place is not None else written)
 
 
 def is_host_transfer(instruction: Instruction) -> bool:

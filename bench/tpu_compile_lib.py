@@ -184,7 +184,8 @@ def _without_decode_loop():
 def compile_decode(program: Program, loop: bool = True, compiler_options=None):
   """(compiled, lower seconds, compile seconds) of the program (loop=False: no while_loop)."""
   start = time.perf_counter()
-  jitted = jax.jit(lambda *a: decode._decode(*a), static_argnums=0)  # pylint: disable=protected-access
+  decode_fn = decode._decode  # pylint: disable=protected-access
+  jitted = jax.jit(lambda *a: decode_fn(*a), static_argnums=0)
   with contextlib.nullcontext() if loop else _without_decode_loop():
     lowered = jitted.lower(program.plan, *program.args)
   lowered_at = time.perf_counter()

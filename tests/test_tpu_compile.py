@@ -100,6 +100,60 @@ ENTRY %main (a: f32[16,4]) -> f32[16,4] {
 """
 
 
+# One loop iteration: a fusion reads one layer out of a stacked [4, 64, 64]
+# weight (through a nested fusion) and another writes one [1, 64] row into a
+# [2, 64] buffer in place; the VMEM (S(1)) operand does not count.
+HBM_SNIPPET = """
+HloModule m
+
+%slice_layer (w: f32[4,64,64], i: s32[]) -> f32[64,64] {
+  %w = f32[4,64,64]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = f32[1,64,64]{2,1,0} dynamic-slice(%w, %i, %z, %z), dynamic_slice_sizes={1,64,64}
+  ROOT %b = f32[64,64]{1,0} bitcast(%ds)
+}
+
+%matmul (w: f32[4,64,64], i: s32[], x: f32[1,64]) -> f32[1,64] {
+  %w = f32[4,64,64]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %x = f32[1,64]{1,0:S(1)} parameter(2)
+  %layer = f32[64,64]{1,0} fusion(%w, %i), kind=kLoop, calls=%slice_layer
+  ROOT %y = f32[1,64]{1,0:S(1)} dot(%x, %layer), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%write_row (buffer: f32[2,64], row: f32[1,64], i: s32[]) -> f32[2,64] {
+  %buffer = f32[2,64]{1,0} parameter(0)
+  %row = f32[1,64]{1,0:S(1)} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %dus = f32[2,64]{1,0} dynamic-update-slice(%buffer, %row, %i, %z)
+}
+
+%body (p: (f32[4,64,64], f32[2,64], f32[1,64], s32[])) -> (f32[4,64,64], f32[2,64], f32[1,64], s32[]) {
+  %p = (f32[4,64,64], f32[2,64], f32[1,64], s32[]) parameter(0)
+  %w = f32[4,64,64]{2,1,0} get-tuple-element(%p), index=0
+  %buffer = f32[2,64]{1,0} get-tuple-element(%p), index=1
+  %x = f32[1,64]{1,0:S(1)} get-tuple-element(%p), index=2
+  %i = s32[] get-tuple-element(%p), index=3
+  %y = f32[1,64]{1,0:S(1)} fusion(%w, %i, %x), kind=kOutput, calls=%matmul
+  %new = f32[2,64]{1,0} fusion(%buffer, %y, %i), kind=kLoop, calls=%write_row
+  ROOT %t = (f32[4,64,64], f32[2,64], f32[1,64], s32[]) tuple(%w, %new, %y, %i)
+}
+
+%cond (p: (f32[4,64,64], f32[2,64], f32[1,64], s32[])) -> pred[] {
+  %p = (f32[4,64,64], f32[2,64], f32[1,64], s32[]) parameter(0)
+  ROOT %b = pred[] constant(true)
+}
+
+ENTRY %main (a: (f32[4,64,64], f32[2,64], f32[1,64], s32[])) -> f32[2,64] {
+  %a = (f32[4,64,64], f32[2,64], f32[1,64], s32[]) parameter(0)
+  %loop = (f32[4,64,64], f32[2,64], f32[1,64], s32[]) while(%a), condition=%cond, body=%body, metadata={op_name="jit(f)/while"}
+  ROOT %r = f32[2,64]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
 class HloReaderTest(absltest.TestCase):
   """The reader on handwritten HLO: no libtpu needed."""
 
@@ -116,6 +170,14 @@ class HloReaderTest(absltest.TestCase):
     self.assertEqual(report.host_transfers_anywhere, ['cb'])
     self.assertEqual([c[0] for c in hlo.oversized_collectives(report, 64 * 4 * 4)],
                      ['all-gather'])
+
+
+  def test_hbm_estimate_reads_slices_and_writes_rows_in_place(self):
+    report = hlo.loop_report(HBM_SNIPPET)
+    layer, row = 64 * 64 * 4, 64 * 4
+    # The layer's slice, the row read and written (not the [2, 64] buffer) and
+    # the s32 index each fusion reads.
+    self.assertEqual(report.hbm_bytes, layer + 2 * row + 2 * 4)
 
 
 class TpuCompileTest(parameterized.TestCase):
