@@ -1,4 +1,4 @@
-"""`attention.attend` through jax.nn.dot_product_attention equals the einsum reference
+"""`attention.attend` through jax.nn.dot_product_attention (and 'auto') equals the einsum reference
 for every mask the engine produces: decode steps, chains, trees, per-row lengths,
 padding, grouped-query heads, float32 and bfloat16."""
 
@@ -45,7 +45,23 @@ class AttendTest(parameterized.TestCase):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                rtol=tol, atol=tol)
 
-  def test_masked_keys_do_not_matter(self):
+  def test_auto_is_einsum_on_cpu_and_the_library_call_elsewhere(self):
+    """'auto' picks by the platform the program is lowered for (lax.platform_dependent)."""
+    mask = engine_mask(4, TREE)
+    q = jax.random.normal(jax.random.key(2), (3, 4, 4, 8))
+    k = v = jax.random.normal(jax.random.key(3), (3, 12, 2, 8))
+    auto = jax.jit(attention.attend, static_argnums=4)
+    if jax.default_backend() == 'cpu':
+      np.testing.assert_array_equal(auto(q, k, v, mask, 'auto'),
+                                    jax.jit(attention.einsum_attention)(q, k, v, mask))
+    # Both branches are in the traced program; lowering keeps the platform's one.
+    jaxpr = str(jax.make_jaxpr(attention.attend, static_argnums=4)(q, k, v, mask, 'auto'))
+    self.assertIn('platform_index', jaxpr)
+    cpu_hlo = auto.lower(q, k, v, mask, 'auto').as_text()
+    self.assertNotIn('platform_index', cpu_hlo)
+
+  @parameterized.parameters('xla', 'einsum')
+  def test_masked_keys_do_not_matter(self, implementation):
     # Guard against a vacuous mask: changing only masked keys/values leaves the output.
     mask = engine_mask(4, TREE)
     keys = jax.random.split(jax.random.key(1), 3)
@@ -54,8 +70,9 @@ class AttendTest(parameterized.TestCase):
     v = jax.random.normal(keys[2], (3, 12, 2, 8))
     hidden = ~np.asarray(mask).any(axis=1)  # [B, S] slots no query sees
     noise = jnp.asarray(hidden)[:, :, None, None] * 100.0
-    np.testing.assert_allclose(attention.attend(q, k + noise, v - noise, mask),
-                               attention.attend(q, k, v, mask), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(attention.attend(q, k + noise, v - noise, mask, implementation),
+                               attention.attend(q, k, v, mask, implementation),
+                               rtol=1e-5, atol=1e-6)
 
   def test_bad_implementation(self):
     q = jnp.zeros((1, 1, 1, 4))
