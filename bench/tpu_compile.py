@@ -275,8 +275,10 @@ def comparison(before: list[dict], after: list[dict]) -> str:
     compile_s = (f"{was['lower_s'] + was['compile_s']:.0f} -> "
                  f"{new['lower_s'] + new['compile_s']:.0f}")
     (count0, mb0), (count1, mb1) = _collective_totals(was), _collective_totals(new)
+    scanned = was.get('scan_layers') or new.get('scan_layers')
+    accessed = 'n/a (scanned)' if scanned else pair('bytes_accessed_per_iteration', 1e9)
     lines.append(f"| {new['name']} | {compile_s} | {pair('hbm_bytes', lib.GiB)} "
-                 f"| {pair('bytes_accessed_per_iteration', 1e9)} "
+                 f"| {accessed} "
                  f"| {pair('hbm_estimate_per_iteration', 1e9, '.3f')} "
                  f"| {pair('hbm_estimate_over_floor')} "
                  f"| {count0}, {mb0:.2f} -> {count1}, {mb1:.2f} |")
