@@ -181,7 +181,8 @@ class SampleErrorsTest(absltest.TestCase):
     config.model.update(kind='llamagen', checkpoint=os.path.join(BUNDLE, 'target'),
                         vq=os.path.join(BUNDLE, 'tokenizer'))
     family, identity = sample_model.load(config.model)
-    self.assertEqual(set(identity), {'kind', 'checkpoint', 'vq'})
+    self.assertEqual(set(identity), {'kind', 'checkpoint', 'vq', 'dtype', 'scan_layers'})
+    self.assertEqual((identity['dtype'], identity['scan_layers']), ('float32', False))
     with self.assertRaisesRegex(ValueError, "'coolsd' drafts with 'eagle'.*--config.model.eagle"):
       sample_model.build_method(config, family)
     self.assertEqual(sample_model.build_method(self.config(method='csd'), family).name, 'csd')
