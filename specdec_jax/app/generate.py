@@ -75,33 +75,38 @@ def build_methods(config, family: family_lib.Family) -> list[Method]:
   k, window = config.draft_length, config.jacobi_window
   eagle_chain = decode.ChainDraft(k=k, drafter='eagle')
   jacobi = decode.Jacobi(window=window, init='random')
-  neighbors = family.neighbors(config.lantern_k)
+  # Built on demand: the LANTERN table (a codebook-sized neighbour search) and
+  # GSD's embeddings only for the methods that are run.
   catalogue = {
-      'vanilla': Method('vanilla', decode.Vanilla()),
-      'vanilla_seed1': Method('vanilla_seed1', decode.Vanilla(), seed_offset=1),
-      'eagle': Method('eagle', eagle_chain, rules.Lossless(), 'eagle', hyperparameters=dict(draft_length=k)),
-      'draft_model': Method('draft_model', decode.ChainDraft(k=k, drafter='model'),
-                            rules.Lossless(), 'draft_model', hyperparameters=dict(draft_length=k)),
-      'lantern_pp': Method(
+      'vanilla': lambda: Method('vanilla', decode.Vanilla()),
+      'vanilla_seed1': lambda: Method('vanilla_seed1', decode.Vanilla(), seed_offset=1),
+      'eagle': lambda: Method('eagle', eagle_chain, rules.Lossless(), 'eagle',
+                              hyperparameters=dict(draft_length=k)),
+      'draft_model': lambda: Method('draft_model', decode.ChainDraft(k=k, drafter='model'),
+                                    rules.Lossless(), 'draft_model',
+                                    hyperparameters=dict(draft_length=k)),
+      'lantern_pp': lambda: Method(
           'lantern_pp', eagle_chain,
-          rules.LanternPP(neighbors=neighbors, k=config.lantern_k, lam=config.lantern_lam,
-                          residual_mode=config.lantern_residual), 'eagle',
-          hyperparameters=dict(draft_length=k)),
-      'uniform': Method('uniform', eagle_chain, rules.UniformRelaxed(omega=config.uniform_omega),
-                        'eagle', hyperparameters=dict(draft_length=k)),
-      'coolsd': Method('coolsd', eagle_chain, rules.CoolSD(delta=config.coolsd_delta), 'eagle',
-                       hyperparameters=dict(draft_length=k)),
-      'sjd': Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
-      'gsd': Method('gsd', jacobi,
-                    rules.Grouped(embeddings=family.token_embeddings(),
-                                  prob_threshold=config.gsd_prob_threshold,
-                                  dist_threshold=config.gsd_dist_threshold),
-                    hyperparameters=dict(window=window)),
-      'csd': Method('csd', jacobi,
-                    rules.ContentAware(lam=config.csd_lam, tv_threshold=config.csd_tv_threshold),
-                    hyperparameters=dict(window=window)),
+          rules.LanternPP(neighbors=family.neighbors(config.lantern_k), k=config.lantern_k,
+                          lam=config.lantern_lam, residual_mode=config.lantern_residual),
+          'eagle', hyperparameters=dict(draft_length=k)),
+      'uniform': lambda: Method('uniform', eagle_chain,
+                                rules.UniformRelaxed(omega=config.uniform_omega), 'eagle',
+                                hyperparameters=dict(draft_length=k)),
+      'coolsd': lambda: Method('coolsd', eagle_chain, rules.CoolSD(delta=config.coolsd_delta),
+                               'eagle', hyperparameters=dict(draft_length=k)),
+      'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
+      'gsd': lambda: Method('gsd', jacobi,
+                            rules.Grouped(embeddings=family.token_embeddings(),
+                                          prob_threshold=config.gsd_prob_threshold,
+                                          dist_threshold=config.gsd_dist_threshold),
+                            hyperparameters=dict(window=window)),
+      'csd': lambda: Method('csd', jacobi,
+                            rules.ContentAware(lam=config.csd_lam,
+                                               tv_threshold=config.csd_tv_threshold),
+                            hyperparameters=dict(window=window)),
   }
-  return [catalogue[m] for m in config.methods]
+  return [catalogue[m]() for m in config.methods]
 
 
 def rule_hyperparameters(rule) -> dict:
