@@ -18,7 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_NEG_INF = -jnp.inf
+# Re-exported: the filtering lives in `topk`; callers and tests use these names.
+from specdec_jax.topk import TOPK_METHODS
+from specdec_jax.topk import filter_logits
+from specdec_jax.topk import top_k_mask  # pylint: disable=unused-import
+from specdec_jax.topk import top_p_mask  # pylint: disable=unused-import
 
 
 def cfg_combine(cond_logits: jax.Array, uncond_logits: jax.Array, scale) -> jax.Array:
@@ -33,124 +37,17 @@ def cfg_combine(cond_logits: jax.Array, uncond_logits: jax.Array, scale) -> jax.
   return uncond + scale * (cond - uncond)
 
 
-TOPK_METHODS = ('exact', 'approx')
-
-
-def _top_k_active(top_k: int, vocab: int) -> bool:
-  return 0 < top_k < vocab
-
-
-def top_k_mask(logits: jax.Array, top_k: int, method: str = 'exact',
-               recall: float = 0.95) -> jax.Array:
-  """Drops logits below the k-th largest (ties with it are kept, as LlamaGen).
-
-  method 'exact' reads the k-th value off a descending sort (`lax.top_k` is
-  about 1.1x faster on one CPU, but XLA's partitioner gathers its batch: over
-  a 'data' mesh every step would all-gather [B, T, V]); 'approx' finds it
-  with `jax.lax.approx_max_k` at the given recall target (TPU; exact on
-  other backends).
-  """
-  if not _top_k_active(top_k, logits.shape[-1]):
-    return logits
-  return jnp.where(logits < _kth_value(logits, top_k, method, recall), _NEG_INF, logits)
-
-
-def _kth_value(logits, top_k: int, method: str, recall: float) -> jax.Array:
-  """The k-th largest logit [..., 1]."""
-  if method == 'approx':
-    values = jax.lax.approx_max_k(logits, top_k, recall_target=recall)[0]
-    return jnp.min(values, axis=-1, keepdims=True)
-  return jnp.sort(logits, axis=-1, descending=True)[..., top_k - 1:top_k]
-
-
-def _nucleus_keep(logits, candidates, candidate_probs, top_p, complete: bool) -> jax.Array:
-  """Hugging Face's nucleus as a mask over the unsorted logits, without an inverse
-  permutation.
-
-  Args:
-    logits: [..., V].
-    candidates: [..., C] logits sorted descending (-inf past a top-k cut).
-    candidate_probs: [..., C] their probabilities after the top-k cut.
-    complete: the candidates are all V logits (else the top-k ones only).
-  Returns:
-    bool[..., V]: sorted position i is kept iff i == 0 or the mass before it
-    is <= top_p, i.e. a prefix of `kept` positions. Tokens above the last
-    kept value are kept; of those equal to it, the first (kept - #above) in
-    index order are, as a stable descending argsort orders ties.
-  """
-  cumulative = jnp.cumsum(candidate_probs, axis=-1)
-  kept = 1 + jnp.sum(cumulative[..., :-1] <= top_p, axis=-1, keepdims=True)  # [..., 1]
-  threshold = jnp.take_along_axis(candidates, kept - 1, axis=-1)
-  # Counted on the logits before the top-k cut: equal whenever the threshold is
-  # a kept value; if it is -inf the cut tokens are -inf whatever this says.
-  above = logits > threshold
-  tied = logits == threshold
-  ties_kept = kept - jnp.sum(above, axis=-1, keepdims=True)
-  if not complete:  # the nucleus ran past the k candidates: keep every tie with the k-th
-    ties_kept = jnp.where(kept == candidates.shape[-1], logits.shape[-1], ties_kept)
-  return above | (tied & (jnp.cumsum(tied, axis=-1) <= ties_kept))
-
-
-def top_p_mask(logits: jax.Array, top_p) -> jax.Array:
-  """Nucleus filtering as Hugging Face: keep the smallest prefix (by
-  descending probability) whose mass reaches top_p; the first token is always
-  kept. A concrete top_p >= 1 returns the logits; top_p may be traced.
-  """
-  if isinstance(top_p, (int, float)) and top_p >= 1.0:
-    return logits
-  return filter_logits(logits, top_k=0, top_p=top_p, nucleus=True)
-
-
-def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool = True,
-                  topk_method: str = 'exact', topk_recall: float = 0.95) -> jax.Array:
-  """Top-k (ties with the k-th kept), then top-p on what is left; -inf where dropped.
-
-  Exact: one descending sort of V (the k-th value and the nucleus threshold
-  are read off it and compared with the unsorted logits, so there is no
-  inverse permutation, and a batch split over a mesh stays split).
-  topk_method 'approx' takes the k candidates from `jax.lax.approx_max_k`
-  (recall target topk_recall) and runs the nucleus on them, with no sort of
-  V at all; if the nucleus reaches the k-th value it keeps every token tied
-  with it (the exact path keeps ties in index order).
-
-  Args:
-    logits: float32 [..., V] (after temperature).
-    top_k: 0 (or >= V) disables; top_p: may be traced; nucleus: top-p is on.
-  """
-  vocab = logits.shape[-1]
-  use_top_k = _top_k_active(top_k, vocab)
-  if not nucleus:
-    return top_k_mask(logits, top_k, topk_method, topk_recall)
-  if use_top_k and topk_method == 'approx':
-    values = jax.lax.approx_max_k(logits, top_k, recall_target=topk_recall)[0]
-    candidates = jnp.sort(values, axis=-1, descending=True)  # [..., k]
-    keep_k = logits >= candidates[..., -1:]
-    # Normalised over every top-k survivor (ties past the k candidates included).
-    shifted = jnp.where(keep_k, jnp.exp(logits - candidates[..., :1]), 0.0)
-    probs = jnp.exp(candidates - candidates[..., :1]) / jnp.sum(shifted, -1, keepdims=True)
-    keep = keep_k & _nucleus_keep(logits, candidates, probs, top_p, complete=False)
-    return jnp.where(keep, logits, _NEG_INF)
-  candidates = jnp.sort(logits, axis=-1, descending=True)  # [..., V]
-  keep = jnp.ones(logits.shape, bool)
-  if use_top_k:
-    kth = candidates[..., top_k - 1:top_k]
-    keep = logits >= kth
-    candidates = jnp.where(candidates < kth, _NEG_INF, candidates)
-  probs = jax.nn.softmax(candidates, axis=-1)
-  keep &= _nucleus_keep(logits, candidates, probs, top_p, complete=True)
-  return jnp.where(keep, logits, _NEG_INF)
-
-
 def process_logits(logits: jax.Array, *, temperature=1.0, top_k: int = 0, top_p=1.0,
                    greedy: bool | None = None, nucleus: bool | None = None,
-                   topk_method: str = 'exact', topk_recall: float = 0.95) -> jax.Array:
+                   topk_method: str = 'exact', topk_recall: float = 0.95,
+                   topk_blocks: int = 1) -> jax.Array:
   """Temperature, then top-k, then top-p; returns float32 probabilities [..., V].
 
   temperature == 0 means greedy: a one-hot distribution on the argmax (the
   distribution a greedy draft is actually "sampled" from, so SD stays exact).
   temperature and top_p may be traced if the static decisions are given:
   greedy (default temperature == 0) and nucleus (default top_p < 1).
-  topk_method, topk_recall: see `filter_logits`.
+  topk_method, topk_recall, topk_blocks: see `filter_logits`.
   """
   logits = logits.astype(jnp.float32)
   greedy = bool(temperature == 0) if greedy is None else greedy
@@ -158,7 +55,8 @@ def process_logits(logits: jax.Array, *, temperature=1.0, top_k: int = 0, top_p=
   if greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
   logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p, nucleus=nucleus,
-                         topk_method=topk_method, topk_recall=topk_recall)
+                         topk_method=topk_method, topk_recall=topk_recall,
+                         topk_blocks=topk_blocks)
   return jax.nn.softmax(logits, axis=-1)
 
 
@@ -226,6 +124,10 @@ class Sampling:
     topk_method: 'exact' or 'approx' (`jax.lax.approx_max_k`, for TPU;
       see `filter_logits`).
     topk_recall: approx_max_k's recall target (topk_method 'approx').
+    topk_blocks: n >= 1; n > 1 finds the exact top-k from n vocabulary
+      blocks (n must divide V when top-k is on; `topk.block_candidates`), so
+      vocab-sharded logits are not gathered. `decode.generate` sets it to the
+      mesh's 'model' axis size when left at 1.
 
   A Sampling is a pytree: cfg_scale, temperature and top_p are its children
   (traced under jit, so a sweep over their values compiles one decode);
@@ -248,6 +150,7 @@ class Sampling:
   top_p: float = 1.0
   topk_method: str = 'exact'
   topk_recall: float = 0.95
+  topk_blocks: int = 1
 
   def __post_init__(self):
     if not self.temperature >= 0:
@@ -261,6 +164,8 @@ class Sampling:
     if self.topk_method not in TOPK_METHODS:
       raise ValueError(f'Sampling.topk_method must be one of {TOPK_METHODS}, got '
                        f'{self.topk_method!r}.')
+    if not (isinstance(self.topk_blocks, (int, np.integer)) and self.topk_blocks >= 1):
+      raise ValueError(f'Sampling.topk_blocks must be an int >= 1, got {self.topk_blocks!r}.')
     if not 0 < self.topk_recall <= 1:
       raise ValueError(f'Sampling.topk_recall must be in (0, 1], got {self.topk_recall}.')
     for name in TRACED_FIELDS:  # one dtype per field: an int scale must not retrace
@@ -330,7 +235,7 @@ class Sampling:
     return process_logits(logits, temperature=self.temperature, top_k=self.top_k,
                           top_p=self.top_p, greedy=self._flags.greedy,
                           nucleus=self._flags.nucleus, topk_method=self.topk_method,
-                          topk_recall=self.topk_recall)
+                          topk_recall=self.topk_recall, topk_blocks=self.topk_blocks)
 
 
 def _register_pytree(cls) -> None:

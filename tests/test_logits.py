@@ -237,5 +237,62 @@ class FilterLogitsTest(parameterized.TestCase):
       logits.Sampling(topk_method='fast')
 
 
+def _tied_logits(seed: int, vocab: int = 256) -> jax.Array:
+  """[3, 4, V] logits drawn from six values (heavy ties), a few -inf."""
+  rng = np.random.default_rng(seed)
+  x = rng.integers(0, 6, size=(3, 4, vocab)).astype(np.float32) * 0.7
+  x[0, 1, ::3] = -np.inf
+  return jnp.asarray(x)
+
+
+class BlockedTopKTest(parameterized.TestCase):
+  """topk_blocks = n: the same k-th value from n vocabulary blocks, ties included."""
+
+  @parameterized.product(blocks=[1, 2, 4, 8], top_k=[1, 7, 50, 32, 64, 128, 250, 255],
+                         seed=[0, 1])
+  def test_top_k_masks_equal_the_single_sort(self, blocks, top_k, seed):
+    x = _tied_logits(seed)  # V = 256: V / n = 256..32, so k >= V / n occurs
+    single = logits.filter_logits(x, top_k=top_k, nucleus=False)
+    blocked = logits.filter_logits(x, top_k=top_k, nucleus=False, topk_blocks=blocks)
+    np.testing.assert_array_equal(np.asarray(blocked), np.asarray(single))
+    np.testing.assert_array_equal(
+        np.asarray(logits.top_k_mask(x, top_k, blocks=blocks)), np.asarray(single))
+
+  @parameterized.product(blocks=[2, 4, 8], top_k=[1, 7, 50, 128, 250],
+                         top_p=[0.07, 0.37, 0.83, 0.999], seed=[0, 1])
+  def test_top_p_equals_the_single_sort_until_the_kth_value(self, blocks, top_k, top_p, seed):
+    """Rows whose single-sort nucleus keeps < k tokens are identical; a nucleus that
+    reaches the k-th position keeps every top-k survivor (all ties with the k-th)."""
+    x = _tied_logits(seed)
+    single = np.asarray(logits.filter_logits(x, top_k=top_k, top_p=top_p))
+    blocked = np.asarray(logits.filter_logits(x, top_k=top_k, top_p=top_p, topk_blocks=blocks))
+    top_k_only = np.asarray(logits.filter_logits(x, top_k=top_k, nucleus=False))
+    reached = np.isfinite(single).sum(-1, keepdims=True) >= top_k
+    np.testing.assert_array_equal(blocked, np.where(reached, top_k_only, single))
+
+  def test_documented_tie_case(self):
+    """k = 2 over [3, 1, 1, 1, 0, 0, 0, 0]: top-k keeps the three tied 1s. With top_p
+    0.75 the nucleus stops at the k-th value: one sort keeps the first tie (index
+    order), the blocked path keeps all three."""
+    x = jnp.array([3.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    single = np.isfinite(np.asarray(logits.filter_logits(x, top_k=2, top_p=0.75)))
+    blocked = np.isfinite(np.asarray(
+        logits.filter_logits(x, top_k=2, top_p=0.75, topk_blocks=2)))
+    np.testing.assert_array_equal(single, [1, 1, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(blocked, [1, 1, 1, 1, 0, 0, 0, 0])
+
+  def test_sampling_probs_and_errors(self):
+    x = jax.random.normal(jax.random.key(4), (2, 3, 240))
+    np.testing.assert_allclose(logits.Sampling(top_k=20, topk_blocks=4).probs(x),
+                               logits.Sampling(top_k=20).probs(x), rtol=1e-6, atol=1e-8)
+    # Without top-k (or with 'approx') the blocks are unused: any n is accepted.
+    logits.Sampling(topk_blocks=7).probs(x)
+    with self.assertRaisesRegex(ValueError, 'topk_blocks=7 .* divide the vocabulary size 240'):
+      logits.Sampling(top_k=20, topk_blocks=7).probs(x)
+    for bad in (0, -2, 2.0):
+      with self.assertRaisesRegex(ValueError, 'topk_blocks'):
+        logits.Sampling(topk_blocks=bad)
+
+
 if __name__ == '__main__':
   absltest.main()

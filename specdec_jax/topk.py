@@ -1,0 +1,192 @@
+"""Top-k and top-p filtering of logits (ties with the k-th kept, as LlamaGen).
+
+Legend: V vocabulary, n top-k blocks, k top_k, `...` any leading batch/window dims.
+
+The exact k-th value comes from one descending sort of V, or, with
+`topk_blocks` = n > 1, from a sort of each of n vocabulary blocks and of the
+n * k candidates they give: when the LM head is vocab-parallel (V sharded over
+the mesh's 'model' axis, one block per device) each block sorts where it lives
+and only the candidates cross devices, where a sort of V would all-gather the
+whole row (docs/tpu.md).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_NEG_INF = -jnp.inf
+
+
+TOPK_METHODS = ('exact', 'approx')
+
+
+def _top_k_active(top_k: int, vocab: int) -> bool:
+  return 0 < top_k < vocab
+
+
+def top_k_mask(logits: jax.Array, top_k: int, method: str = 'exact',
+               recall: float = 0.95, blocks: int = 1) -> jax.Array:
+  """Drops logits below the k-th largest (ties with it are kept, as LlamaGen).
+
+  method 'exact' reads the k-th value off a descending sort (`lax.top_k` is
+  about 1.1x faster on one CPU, but XLA's partitioner gathers its batch: over
+  a 'data' mesh every step would all-gather [B, T, V]); 'approx' finds it
+  with `jax.lax.approx_max_k` at the given recall target (TPU; exact on
+  other backends). blocks > 1 (exact only) takes it from `block_candidates`.
+  """
+  if not _top_k_active(top_k, logits.shape[-1]):
+    return logits
+  kth = _kth_value(logits, top_k, method, recall, blocks)
+  return jnp.where(logits < kth, _NEG_INF, logits)
+
+
+def _kth_value(logits, top_k: int, method: str, recall: float, blocks: int = 1) -> jax.Array:
+  """The k-th largest logit [..., 1]."""
+  if method == 'approx':
+    values = jax.lax.approx_max_k(logits, top_k, recall_target=recall)[0]
+    return jnp.min(values, axis=-1, keepdims=True)
+  if blocks > 1:
+    return block_candidates(logits, top_k, blocks)[..., -1:]
+  return jnp.sort(logits, axis=-1, descending=True)[..., top_k - 1:top_k]
+
+
+def check_blocks(vocab: int, blocks: int) -> None:
+  """Raises unless `blocks` vocabulary blocks of equal size tile V."""
+  if blocks < 1 or vocab % blocks:
+    raise ValueError(f'topk_blocks={blocks} must be >= 1 and divide the vocabulary size '
+                     f'{vocab}; use a divisor of {vocab} (e.g. the mesh\'s model axis '
+                     f'size) or 1.')
+
+
+def block_candidates(logits: jax.Array, top_k: int, blocks: int) -> jax.Array:
+  """The k largest logits [..., k], descending, from n vocabulary blocks.
+
+  Each block [..., n, V/n] is sorted on its own axis (a sort along an
+  unsharded axis: with the block axis split over 'model' it stays on its
+  device, where `lax.top_k` would make the partitioner gather), its top
+  min(k, V/n) values kept, and the n * min(k, V/n) >= k candidates sorted.
+
+  Exact, ties included: let v be the k-th largest of the row, and S a set of
+  k positions holding the k largest values, chosen (swapping equal values)
+  so that S meets each block in a prefix of that block's descending order.
+  A block holds at most min(k, V/n) positions of S, so S lies within the
+  candidates: the candidates' k-th largest is >= v. They are also values of
+  the row, so it is <= v. Hence the candidates' k largest values are the
+  row's, as a multiset, and `logits >= kth` keeps the same tokens as the
+  single sort.
+  """
+  vocab = logits.shape[-1]
+  check_blocks(vocab, blocks)
+  per_block = min(top_k, vocab // blocks)
+  blocked = logits.reshape(*logits.shape[:-1], blocks, vocab // blocks)  # [..., n, V/n]
+  tops = jnp.sort(blocked, axis=-1, descending=True)[..., :per_block]  # [..., n, min(k, V/n)]
+  tops = tops.reshape(*logits.shape[:-1], blocks * per_block)
+  return jnp.sort(tops, axis=-1, descending=True)[..., :top_k]  # [..., k]
+
+
+def _index_order_count(tied: jax.Array, blocks: int) -> jax.Array:
+  """cumsum(tied) over V [..., V], int32. With n blocks: a cumsum within each
+  block plus the ties of the blocks before it, so that a block axis split over
+  'model' is not gathered (only the n block totals move)."""
+  if blocks == 1:
+    return jnp.cumsum(tied, axis=-1)
+  vocab = tied.shape[-1]
+  within = jnp.cumsum(tied.reshape(*tied.shape[:-1], blocks, vocab // blocks).astype(jnp.int32),
+                      axis=-1)  # [..., n, V/n]
+  totals = within[..., -1]  # [..., n]
+  before = jnp.cumsum(totals, axis=-1) - totals
+  return (within + before[..., None]).reshape(tied.shape)
+
+
+def _nucleus_keep(logits, candidates, candidate_probs, top_p, complete: bool,
+                  blocks: int = 1) -> jax.Array:
+  """Hugging Face's nucleus as a mask over the unsorted logits, without an inverse
+  permutation.
+
+  Args:
+    logits: [..., V].
+    candidates: [..., C] logits sorted descending (-inf past a top-k cut).
+    candidate_probs: [..., C] their probabilities after the top-k cut.
+    complete: the candidates are all V logits (else the top-k ones only).
+    blocks: count ties per vocabulary block (`_index_order_count`).
+  Returns:
+    bool[..., V]: sorted position i is kept iff i == 0 or the mass before it
+    is <= top_p, i.e. a prefix of `kept` positions. Tokens above the last
+    kept value are kept; of those equal to it, the first (kept - #above) in
+    index order are, as a stable descending argsort orders ties.
+  """
+  cumulative = jnp.cumsum(candidate_probs, axis=-1)
+  kept = 1 + jnp.sum(cumulative[..., :-1] <= top_p, axis=-1, keepdims=True)  # [..., 1]
+  threshold = jnp.take_along_axis(candidates, kept - 1, axis=-1)
+  # Counted on the logits before the top-k cut: equal whenever the threshold is
+  # a kept value; if it is -inf the cut tokens are -inf whatever this says.
+  above = logits > threshold
+  tied = logits == threshold
+  ties_kept = kept - jnp.sum(above, axis=-1, keepdims=True)
+  if not complete:  # the nucleus ran past the k candidates: keep every tie with the k-th
+    ties_kept = jnp.where(kept == candidates.shape[-1], logits.shape[-1], ties_kept)
+  return above | (tied & (_index_order_count(tied, blocks) <= ties_kept))
+
+
+def top_p_mask(logits: jax.Array, top_p) -> jax.Array:
+  """Nucleus filtering as Hugging Face: keep the smallest prefix (by
+  descending probability) whose mass reaches top_p; the first token is always
+  kept. A concrete top_p >= 1 returns the logits; top_p may be traced.
+  """
+  if isinstance(top_p, (int, float)) and top_p >= 1.0:
+    return logits
+  return filter_logits(logits, top_k=0, top_p=top_p, nucleus=True)
+
+
+def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool = True,
+                  topk_method: str = 'exact', topk_recall: float = 0.95,
+                  topk_blocks: int = 1) -> jax.Array:
+  """Top-k (ties with the k-th kept), then top-p on what is left; -inf where dropped.
+
+  Exact: one descending sort of V (the k-th value and the nucleus threshold
+  are read off it and compared with the unsorted logits, so there is no
+  inverse permutation, and a batch split over a mesh stays split).
+  topk_method 'approx' takes the k candidates from `jax.lax.approx_max_k`
+  (recall target topk_recall) and runs the nucleus on them, with no sort of
+  V at all; if the nucleus reaches the k-th value it keeps every token tied
+  with it (the exact path keeps ties in index order).
+  topk_blocks = n > 1 (exact method, top-k on; n must divide V) takes the k
+  candidates from `block_candidates` (n sorts of V/n and one of n * k, no
+  sort of V) and runs the nucleus on them as 'approx' does: the same tokens
+  as one sort of V, except that a nucleus reaching the k-th value keeps every
+  tie with it. Without top-k, top-p still sorts all of V.
+
+  Args:
+    logits: float32 [..., V] (after temperature).
+    top_k: 0 (or >= V) disables; top_p: may be traced; nucleus: top-p is on.
+  """
+  vocab = logits.shape[-1]
+  use_top_k = _top_k_active(top_k, vocab)
+  blocks = topk_blocks if use_top_k and topk_method == 'exact' else 1
+  if blocks > 1:
+    check_blocks(vocab, blocks)
+  if not nucleus:
+    return top_k_mask(logits, top_k, topk_method, topk_recall, blocks)
+  if use_top_k and (topk_method == 'approx' or blocks > 1):
+    if blocks > 1:
+      candidates = block_candidates(logits, top_k, blocks)  # [..., k], descending
+    else:
+      values = jax.lax.approx_max_k(logits, top_k, recall_target=topk_recall)[0]
+      candidates = jnp.sort(values, axis=-1, descending=True)  # [..., k]
+    keep_k = logits >= candidates[..., -1:]
+    # Normalised over every top-k survivor (ties past the k candidates included).
+    shifted = jnp.where(keep_k, jnp.exp(logits - candidates[..., :1]), 0.0)
+    probs = jnp.exp(candidates - candidates[..., :1]) / jnp.sum(shifted, -1, keepdims=True)
+    keep = keep_k & _nucleus_keep(logits, candidates, probs, top_p, complete=False,
+                                  blocks=blocks)
+    return jnp.where(keep, logits, _NEG_INF)
+  candidates = jnp.sort(logits, axis=-1, descending=True)  # [..., V]
+  keep = jnp.ones(logits.shape, bool)
+  if use_top_k:
+    kth = candidates[..., top_k - 1:top_k]
+    keep = logits >= kth
+    candidates = jnp.where(candidates < kth, _NEG_INF, candidates)
+  probs = jax.nn.softmax(candidates, axis=-1)
+  keep &= _nucleus_keep(logits, candidates, probs, top_p, complete=True)
+  return jnp.where(keep, logits, _NEG_INF)
