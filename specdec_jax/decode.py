@@ -268,6 +268,20 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
   return plan, compiled, args
 
 
+def vocab_parallel_sampling(sampling: logits_lib.Sampling, target, mesh) -> logits_lib.Sampling:
+  """topk_blocks = the mesh's 'model' size m when left at 1 and m divides V.
+
+  With a vocab-parallel LM head each device then sorts its own V/m logits and
+  only k candidates per block move, not the [..., V] row (docs/tpu.md).
+  """
+  if mesh is None or sampling.topk_blocks != 1 or 'model' not in mesh.axis_names:
+    return sampling
+  model_size = int(mesh.shape['model'])
+  if model_size > 1 and int(target.vocab_size) % model_size == 0:
+    return dataclasses.replace(sampling, topk_blocks=model_size)
+  return sampling
+
+
 def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(),
              sampling: logits_lib.Sampling = logits_lib.Sampling(), rule=None, draft=None,
              draft_params=None, draft_cond=None, capacity: int | None = None,
@@ -300,6 +314,10 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     mesh: optional ('data', 'model') mesh; parameters are placed by
       target_rules / draft_rules (regex -> PartitionSpec, see
       `sharding.LLAMA_RULES`) and the loop state is pinned every iteration.
+      With a 'model' axis of size m > 1 dividing the vocabulary and
+      sampling.topk_blocks left at 1, top-k runs with topk_blocks = m (the
+      same tokens, found per vocabulary shard: no all-gather of the logits;
+      docs/engine.md "Top-k and top-p").
     compiler_options: passed to XLA when compiling (part of the cache key);
       e.g. `FAST_COMPILE` for tests on CPU.
   Returns:
@@ -311,6 +329,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     "The decoding engine").
   """
   options = tuple(sorted((compiler_options or {}).items()))
+  sampling = vocab_parallel_sampling(sampling, target, mesh)  # static: in the signature
   # A repeated call (same models, mode, shapes, rule and sampling structure)
   # skips validation and compilation: its cheap signature finds the program.
   # Rule hyperparameters and the sampling's cfg_scale, temperature and top_p

@@ -2,6 +2,9 @@
 logits move between devices: the compiled decode has no collective of a [*, V]
 array. Negative controls: the old [cond; uncond] halves layout, and lax.top_k
 (whose batch XLA's partitioner gathers), on a toy computation.
+
+Over a 'model' mesh with vocab-sharded logits, the blocked top-k
+(`Sampling.topk_blocks`) moves no vocabulary-sized array; one sort of V does.
 """
 
 from __future__ import annotations
@@ -98,6 +101,57 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+_VOCAB_SHARDED_SCRIPT = textwrap.dedent("""
+    import json, os, re
+    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'
+    import jax, jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from specdec_jax import decode, logits, sharding
+    from specdec_jax.models import tiny
+
+    VOCAB, MODEL = 160, 4  # V and V / 4 = 40: sizes no other dimension has
+    COLLECTIVE = re.compile(r'(all-gather|all-to-all|collective-permute|all-reduce|'
+                            r'reduce-scatter)(-start)?\\(')
+    SHAPE = re.compile(r'\\[([0-9,]*)\\]')
+
+    def vocab_collectives(compiled):
+      # Collectives whose result has a dimension of V or V / model.
+      moved = []
+      for line in compiled.as_text().splitlines():
+        match = COLLECTIVE.search(line)
+        if match:
+          result = line[:match.start()]
+          sizes = {int(d) for m in SHAPE.finditer(result) for d in m.group(1).split(',') if d}
+          if sizes & {VOCAB, VOCAB // MODEL}:
+            moved.append(line.strip()[:160])
+      return moved
+
+    mesh = sharding.make_mesh(1, MODEL)
+    vocab_sharded = NamedSharding(mesh, P(None, None, 'model'))
+    rows = jax.device_put(jnp.zeros((8, 3, VOCAB)), vocab_sharded)
+    report = {}
+    for name, sampling in (
+        ('blocked_top_k', logits.Sampling(top_k=8, topk_blocks=MODEL)),
+        ('blocked_top_k_top_p', logits.Sampling(top_k=8, top_p=0.9, topk_blocks=MODEL)),
+        ('single_top_k', logits.Sampling(top_k=8)),
+        ('single_top_k_top_p', logits.Sampling(top_k=8, top_p=0.9)),
+    ):
+      probs = jax.jit(sampling.probs, out_shardings=vocab_sharded)
+      report[name] = vocab_collectives(probs.lower(rows).compile())
+    target = tiny.TinyTransformer(tiny.TinyConfig(vocab_size=VOCAB, num_classes=4, width=32,
+                                                  num_layers=1, num_heads=4, num_kv_heads=2,
+                                                  ffn_dim=64))
+    blocks = lambda sampling, mesh: decode.vocab_parallel_sampling(
+        sampling, target, mesh).topk_blocks
+    report['auto_blocks'] = [
+        blocks(logits.Sampling(top_k=8), mesh),
+        blocks(logits.Sampling(top_k=8, topk_blocks=2), mesh),
+        blocks(logits.Sampling(top_k=8), None),
+        blocks(logits.Sampling(top_k=8), sharding.make_mesh(1, 3))]
+    print('REPORT', json.dumps(report))
+""")
+
+
 class RowLayoutTest(absltest.TestCase):
 
   def test_rows_interleave_and_split_back(self):
@@ -133,6 +187,22 @@ class NoLogitsCollectiveTest(absltest.TestCase):
     # Negative controls: the same check does see logits move.
     self.assertNotEmpty(report['toy_halves'])
     self.assertNotEmpty(report['toy_lax_top_k'])
+
+
+class VocabShardedTopKTest(absltest.TestCase):
+
+  def test_blocked_top_k_moves_no_vocabulary_row(self):
+    """Mesh data=1 x model=4 over 4 simulated CPU devices, logits split over V."""
+    result = fresh_process.run_cpu_script(_VOCAB_SHARDED_SCRIPT, timeout=600)
+    self.assertEqual(result.returncode, 0, result.stderr[-4000:])
+    report = json.loads(result.stdout.split('REPORT', 1)[1])
+    self.assertEqual(report['blocked_top_k'], [])
+    self.assertEqual(report['blocked_top_k_top_p'], [])
+    # Negative controls: one sort of V moves (or gathers) vocabulary rows.
+    self.assertNotEmpty(report['single_top_k'])
+    self.assertNotEmpty(report['single_top_k_top_p'])
+    # generate's default: the 'model' size when it divides V (160 % 3 != 0).
+    self.assertEqual(report['auto_blocks'], [4, 2, 1, 1])
 
 
 if __name__ == '__main__':
