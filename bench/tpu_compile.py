@@ -63,6 +63,9 @@ _MARKDOWN = flags.DEFINE_string('markdown', None, 'Markdown table of the results
 _LABEL = flags.DEFINE_string('label', '', 'Free text stored in the JSON (e.g. before/after).')
 _SCAN = flags.DEFINE_bool('scan_layers', False, "Build the targets with scan_layers=True (one "
                           "scanned block; engines whose model configs have that field).")
+_TOPK_BLOCKS = flags.DEFINE_integer(
+    'topk_blocks', None, "Sampling.topk_blocks (1: one sort of V). Default: generate's own "
+    "choice, the mesh's 'model' size when it divides the vocabulary.")
 _COMPARE = flags.DEFINE_list('compare', None, 'BEFORE.json,AFTER.json: print a markdown table '
                              'of their differences (configurations in both) and exit.')
 
@@ -166,6 +169,10 @@ def measure(config: Config) -> dict:
   mode = MODES[config.mode]
   data, width = mesh_split(config.model, config.topology)
   mesh = sharding.make_mesh(data, width, devices=lib.tpu_devices(config.topology))
+  if _TOPK_BLOCKS.value is None:
+    sampling = decode.vocab_parallel_sampling(sampling, target, mesh)
+  else:
+    sampling = dataclasses.replace(sampling, topk_blocks=_TOPK_BLOCKS.value)
   chip = lib.chip_of(config.topology)
   target_params = lib.abstract_params(target, mesh, sharding.LLAMA_RULES)
   draft = draft_params = None
@@ -197,7 +204,7 @@ def measure(config: Config) -> dict:
   roofline = lambda num_bytes: 1e3 * max(flops / chip.peak_flops, num_bytes / chip.hbm_bandwidth)
   return {
       'name': config.name, **dataclasses.asdict(config), 'scan_layers': _SCAN.value,
-      'mesh': f'{data}x{width}',
+      'mesh': f'{data}x{width}', 'topk_blocks': sampling.topk_blocks,
       'num_tokens': num_tokens, 'rows': 2 * config.images, 'window': mode.width,
       'lower_s': lower_s, 'compile_s': compile_s, 'compile_without_loop_s': prefill_compile_s,
       'host_load_average': os.getloadavg()[0], 'host_cpus': os.cpu_count(),
