@@ -10,6 +10,8 @@ Modules:
   resampling  residual distributions (standard and TV-optimal G*)
   verify      one-step output law, chain and static-tree verification
   logits      the logits processing shared by target and draft (CFG, ...)
+  topk        top-k / top-p filtering: one sort, blocked (vocab-parallel), approx
+  precision   the dtype rule: float32 on CPU, bfloat16 on GPU/TPU
   decode      the compiled decoding loop (vanilla, chain, tree, Jacobi)
   modes       decoding modes and the checks run before compiling
   mode_base, mode_chain, mode_tree
