@@ -11,8 +11,8 @@ shapes come from `jax.eval_shape` of the model's init.
 
 What is compiled is the engine's own traced program, `decode._decode(plan,
 ...)`, the function `decode._prepare` jits: prefill, first token, first
-drafts, then the `lax.while_loop`. The plan is built here the way `_prepare`
-builds it (the same validation and capacity rules).
+drafts, then the `lax.while_loop`. The plan comes from `decode.plan_for`, the
+function `_prepare` builds it with (the same validation and capacity rules).
 
 Per iteration costs: XLA's cost analysis counts a while loop's body once (it
 does not know the trip count), so the program's cost is the prefill part plus
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import os
 import time
 from typing import Any
@@ -37,8 +36,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from specdec_jax import decode
 from specdec_jax import kv_cache as kv
-from specdec_jax import mode_base
-from specdec_jax import modes as modes_lib
 from specdec_jax import sharding
 
 GiB = 1 << 30
@@ -120,47 +117,34 @@ class Program:
 
 def build_program(target, target_params, cond, *, num_tokens: int, mode, sampling, rule=None,
                   draft=None, draft_params=None, mesh) -> Program:
-  """The plan and abstract arguments `decode._prepare` would build for this call.
+  """The plan (`decode.plan_for`, as `decode.generate` builds it) and abstract arguments.
 
   target_params / draft_params are abstract and already sharded; cond is a
   concrete (small) array tree so the models' own checks run on it.
   """
   key = jax.random.key(0)
-  num_images = modes_lib.validate(target, target_params, draft, mode, sampling, rule, cond,
-                                  None, num_tokens, key, draft_params)
-  prefix = int(target.prefix_length(cond))
-  capacity = modes_lib.required_capacity(prefix, num_tokens, mode)
-  draft_capacity = mode.draft_capacity(draft=draft, cond=cond, prefix=prefix,
-                                       num_tokens=num_tokens)
-  plan = mode_base.Plan(target=target, draft=draft, mode=mode, sampling=sampling,
-                        num_tokens=num_tokens, num_images=num_images, cfg=sampling.uses_cfg,
-                        target_capacity=capacity, draft_capacity=draft_capacity, mesh=mesh)
+  plan = decode.plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule,
+                         draft, draft_params, None, None, mesh)
   rule = None if mode.rule_mode is None or rule is None else rule.for_window(mode.slots)
-  # Engines with interleaved CFG rows place rows over 'data' in whole images.
-  per_image = lambda fn: ({'rows_per_image': 2} if plan.cfg and 'rows_per_image' in
-                          inspect.signature(fn).parameters else {})
+  # Rows over 'data' in whole images (an image's CFG rows are adjacent).
+  pairs = plan.rows_per_image
   cond = abstract_like(cond, jax.tree.map(
-      lambda x: sharding.batch_sharding(x, mesh, **per_image(sharding.batch_sharding)), cond))
-  keys = jax.eval_shape(lambda: jax.random.split(key, num_images))
+      lambda x: sharding.batch_sharding(x, mesh, pairs), cond))
+  keys = jax.eval_shape(lambda: jax.random.split(key, plan.num_images))
   keys = jax.ShapeDtypeStruct(keys.shape, keys.dtype, sharding=NamedSharding(mesh, P()))
-  rows = num_images * (2 if plan.cfg else 1)
 
   def abstract_cache(model, slots):
-    cache = jax.eval_shape(lambda: model.init_cache(rows, slots))
-    return abstract_like(cache, sharding.cache_shardings(
-        cache, mesh, **per_image(sharding.cache_shardings)))
+    cache = jax.eval_shape(lambda: model.init_cache(plan.num_images * pairs, slots))
+    return abstract_like(cache, sharding.cache_shardings(cache, mesh, pairs))
 
   draft_cache = None
-  if draft is not None and draft_capacity > 1:
-    draft_cache = abstract_cache(draft, draft_capacity)
-  args = (target_params, draft_params, cond, cond, keys, rule)
-  if 'sampling' in inspect.signature(decode._decode).parameters:  # pylint: disable=protected-access
-    # Engines whose Sampling is a traced argument (its floats are loop inputs):
-    # the plan keeps only the CFG flag, as `decode._prepare` builds it.
-    plan = dataclasses.replace(plan, sampling=None)
-    replicated = NamedSharding(mesh, P())
-    args += (abstract_like(sampling, jax.tree.map(lambda _: replicated, sampling)),)
-  return Program(plan, args, abstract_cache(target, capacity), draft_cache)
+  if draft is not None and plan.draft_capacity > 1:
+    draft_cache = abstract_cache(draft, plan.draft_capacity)
+  # The Sampling is a traced argument (its floats are loop inputs), replicated.
+  replicated = NamedSharding(mesh, P())
+  traced_sampling = abstract_like(sampling, jax.tree.map(lambda _: replicated, sampling))
+  args = (target_params, draft_params, cond, cond, keys, rule, traced_sampling)
+  return Program(plan, args, abstract_cache(target, plan.target_capacity), draft_cache)
 
 
 @contextlib.contextmanager

@@ -229,13 +229,15 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_para
   return (target_params, draft_params, cond, draft_cond, row_keys, rule, sampling)
 
 
-def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
-             draft_params, draft_cond, capacity, mesh, target_rules, draft_rules,
-             options) -> tuple:
-  """Validates one call's arguments and compiles (or reuses) its program.
+def plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
+             draft_params, draft_cond, capacity, mesh) -> _Plan:
+  """Validates one call's arguments and builds its static plan (the compile key).
 
-  Returns:
-    (plan, compiled program, this call's traced arguments).
+  The plan holds `sampling=None`: the sampling values are traced arguments
+  (`_decode`'s last), so only their CFG flag is static here and the
+  arguments' signature holds the Sampling's tree structure (top_k,
+  cfg_interval, its flags). Parameters may be abstract (`jax.ShapeDtypeStruct`,
+  as `bench/tpu_compile.py` passes them).
   """
   num_images = modes_lib.validate(target, target_params, draft, mode, sampling, rule, cond,
                                   draft_cond, num_tokens, key, draft_params)
@@ -246,12 +248,21 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
   draft_capacity = mode.draft_capacity(
       draft=draft, cond=cond if draft_cond is None else draft_cond, prefix=prefix,
       num_tokens=num_tokens)
-  # The sampling values are traced arguments: the static plan (the compile
-  # key) holds only its CFG flag, and the arguments' signature holds the
-  # Sampling's tree structure (top_k, cfg_interval, its flags).
-  plan = _Plan(target=target, draft=draft, mode=mode, sampling=None, num_tokens=num_tokens,
+  return _Plan(target=target, draft=draft, mode=mode, sampling=None, num_tokens=num_tokens,
                num_images=num_images, cfg=sampling.uses_cfg, target_capacity=capacity,
                draft_capacity=draft_capacity, mesh=mesh)
+
+
+def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
+             draft_params, draft_cond, capacity, mesh, target_rules, draft_rules,
+             options) -> tuple:
+  """Validates one call's arguments and compiles (or reuses) its program.
+
+  Returns:
+    (plan, compiled program, this call's traced arguments).
+  """
+  plan = plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
+                  draft_params, draft_cond, capacity, mesh)
   args = _arguments(plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                     target_rules, draft_rules)
   signature = (plan, options, _signature(args))
@@ -264,7 +275,7 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
     compiled = program.lower(plan, *args).compile(compiler_options=dict(options) or None)
     _COMPILED[signature] = compiled
     logging.info('generate: compiled %s for %d images x %d tokens in %.2f s',
-                 type(mode).__name__, num_images, num_tokens, time.perf_counter() - start)
+                 type(mode).__name__, plan.num_images, num_tokens, time.perf_counter() - start)
   return plan, compiled, args
 
 
