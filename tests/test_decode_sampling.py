@@ -115,6 +115,21 @@ class TracedSamplingTest(absltest.TestCase):
                      dataclasses.replace(_sampling(2.0, 1.0, 0.9), top_k=5)):
       self.assertGreater(_generate(sampling).compile_seconds, 0.0, sampling)
 
+  def test_plan_holds_the_cfg_flag_not_the_sampling_values(self):
+    """plan_for: two calls differing only in sampling values give one (equal) plan."""
+    params = TARGET.init_params(jax.random.key(0))
+    cond = tiny.cfg_class_rows(LABELS, CONFIG.num_classes)
+    plan = lambda sampling, capacity=None: decode.plan_for(
+        TARGET, params, cond, NUM_TOKENS, jax.random.key(0), decode.Vanilla(), sampling, None,
+        None, None, None, capacity, None)
+    first, second = plan(_sampling(*SWEEP[0])), plan(_sampling(*SWEEP[1]))
+    self.assertEqual(first, second)
+    self.assertEqual((first.sampling, first.cfg, first.rows_per_image, first.num_images),
+                     (None, True, 2, LABELS.shape[0]))
+    self.assertFalse(plan(logits.Sampling(cfg_scale=1.0)).cfg)
+    with self.assertRaisesRegex(ValueError, 'generate: target cache'):
+      plan(_sampling(*SWEEP[0]), capacity=first.target_capacity - 1)
+
 
 if __name__ == '__main__':
   absltest.main()
