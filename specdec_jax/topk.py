@@ -37,18 +37,20 @@ def top_k_mask(logits: jax.Array, top_k: int, method: str = 'exact',
   """
   if not _top_k_active(top_k, logits.shape[-1]):
     return logits
-  kth = _kth_value(logits, top_k, method, recall, blocks)
+  kth = top_k_candidates(logits, top_k, method, recall, blocks)[..., -1:]
   return jnp.where(logits < kth, _NEG_INF, logits)
 
 
-def _kth_value(logits, top_k: int, method: str, recall: float, blocks: int = 1) -> jax.Array:
-  """The k-th largest logit [..., 1]."""
+def top_k_candidates(logits: jax.Array, top_k: int, method: str = 'exact',
+                     recall: float = 0.95, blocks: int = 1) -> jax.Array:
+  """The k largest logits [..., k], descending: from `jax.lax.approx_max_k`
+  (method 'approx'), `block_candidates` (exact, blocks > 1) or one sort of V."""
   if method == 'approx':
     values = jax.lax.approx_max_k(logits, top_k, recall_target=recall)[0]
-    return jnp.min(values, axis=-1, keepdims=True)
+    return jnp.sort(values, axis=-1, descending=True)
   if blocks > 1:
-    return block_candidates(logits, top_k, blocks)[..., -1:]
-  return jnp.sort(logits, axis=-1, descending=True)[..., top_k - 1:top_k]
+    return block_candidates(logits, top_k, blocks)
+  return jnp.sort(logits, axis=-1, descending=True)[..., :top_k]
 
 
 def check_blocks(vocab: int, blocks: int) -> None:
@@ -164,16 +166,10 @@ def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool
   vocab = logits.shape[-1]
   use_top_k = _top_k_active(top_k, vocab)
   blocks = topk_blocks if use_top_k and topk_method == 'exact' else 1
-  if blocks > 1:
-    check_blocks(vocab, blocks)
   if not nucleus:
     return top_k_mask(logits, top_k, topk_method, topk_recall, blocks)
   if use_top_k and (topk_method == 'approx' or blocks > 1):
-    if blocks > 1:
-      candidates = block_candidates(logits, top_k, blocks)  # [..., k], descending
-    else:
-      values = jax.lax.approx_max_k(logits, top_k, recall_target=topk_recall)[0]
-      candidates = jnp.sort(values, axis=-1, descending=True)  # [..., k]
+    candidates = top_k_candidates(logits, top_k, topk_method, topk_recall, blocks)  # [..., k]
     keep_k = logits >= candidates[..., -1:]
     # Normalised over every top-k survivor (ties past the k candidates included).
     shifted = jnp.where(keep_k, jnp.exp(logits - candidates[..., :1]), 0.0)
