@@ -108,8 +108,7 @@ def cache_shardings(cache: kv.KVCache, mesh: Mesh, rows_per_image: int = 1) -> k
   image's conditional and unconditional rows always share a device (else the
   rows are replicated: CFG would move logits between devices every step).
   """
-  images = cache.batch_size // rows_per_image
-  rows = DATA if images % mesh.shape[DATA] == 0 else None
+  rows = _rows_axis(cache.batch_size, mesh, rows_per_image)
 
   def named(x, spec):
     return NamedSharding(mesh, fit_spec(x.shape, spec, mesh))
@@ -128,10 +127,15 @@ def cache_shardings(cache: kv.KVCache, mesh: Mesh, rows_per_image: int = 1) -> k
       position_offset=named(cache.position_offset, P(rows)))
 
 
+def _rows_axis(num_rows: int, mesh: Mesh, rows_per_image: int) -> str | None:
+  """'data' if it splits num_rows cache rows in whole images, else None (replicated)."""
+  return DATA if (num_rows // rows_per_image) % mesh.shape[DATA] == 0 else None
+
+
 def batch_sharding(x: jax.Array, mesh: Mesh, rows_per_image: int = 1) -> NamedSharding:
   """Leading (image/row) axis over 'data' in whole images, everything else replicated."""
-  whole = np.ndim(x) >= 1 and (x.shape[0] // rows_per_image) % mesh.shape[DATA] == 0
-  return NamedSharding(mesh, P(DATA) if whole else P())
+  rows = _rows_axis(x.shape[0], mesh, rows_per_image) if np.ndim(x) >= 1 else None
+  return NamedSharding(mesh, P(rows) if rows else P())
 
 
 def constrain_cache(cache: kv.KVCache, mesh: Mesh | None,
