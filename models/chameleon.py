@@ -130,8 +130,9 @@ class DecoderStack(nn.Module):
     if self.scan_layers:
       x, cache = layers.scan_layers(make_layer(layers.SCANNED), self.num_layers, x, cos, sin,
                                     cache, window_mask)
-    for i in range(0 if self.scan_layers else self.num_layers):
-      x, cache = make_layer(f'layers_{i}')(x, cos, sin, cache, i, window_mask)
+    else:
+      for i in range(self.num_layers):
+        x, cache = make_layer(f'layers_{i}')(x, cos, sin, cache, i, window_mask)
     hidden = layers.RMSNorm(self.norm_eps, self.param_dtype, name='norm')(x)
     return hidden, kv.advance(cache, num_new)
 
