@@ -12,6 +12,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from specdec_jax.app import files
 from specdec_jax.app import sample_output
 from specdec_jax.app import sample_plan
 
@@ -114,7 +115,7 @@ class OutputTest(absltest.TestCase):
     target = pathlib.Path(self.out, 'chunks', 'chunk_00000.npz')
     with mock.patch('os.replace', side_effect=KeyboardInterrupt):
       with self.assertRaises(KeyboardInterrupt):
-        sample_output.write_atomic(target, b'data')
+        files.write_atomic(target, b'data')
     self.assertFalse(target.exists())
     self.assertEmpty(list(target.parent.iterdir()))  # its temporary file is removed too
     # A process killed outright (no cleanup) leaves one; the next start removes it.

@@ -5,12 +5,12 @@ Legend: N images, H, W pixels, C in {1, 3} channels.
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 import zlib
 
 import numpy as np
+
+from specdec_jax.app import files
 
 
 def make_grid(images: np.ndarray, columns: int, padding: int = 2, fill: int = 255) -> np.ndarray:
@@ -59,15 +59,5 @@ def save_png(path: str, image: np.ndarray, scale: int = 1) -> str:
   image = np.asarray(image)
   if scale > 1:
     image = image.repeat(scale, axis=0).repeat(scale, axis=1)
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix='.png.tmp')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(encode_png(image))
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  files.write_atomic(path, encode_png(image))
   return path

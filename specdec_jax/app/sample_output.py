@@ -23,55 +23,32 @@ every process (a shared file system) for resuming and for the merge.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import os
 import pathlib
-import tempfile
 import zipfile
 from typing import Iterable
 
 import numpy as np
 
+from specdec_jax.app import files
 from specdec_jax.app import images as images_lib
 
 CONFIG = 'config.json'
 SAMPLES = 'samples.npz'
 METRICS = 'metrics.jsonl'
 SUMMARY = 'summary.json'
-TEMP_SUFFIX = '.tmp'
 
 
 class FolderMismatchError(ValueError):
   """The output folder was written by a configuration that gives other images."""
 
 
-@contextlib.contextmanager
-def _atomic_file(path):
-  """A binary file object for `path`; written to a temporary file in the same
-  folder and renamed when the block ends (removed if it raises)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=TEMP_SUFFIX)
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      yield f
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-  with _atomic_file(path) as f:
-    f.write(data)
-
-
 def write_json(path, value) -> None:
-  write_atomic(path, (json.dumps(value, indent=1, sort_keys=True, default=str) + '\n').encode())
+  text = json.dumps(value, indent=1, sort_keys=True, default=str) + '\n'
+  files.write_atomic(path, text.encode())
 
 
 def remove_temporaries(out_dir) -> int:
@@ -79,7 +56,7 @@ def remove_temporaries(out_dir) -> int:
   removed = 0
   for folder in (pathlib.Path(out_dir), pathlib.Path(out_dir) / 'chunks',
                  pathlib.Path(out_dir) / 'images'):
-    for path in folder.glob(f'*{TEMP_SUFFIX}') if folder.is_dir() else ():
+    for path in folder.glob(f'*{files.TEMP_SUFFIX}') if folder.is_dir() else ():
       path.unlink(missing_ok=True)
       removed += 1
   return removed
@@ -153,7 +130,7 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 def write_npz(path, arrays: dict[str, tuple[tuple, np.dtype, Iterable[np.ndarray]]]) -> None:
   """Writes a deterministic .npz atomically; each array is (shape, dtype, pieces
   along axis 0), streamed, so a 50,000-image set never sits in memory."""
-  with _atomic_file(path) as f:
+  with files.atomic_file(path) as f:
     _write_npz_to(f, arrays)
 
 
@@ -173,8 +150,8 @@ def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
   stem = chunk_stem(out_dir, chunk)
   arrays = npz_bytes(dict(images=images, index=np.asarray(index, np.int64)))
   lines = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in records).encode()
-  write_atomic(stem.with_suffix('.npz'), arrays)
-  write_atomic(stem.with_suffix('.jsonl'), lines)
+  files.write_atomic(stem.with_suffix('.npz'), arrays)
+  files.write_atomic(stem.with_suffix('.jsonl'), lines)
   write_json(stem.with_suffix('.json'), dict(
       chunk=chunk, process=process, start=int(index[0]), stop=int(index[-1]) + 1, count=len(index),
       npz_sha256=hashlib.sha256(arrays).hexdigest(),
@@ -233,6 +210,6 @@ def merge(out_dir, chunk_ranges: list[range]) -> list[dict]:
   total = sum(len(r) for r in chunk_ranges)
   write_npz(pathlib.Path(out_dir) / SAMPLES,
             dict(arr_0=((total,) + first.shape[1:], first.dtype, pieces())))
-  write_atomic(pathlib.Path(out_dir) / METRICS,
+  files.write_atomic(pathlib.Path(out_dir) / METRICS,
                ''.join(json.dumps(r, sort_keys=True) + '\n' for r in records).encode())
   return records
