@@ -11,11 +11,12 @@ Legend: N images, H = W = 28 (or 32 after padding).
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import pathlib
 
 import numpy as np
+
+from specdec_jax.app import files
 
 DEFAULT_DIR = '/usr/share/datasets/fashion-mnist'
 ENV_VAR = 'FASHION_MNIST_DIR'
@@ -49,14 +50,6 @@ def data_dir(directory: str | None = None) -> pathlib.Path:
   return path
 
 
-def sha256(path: pathlib.Path) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def read_idx(path: pathlib.Path) -> np.ndarray:
   """Parses a gzipped IDX file (magic 0x0801 labels, 0x0803 images)."""
   with gzip.open(path, 'rb') as f:
@@ -81,7 +74,7 @@ def load(split: str, directory: str | None = None, verify_hash: bool = True):
   arrays = []
   for part in ('images', 'labels'):
     name, digest = FILES[f'{split}_{part}']
-    if verify_hash and sha256(path / name) != digest:
+    if verify_hash and files.sha256(path / name) != digest:
       raise ValueError(f'{path / name} does not match the SHA-256 of the official file '
                        f'({digest}); it is corrupt or a different data set. ' + INSTALL_HINT)
     arrays.append(read_idx(path / name))
@@ -101,4 +94,4 @@ def pad_to_32(images: np.ndarray) -> np.ndarray:
 def hashes(directory: str | None = None) -> dict:
   """SHA-256 of each file, for training manifests."""
   path = data_dir(directory)
-  return {name: sha256(path / name) for name, _ in FILES.values()}
+  return {name: files.sha256(path / name) for name, _ in FILES.values()}

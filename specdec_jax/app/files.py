@@ -1,4 +1,5 @@
-"""Files written whole or not at all: a temporary file in the target's folder, then a rename.
+"""Files written whole or not at all (a temporary file in the target's folder, then a
+rename), and file hashes.
 
 A killed writer leaves either the previous file (or none) or a `*.tmp` file
 beside it, never a half-written target (`os.replace` is atomic on one file
@@ -8,6 +9,7 @@ system).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pathlib
 import tempfile
@@ -37,3 +39,12 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
   """Writes `data` to `path` through `atomic_file`."""
   with atomic_file(path) as f:
     f.write(data)
+
+
+def sha256(path: str | os.PathLike) -> str:
+  """Hex SHA-256 of a file, read in 1 MiB blocks."""
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()

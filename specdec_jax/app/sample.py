@@ -20,7 +20,6 @@ committed chunks. Launch lines: docs/sampling.md.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -38,6 +37,7 @@ import numpy as np
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
 from specdec_jax import sharding
+from specdec_jax.app import files
 from specdec_jax.app import generate
 from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
@@ -266,21 +266,13 @@ def run(config) -> dict | None:
         wall_s=time.perf_counter() - started, decode_loop_s=loop_s, compile_s=compile_s,
         processes=process_count, devices=jax.device_count(), backend=jax.default_backend(),
         global_batch=sampler.global_batch, config=config.to_dict(),
-        samples_sha256=_sha256(os.path.join(config.out_dir, sample_output.SAMPLES)))
+        samples_sha256=files.sha256(os.path.join(config.out_dir, sample_output.SAMPLES)))
     sample_output.write_json(os.path.join(config.out_dir, sample_output.SUMMARY), summary)
     logging.info('wrote %s: %d images, %.2f images/s, %.2f tokens per target forward',
                  config.out_dir, config.num_images, summary['images_per_s'],
                  summary['mean_tokens_per_forward'])
   multihost_utils.sync_global_devices('sample: merged')
   return summary
-
-
-def _sha256(path) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def define_flags() -> None:

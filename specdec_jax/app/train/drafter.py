@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specdec_jax.app import files
 from specdec_jax.app import training
 from specdec_jax.app.train import gpt as train_gpt
 from specdec_jax.app.train import vq as train_vq
@@ -325,7 +326,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
   tokens, labels = training_sequences(config, workdir, target, target_params, data)
   sequences_info = {'source': config.data_source, 'count': int(len(tokens))}
   if config.data_source == 'target':
-    sequences_info['sha256'] = train_vq.file_sha256(os.path.join(workdir, SAMPLES_FILE))
+    sequences_info['sha256'] = files.sha256(os.path.join(workdir, SAMPLES_FILE))
   num_eval = min(config.eval_examples, len(data['test_tokens']))
   eval_data = (data['test_tokens'][:num_eval], data['test_labels'][:num_eval])
   initial = evaluate(target, drafter, target_params, dict(trainable, **frozen), *eval_data,

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specdec_jax.app import files
 from specdec_jax.app import training
 from specdec_jax.app.train import vq as train_vq
 from specdec_jax.converters import common
@@ -63,7 +64,7 @@ def load_tokens(path: str) -> dict:
          ('train_tokens', 'train_labels', 'test_tokens', 'test_labels')}
   out['vocab_size'] = int(data['vocab_size'])
   out['grid'] = tuple(int(g) for g in data.get('grid', ()))
-  info = {'tokens_file': os.path.abspath(path), 'tokens_sha256': train_vq.file_sha256(path)}
+  info = {'tokens_file': os.path.abspath(path), 'tokens_sha256': files.sha256(path)}
   vq_manifest = os.path.join(os.path.dirname(path), 'manifest.json')
   if os.path.isfile(vq_manifest):
     with open(vq_manifest) as f:

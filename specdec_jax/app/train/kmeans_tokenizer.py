@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.app import files
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import training
 from specdec_jax.app.train import vq as train_vq
@@ -171,7 +172,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
       extra_meta={'kind': 'patch_kmeans', 'iterations': config.iterations}, overwrite=True)
   train_vq.write_manifest(
       workdir, config=config, steps=config.iterations, data=data_info, metrics=metrics,
-      extra={'tokenizer_dir': str(export), 'tokens_sha256': train_vq.file_sha256(tokens_path),
+      extra={'tokenizer_dir': str(export), 'tokens_sha256': files.sha256(tokens_path),
              'kmeans_history': history})
   return tokenizer, params, metrics
 

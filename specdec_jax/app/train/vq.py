@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import hashlib
 import json
 import os
 import sys
@@ -46,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specdec_jax.app import files
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import training
 from specdec_jax.converters import common
@@ -60,14 +60,6 @@ FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive
 
 
 # ------------------------------------------------- shared by the trainers ---
-
-
-def file_sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-      digest.update(block)
-  return digest.hexdigest()
 
 
 def write_manifest(workdir: str, *, config: Any, steps: int, metrics: dict,
@@ -292,7 +284,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   write_manifest(
       workdir, config=config, steps=int(state.step), data=data_info,
       metrics=dict(metrics, final_train=history[-1] if history else {}),
-      extra={'tokenizer_dir': str(export), 'tokens_sha256': file_sha256(tokens_path),
+      extra={'tokenizer_dir': str(export), 'tokens_sha256': files.sha256(tokens_path),
              'num_params': vq.param_count(state.params)})
   return state, metrics
 
