@@ -10,6 +10,11 @@ On CPU the default is `einsum_attention`, the explicit grouped-query form the
 tests compare the other paths with: on XLA:CPU it is the faster one (the
 bundled family's batch-1 vanilla decode took 71 ms with it and 96 ms through
 `dot_product_attention`, same run; README "The decoding engine").
+
+The cache is heads-major ([B, K, S, D], `kv_cache`). `einsum_attention` folds
+each key/value head's query group and the T new tokens into the rows of one
+matmul per head, [G*T, D] x [D, S], so both matmuls read the cache as stored
+and a multi-token verify forward runs two plain batched matmuls per layer.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def cached_attention(
   """
   cache = kv.update_layer(cache, layer, new_keys, new_values)
   mask = kv.attention_mask(cache, queries.shape[1], window_mask)  # [B, T, S]
-  keys, values = kv.layer_buffers(cache, layer)  # [B, S, K, D]
+  keys, values = kv.layer_buffers(cache, layer)  # [B, K, S, D]
   out = attend(queries, keys, values, mask, implementation)
   return out, cache
 
@@ -63,7 +68,8 @@ def attend(queries: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Arr
 
   Args:
     queries: [B, T, H, D].
-    keys, values: [B, S, K, D] (cast to the queries' dtype).
+    keys, values: [B, K, S, D], heads-major as the cache stores them (cast to
+      the queries' dtype).
     mask: bool[B, T, S]; every query must see at least one key (its own slot).
     implementation: one of IMPLEMENTATIONS.
   Returns:
@@ -86,21 +92,34 @@ def attend(queries: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Arr
 
 
 def _library_attention(queries, keys, values, mask, implementation=None):
-  """jax.nn.dot_product_attention with the engine's mask; shapes as `attend`."""
+  """jax.nn.dot_product_attention with the engine's mask; shapes as `attend`.
+
+  The library takes [B, S, K, D]; on GPU/TPU XLA folds the swap into the
+  attention's dot dimension numbers.
+  """
+  keys, values = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)
   return jax.nn.dot_product_attention(queries, keys, values, mask=mask[:, None, :, :],
                                       implementation=implementation)
 
 
 def einsum_attention(queries: jax.Array, keys: jax.Array, values: jax.Array,
                      mask: jax.Array) -> jax.Array:
-  """The explicit grouped-query attention (reference for `attend`); shapes as there."""
+  """The explicit grouped-query attention (reference for `attend`); shapes as there.
+
+  Per batch row and key/value head, the G = H / K query heads of its group and
+  the T new tokens are the G*T rows (m = g*T + t) of the scores matmul.
+  """
   batch, num_new, num_heads, head_dim = queries.shape
-  num_kv_heads = keys.shape[2]
-  q = queries.reshape(batch, num_new, num_kv_heads, num_heads // num_kv_heads, head_dim)
-  scores = jnp.einsum('btkgd,bskd->bkgts', q, keys.astype(q.dtype),
+  num_kv_heads = keys.shape[1]
+  group = num_heads // num_kv_heads
+  q = queries.reshape(batch, num_new, num_kv_heads, group, head_dim)
+  q = q.transpose(0, 2, 3, 1, 4).reshape(batch, num_kv_heads, group * num_new, head_dim)
+  scores = jnp.einsum('bkmd,bksd->bkms', q, keys.astype(q.dtype),
                       preferred_element_type=jnp.float32)
   scores = scores * (head_dim ** -0.5)
-  scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+  row_mask = jnp.tile(mask, (1, group, 1))[:, None]  # [B, 1, G*T, S]: row m is token m % T
+  scores = jnp.where(row_mask, scores, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-  out = jnp.einsum('bkgts,bskd->btkgd', weights, values)
+  out = jnp.einsum('bkms,bksd->bkmd', weights, values)  # [B, K, G*T, D]
+  out = out.reshape(batch, num_kv_heads, group, num_new, head_dim).transpose(0, 3, 1, 2, 4)
   return out.reshape(batch, num_new, num_heads, head_dim).astype(queries.dtype)

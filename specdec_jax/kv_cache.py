@@ -16,12 +16,18 @@ has at least one key); `position_offset[B]` is subtracted from the slot index to
 position id a model's rotary embedding sees (so a left-padded row still starts
 at position 0 on its first real token).
 
-Two layouts of the buffers: a tuple over layers of [B, S, K, D] arrays (the
-default), or one stacked [N, B, S, K, D] array each for keys and values
+Buffers are heads-major, [B, K, S, D]: each head's slots are one contiguous
+[S, D] matrix, so attention's two matmuls read the cache as stored. With the
+slot axis outside the heads ([B, S, K, D]) XLA:CPU transposed every layer's
+keys and values on every forward, which made a batch-1 decode of the bundled
+model 1.6x slower (README "The decoding engine").
+
+Two arrangements of the layers: a tuple over layers of [B, K, S, D] arrays
+(the default), or one stacked [N, B, K, S, D] array each for keys and values
 (`stacked=True`), which a model scanning over its layers (`lax.scan`) carries
 through the scan and indexes with the traced layer number. Everything else
 (lengths, masks, `advance`, `set_lengths`) is the same; code that transforms
-every layer's buffer goes through `map_buffers`, which keeps the layout.
+every layer's buffer goes through `map_buffers`, which keeps the arrangement.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ class KVCache:
   """Per-layer key/value buffers plus per-row lengths.
 
   Attributes:
-    keys: tuple over layers of [B, S, K, D] arrays, or one [N, B, S, K, D]
+    keys: tuple over layers of [B, K, S, D] arrays, or one [N, B, K, S, D]
       array (stacked layout).
     values: as keys.
     lengths: int32[B], number of valid slots per row.
@@ -79,7 +85,7 @@ def init_cache(
 ) -> KVCache:
   """Returns an empty cache: zero buffers, zero lengths, every slot valid.
 
-  stacked: one [N, B, S, K, D] array for keys and one for values (for models
+  stacked: one [N, B, K, S, D] array for keys and one for values (for models
   that scan over layers) instead of a tuple of N arrays.
   """
   for name, value in (('num_layers', num_layers), ('batch_size', batch_size),
@@ -87,7 +93,7 @@ def init_cache(
                       ('head_dim', head_dim)):
     if int(value) < 1:
       raise ValueError(f'init_cache: {name} must be >= 1, got {value}.')
-  shape = (batch_size, capacity, num_kv_heads, head_dim)
+  shape = (batch_size, num_kv_heads, capacity, head_dim)
   if stacked:
     keys, values = (jnp.zeros((num_layers,) + shape, dtype) for _ in range(2))
   else:
@@ -117,6 +123,25 @@ def write_rows(buffer: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Arra
   def one_row(row, update, start):
     index = (start,) + (0,) * (row.ndim - 1)
     return jax.lax.dynamic_update_slice(row, update.astype(row.dtype), index)
+
+  return jax.vmap(one_row)(buffer, new, starts)
+
+
+def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
+  """Writes one layer's new keys (or values) at each row's slots.
+
+  Args:
+    buffer: [B, K, S, D], heads-major.
+    new: [B, T, K, D], token-major as attention computes them.
+    starts: int32[B], the first slot of each row (callers guarantee
+      starts + T <= S, see `check_capacity`).
+  Returns:
+    The updated [B, K, S, D] buffer: buffer[b, :, starts[b] + t] = new[b, t].
+  """
+
+  def one_row(row, update, start):  # [K, S, D], [T, K, D]
+    update = jnp.swapaxes(update, 0, 1).astype(row.dtype)
+    return jax.lax.dynamic_update_slice(row, update, (0, start, 0))
 
   return jax.vmap(one_row)(buffer, new, starts)
 
@@ -169,7 +194,7 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
 
 def update_layer(cache: KVCache, layer: int | jax.Array, new_keys: jax.Array,
                  new_values: jax.Array) -> KVCache:
-  """Writes one layer's [B, T, K, D] keys/values at each row's length.
+  """Writes one layer's [B, T, K, D] keys/values at each row's length (`write_slots`).
 
   `layer` is a Python int, or (stacked layout only) a traced int32 scalar.
   Does not move `lengths`; call `advance` once after all layers are written.
@@ -179,29 +204,32 @@ def update_layer(cache: KVCache, layer: int | jax.Array, new_keys: jax.Array,
                          values=_write_stacked(cache.values, layer, new_values, cache.lengths))
   keys = list(cache.keys)
   values = list(cache.values)
-  keys[layer] = write_rows(keys[layer], new_keys, cache.lengths)
-  values[layer] = write_rows(values[layer], new_values, cache.lengths)
+  keys[layer] = write_slots(keys[layer], new_keys, cache.lengths)
+  values[layer] = write_slots(values[layer], new_values, cache.lengths)
   return cache.replace(keys=tuple(keys), values=tuple(values))
 
 
 def _write_stacked(buffer, layer, new, starts):
-  """buffer [N, B, S, K, D]: writes new[b] at [layer, b, starts[b]:+T] (one scatter).
+  """buffer [N, B, K, S, D]: writes new[b] [T, K, D] at [layer, b, :, starts[b]:+T] (one scatter).
 
   A scatter rather than a vmapped dynamic_update_slice, whose batching over
   axis 1 would move the whole stacked buffer each layer.
   """
   rows = jnp.arange(new.shape[0])[:, None]  # [B, 1]
   slots = starts[:, None] + jnp.arange(new.shape[1])[None, :]  # [B, T]
-  return buffer.at[layer, rows, slots].set(new.astype(buffer.dtype), mode='promise_in_bounds')
+  # The index arrays are split by the head slice, so NumPy rules put their
+  # [B, T] axes first: the indexed shape is [B, T, K, D], as `new`.
+  return buffer.at[layer, rows, :, slots].set(new.astype(buffer.dtype),
+                                              mode='promise_in_bounds')
 
 
 def layer_buffers(cache: KVCache, layer: int | jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(keys, values) [B, S, K, D] of one layer, in either layout."""
+  """(keys, values) [B, K, S, D] of one layer, in either layout."""
   return cache.keys[layer], cache.values[layer]
 
 
 def map_buffers(fn, cache: KVCache) -> KVCache:
-  """Applies fn ([B, S, K, D] -> [B, S, K, D]) to every layer's keys and values.
+  """Applies fn ([B, K, S, D] -> [B, K, S, D]) to every layer's keys and values.
 
   Keeps the layout: a stacked cache maps with `jax.vmap` over the layer axis,
   so callers (tree compaction, resharding) need not know which one they hold.

@@ -42,9 +42,9 @@ def compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
   slots = as_rows(start[:, None] + jnp.maximum(path, 0), cfg)  # [R, D+1]
   starts = as_rows(start, cfg)
 
-  def move(buffer):  # [R, S, heads, head dim]
-    picked = jnp.take_along_axis(buffer, slots[:, :, None, None], axis=1)
-    return kv.write_rows(buffer, picked, starts)
+  def move(buffer):  # [R, heads, S, head dim]
+    picked = jnp.take_along_axis(buffer, slots[:, None, :, None], axis=2)  # [R, heads, D+1, hd]
+    return kv.write_slots(buffer, jnp.swapaxes(picked, 1, 2), starts)
 
   return kv.map_buffers(move, cache)  # per-layer tuple or stacked (scanned models)
 

@@ -113,12 +113,12 @@ def cache_shardings(cache: kv.KVCache, mesh: Mesh, rows_per_image: int = 1) -> k
   def named(x, spec):
     return NamedSharding(mesh, fit_spec(x.shape, spec, mesh))
 
-  if cache.stacked:  # one [N, B, S, K, D] array each (scanned models)
-    keys = named(cache.keys, P(None, rows, None, MODEL, None))
-    values = named(cache.values, P(None, rows, None, MODEL, None))
-  else:
-    keys = tuple(named(x, P(rows, None, MODEL, None)) for x in cache.keys)
-    values = tuple(named(x, P(rows, None, MODEL, None)) for x in cache.values)
+  if cache.stacked:  # one [N, B, K, S, D] array each (scanned models)
+    keys = named(cache.keys, P(None, rows, MODEL, None, None))
+    values = named(cache.values, P(None, rows, MODEL, None, None))
+  else:  # [B, K, S, D] per layer
+    keys = tuple(named(x, P(rows, MODEL, None, None)) for x in cache.keys)
+    values = tuple(named(x, P(rows, MODEL, None, None)) for x in cache.values)
   return kv.KVCache(
       keys=keys,
       values=values,

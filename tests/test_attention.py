@@ -1,6 +1,8 @@
-"""`attention.attend` through jax.nn.dot_product_attention (and 'auto') equals the einsum reference
+"""`attention.einsum_attention` equals a per-row, per-head NumPy softmax, and
+`attention.attend` through jax.nn.dot_product_attention (and 'auto') equals it,
 for every mask the engine produces: decode steps, chains, trees, per-row lengths,
-padding, grouped-query heads, float32 and bfloat16."""
+padding, grouped-query heads, float32 and bfloat16. Keys and values are
+heads-major [B, K, S, D], as the cache stores them."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -24,7 +26,41 @@ def engine_mask(num_new, window, capacity=12, seed=0):
   return kv.attention_mask(cache, num_new, None if window is None else jnp.asarray(window))
 
 
+def numpy_attention(q, k, v, mask):
+  """Direct float64 softmax attention: q [B, T, H, D], k/v [B, K, S, D], mask [B, T, S]."""
+  q, k, v, mask = (np.asarray(x, np.float64) for x in (q, k, v, mask))
+  batch, num_new, num_heads, head_dim = q.shape
+  group = num_heads // k.shape[1]
+  out = np.zeros(q.shape)
+  for b in range(batch):
+    for h in range(num_heads):
+      scores = q[b, :, h] @ k[b, h // group].T / np.sqrt(head_dim)  # [T, S]
+      scores = np.where(mask[b] > 0, scores, -np.inf)
+      weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+      weights /= weights.sum(axis=-1, keepdims=True)
+      out[b, :, h] = weights @ v[b, h // group]
+  return out
+
+
 class AttendTest(parameterized.TestCase):
+
+  @parameterized.product(
+      case=[('decode', 1, None), ('chain', 4, None), ('tree', 4, TREE)],
+      heads=[(4, 4), (4, 2), (4, 1), (6, 2)])
+  def test_einsum_matches_numpy(self, case, heads):
+    _, num_new, window = case
+    num_heads, num_kv_heads = heads
+    mask = engine_mask(num_new, window)
+    keys = jax.random.split(jax.random.key(4), 3)
+    q = jax.random.normal(keys[0], (3, num_new, num_heads, 16))
+    k = jax.random.normal(keys[1], (3, num_kv_heads, 12, 16))
+    v = jax.random.normal(keys[2], (3, num_kv_heads, 12, 16))
+    got = jax.jit(attention.einsum_attention)(q, k, v, mask)
+    np.testing.assert_allclose(got, numpy_attention(q, k, v, mask), rtol=2e-5, atol=2e-5)
+    # Negative control: the same check sees heads paired with the wrong group.
+    swapped = numpy_attention(q, k[:, ::-1], v[:, ::-1], mask)
+    if num_kv_heads > 1:
+      self.assertGreater(np.abs(np.asarray(got) - swapped).max(), 1e-2)
 
   @parameterized.product(
       case=[('decode', 1, None), ('chain', 4, None), ('tree', 4, TREE)],
@@ -36,8 +72,8 @@ class AttendTest(parameterized.TestCase):
     mask = engine_mask(num_new, window)
     keys = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(keys[0], (3, num_new, num_heads, 16), dtype)
-    k = jax.random.normal(keys[1], (3, 12, num_kv_heads, 16), dtype)
-    v = jax.random.normal(keys[2], (3, 12, num_kv_heads, 16), dtype)
+    k = jax.random.normal(keys[1], (3, num_kv_heads, 12, 16), dtype)
+    v = jax.random.normal(keys[2], (3, num_kv_heads, 12, 16), dtype)
     got = jax.jit(attention.attend, static_argnums=4)(q, k, v, mask, 'xla')
     want = jax.jit(attention.attend, static_argnums=4)(q, k, v, mask, 'einsum')
     self.assertEqual(got.dtype, jnp.dtype(dtype))
@@ -49,7 +85,7 @@ class AttendTest(parameterized.TestCase):
     """'auto' picks by the platform the program is lowered for (lax.platform_dependent)."""
     mask = engine_mask(4, TREE)
     q = jax.random.normal(jax.random.key(2), (3, 4, 4, 8))
-    k = v = jax.random.normal(jax.random.key(3), (3, 12, 2, 8))
+    k = v = jax.random.normal(jax.random.key(3), (3, 2, 12, 8))
     auto = jax.jit(attention.attend, static_argnums=4)
     if jax.default_backend() == 'cpu':
       np.testing.assert_array_equal(auto(q, k, v, mask, 'auto'),
@@ -66,10 +102,10 @@ class AttendTest(parameterized.TestCase):
     mask = engine_mask(4, TREE)
     keys = jax.random.split(jax.random.key(1), 3)
     q = jax.random.normal(keys[0], (3, 4, 2, 8))
-    k = jax.random.normal(keys[1], (3, 12, 2, 8))
-    v = jax.random.normal(keys[2], (3, 12, 2, 8))
+    k = jax.random.normal(keys[1], (3, 2, 12, 8))
+    v = jax.random.normal(keys[2], (3, 2, 12, 8))
     hidden = ~np.asarray(mask).any(axis=1)  # [B, S] slots no query sees
-    noise = jnp.asarray(hidden)[:, :, None, None] * 100.0
+    noise = jnp.asarray(hidden)[:, None, :, None] * 100.0
     np.testing.assert_allclose(attention.attend(q, k + noise, v - noise, mask, implementation),
                                attention.attend(q, k, v, mask, implementation),
                                rtol=1e-5, atol=1e-6)

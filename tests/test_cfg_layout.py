@@ -182,8 +182,8 @@ class NoLogitsCollectiveTest(absltest.TestCase):
                  'toy_interleaved', 'toy_sort_top_k'):
       self.assertEqual(report[name], [], name)
     # Rows are split over 'data' in whole images only.
-    self.assertEqual(report['one_image_cache_spec'], "P(None, None, 'model', None)")
-    self.assertEqual(report['one_image_rows_spec'], "P('data', None, 'model', None)")
+    self.assertEqual(report['one_image_cache_spec'], "P(None, 'model', None, None)")
+    self.assertEqual(report['one_image_rows_spec'], "P('data', 'model', None, None)")
     # Negative controls: the same check does see logits move.
     self.assertNotEmpty(report['toy_halves'])
     self.assertNotEmpty(report['toy_lax_top_k'])

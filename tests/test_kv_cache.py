@@ -32,7 +32,7 @@ class KVCacheTest(absltest.TestCase):
     cache = kv.update_layer(cache, 1, new, -new)
     keys = np.asarray(cache.keys[1])
     for b, start in enumerate([0, 2, 5]):
-      np.testing.assert_array_equal(keys[b, start:start + 2], new[b])
+      np.testing.assert_array_equal(keys[b, :, start:start + 2], np.swapaxes(new[b], 0, 1))
       self.assertEqual(float(np.abs(keys[b]).sum()), float(np.abs(new[b]).sum()))
     self.assertEqual(float(np.abs(cache.keys[0]).sum()), 0.0)  # other layer untouched
     np.testing.assert_array_equal(cache.lengths, [0, 2, 5])  # writes do not move lengths

@@ -83,11 +83,11 @@ class PartitionRulesTest(absltest.TestCase):
     mesh = sharding.make_mesh(1, 1)
     cache = tiny.TinyTransformer().init_cache(2, 8)
     shardings = sharding.cache_shardings(cache, mesh)
-    self.assertEqual(shardings.keys[0].spec, P('data', None, 'model', None))
+    self.assertEqual(shardings.keys[0].spec, P('data', 'model', None, None))
     self.assertEqual(shardings.lengths.spec, P('data'))
     stacked = sharding.cache_shardings(kv.stack_layers(cache), mesh)
-    self.assertEqual(stacked.keys.spec, P(None, 'data', None, 'model', None))
-    self.assertEqual(stacked.values.spec, P(None, 'data', None, 'model', None))
+    self.assertEqual(stacked.keys.spec, P(None, 'data', 'model', None, None))
+    self.assertEqual(stacked.values.spec, P(None, 'data', 'model', None, None))
 
 
 class ShardedDecodeTest(absltest.TestCase):

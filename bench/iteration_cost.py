@@ -1,0 +1,132 @@
+"""Where a batch-1 SD iteration's time goes, on the bundled Fashion-MNIST family (not a test).
+
+  python bench/iteration_cost.py --out bench/results/iteration_cost.json
+
+One image with CFG (2 cache rows), XLA:CPU on one thread per op as the main
+command runs it. Measures, in one process:
+  * target forward at T = 1 and T = k + 1 tokens and EAGLE-head forwards at
+    T = 1 and T = k + 1 (jitted fori_loops of forwards at cache length 100,
+    so host dispatch is excluded);
+  * whole-image decodes: vanilla and UniformRelaxed(omega 2) with the EAGLE
+    head at k = 4 (best of --repeats), per token and per verify iteration;
+  * "other": the iteration minus its forwards (one verify forward, the
+    head's catch-up over k + 1 tokens and k - 1 drafting steps), i.e.
+    sampling, random numbers, verification and loop bookkeeping.
+Each pass prints one table row; ratios are within a pass. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+
+_OUT = flags.DEFINE_string('out', 'bench/results/iteration_cost.json', 'JSON results.')
+_PASSES = flags.DEFINE_integer('passes', 3, 'Measurement passes.')
+_REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed calls per measurement (best is kept).')
+K = 4
+
+
+def _best_ms(fn, repeats: int) -> float:
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return 1e3 * min(times)
+
+
+def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int) -> float:
+  """ms per forward: a jitted fori_loop of `iters` forwards at a fixed cache length."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
+
+  def body(_, carry):
+    cache, tokens, features = carry
+    out = forward(cache, tokens, features)
+    next_tokens = jnp.argmax(out.logits, -1).astype(jnp.int32)
+    next_features = features if features is None else out.hidden
+    return kv.set_lengths(out.cache, cache.lengths), next_tokens, next_features
+
+  run = jax.jit(lambda carry: jax.lax.fori_loop(0, iters, body, carry))
+  return _best_ms(lambda: run((cache, tokens, features)), repeats) / iters
+
+
+def main(argv):
+  del argv
+  generate_app.use_single_thread_xla()
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import decode, kv_cache as kv, logits, rules  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
+
+  family = family_lib.load()
+  target, eagle = family.target, family.eagle
+  cond = target.cfg_cond(family.target_params, jnp.array([3]))
+  num_tokens, repeats = 196, _REPEATS.value
+  cache = target.prefill(family.target_params, target.init_cache(2, 220), cond).cache
+  cache = kv.set_lengths(cache, jnp.array([100, 100]))
+  eagle_cache = kv.set_lengths(eagle.init_cache(2, 220), jnp.array([100, 100]))
+  width = family.target.config.dim
+  sampling = logits.Sampling(cfg_scale=2.0)
+
+  def target_forward(cache, tokens, features):
+    del features
+    return target.forward(family.target_params, cache, tokens)
+
+  def eagle_forward(cache, tokens, features):
+    return eagle.forward(family.eagle_params, cache, tokens, features)
+
+  def decode_ms(**kwargs):
+    call = lambda: decode.generate(target, family.target_params, cond, num_tokens=num_tokens,
+                                   key=jax.random.key(0), sampling=sampling, **kwargs)
+    return _best_ms(call, repeats), call
+
+  sd_kwargs = dict(mode=decode.ChainDraft(k=K, drafter='eagle'), draft=eagle,
+                   draft_params=family.eagle_params, rule=rules.UniformRelaxed(omega=2.0))
+  passes = []
+  print('| pass | target T=1 | target T=5 | ratio | EAGLE T=1 | EAGLE T=5 | vanilla / token '
+        '| SD / iteration | of which other | tokens / iteration | speedup |')
+  print('|---|---|---|---|---|---|---|---|---|---|---|')
+  for index in range(_PASSES.value):
+    row = {}
+    for t in (1, K + 1):
+      tokens = jnp.zeros((2, t), jnp.int32)
+      row[f'target_t{t}_ms'] = _forward_ms(target_forward, cache, tokens, None, 200, repeats)
+      row[f'eagle_t{t}_ms'] = _forward_ms(eagle_forward, eagle_cache, tokens,
+                                          jnp.zeros((2, t, width)), 200, repeats)
+    vanilla_ms, _ = decode_ms(mode=decode.Vanilla())
+    sd_ms, sd_call = decode_ms(**sd_kwargs)
+    iterations = int(sd_call().metrics.verify_steps[0])
+    row.update(vanilla_ms=vanilla_ms, sd_ms=sd_ms, sd_iterations=iterations,
+               vanilla_ms_per_token=vanilla_ms / num_tokens, sd_ms_per_iteration=sd_ms / iterations)
+    forwards = row[f'target_t{K + 1}_ms'] + row[f'eagle_t{K + 1}_ms'] + (K - 1) * row['eagle_t1_ms']
+    row['sd_other_ms_per_iteration'] = row['sd_ms_per_iteration'] - forwards
+    row['speedup'] = vanilla_ms / sd_ms
+    passes.append(row)
+    print(f"| {index} | {row['target_t1_ms']:.3f} | {row[f'target_t{K + 1}_ms']:.3f} | "
+          f"{row[f'target_t{K + 1}_ms'] / row['target_t1_ms']:.2f} | {row['eagle_t1_ms']:.3f} | "
+          f"{row[f'eagle_t{K + 1}_ms']:.3f} | {row['vanilla_ms_per_token']:.3f} | "
+          f"{row['sd_ms_per_iteration']:.3f} | {row['sd_other_ms_per_iteration']:.3f} | "
+          f"{num_tokens / iterations:.2f} | {row['speedup']:.2f}x |", flush=True)
+  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+  result = {'times_in': 'ms, best of repeats', 'k': K, 'rows': 2, 'num_tokens': num_tokens,
+            'backend': jax.default_backend(), 'passes': passes}
+  with open(_OUT.value, 'w') as f:
+    json.dump(result, f, indent=1)
+  print('wrote', _OUT.value)
+
+
+if __name__ == '__main__':
+  app.run(main)
