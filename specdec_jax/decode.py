@@ -102,9 +102,13 @@ def _committed_length(old_length, num_accepted, window: int):
 # ---------------------------------------------------------------- the loop
 
 
+_PURPOSES = 2  # 0: the target side (first token, verification), 1: the drafts
+
+
 def _step_keys(row_keys, step, purpose: int):
-  return jax.vmap(lambda key: jax.random.fold_in(jax.random.fold_in(key, step), purpose))(
-      row_keys)
+  """[B] keys of one iteration and purpose: one fold-in of step * 2 + purpose (one
+  PRNG call; XLA:CPU runs each threefry call as a small loop)."""
+  return jax.vmap(lambda key: jax.random.fold_in(key, step * _PURPOSES + purpose))(row_keys)
 
 
 def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys, rule,

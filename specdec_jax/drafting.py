@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import kv_cache as kv
+from specdec_jax import verify
 
 EAGLE, MODEL = 'eagle', 'model'
 
@@ -182,14 +183,17 @@ def draft_chain(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_h
     drafter forwards; the caller resets the cache lengths.
   """
   logits, hidden = root_logits[:, None], root_hidden[:, None]  # [R, 1, V], [R, 1, E]
+  # Gumbel noise of all k draws in one PRNG call per image: [B, k, V].
+  vocab = root_logits.shape[-1]
+  noise = jax.vmap(lambda key: verify.uniform_to_gumbel(
+      jax.random.uniform(key, (num_drafts, vocab))))(keys)
   tokens, probs = [], []
   for index in range(num_drafts):
     if index:
       out = drafter.forward(params, cache, as_rows(tokens[-1][:, None], cfg), hidden)
       logits, hidden, cache = out.logits, out.hidden, out.cache
     step_probs = guided_probs(sampling, logits, (first_index + index)[:, None], cfg)[:, 0]
-    step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, index)
-    tokens.append(sample(step_keys, step_probs))
+    tokens.append(verify.sample_with_noise(noise[:, index], step_probs))
     probs.append(step_probs)
   return jnp.stack(tokens, axis=1), jnp.stack(probs, axis=1), cache
 

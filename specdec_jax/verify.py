@@ -92,6 +92,23 @@ def _sample(key, probs) -> jax.Array:
   return jax.random.categorical(key, jnp.log(jnp.maximum(probs, 0.0))).astype(jnp.int32)
 
 
+def uniform_to_gumbel(uniforms: jax.Array) -> jax.Array:
+  """Standard Gumbel noise from uniforms in [0, 1), as `jax.random.gumbel` makes it.
+
+  argmax(log p + noise) is then a draw from p (the Gumbel-max trick, which
+  `jax.random.categorical` uses): callers draw the uniforms of several
+  draws in one `jax.random.uniform` call (one PRNG call, where XLA:CPU runs
+  threefry as a loop per call) and slice them.
+  """
+  tiny = jnp.finfo(uniforms.dtype).tiny
+  return -jnp.log(-jnp.log(jnp.maximum(uniforms, tiny)))
+
+
+def sample_with_noise(noise: jax.Array, probs: jax.Array) -> jax.Array:
+  """argmax(log probs + noise) over the last axis, int32 (noise: Gumbel, same shape)."""
+  return jnp.argmax(jnp.log(jnp.maximum(probs, 0.0)) + noise, axis=-1).astype(jnp.int32)
+
+
 def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
   """Verifies k chained drafts for one row.
 
@@ -122,18 +139,18 @@ def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
       raise ValueError(f'draft_tokens must be in [0, {vocab}), got {tokens.tolist()}.')
 
-  accept_key, sample_key = jax.random.split(key)
+  # One PRNG call: k acceptance uniforms, then V for the next token's Gumbel noise.
+  uniforms = jax.random.uniform(key, (num_drafts + vocab,))
   positions = jnp.arange(1, num_drafts + 1)
   accept = jax.vmap(rule.accept_prob_at)(
       draft_probs, target_probs[:num_drafts], positions, draft_tokens)
-  uniforms = jax.random.uniform(accept_key, (num_drafts,))
-  accepted = uniforms < accept
+  accepted = uniforms[:num_drafts] < accept
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32))).astype(jnp.int32)
 
   stop = jnp.minimum(num_accepted, num_drafts - 1)
   residual = rule.residual(draft_probs[stop], target_probs[stop], stop + 1, draft_tokens[stop])
   next_probs = jnp.where(num_accepted == num_drafts, target_probs[num_drafts], residual)
-  return num_accepted, _sample(sample_key, next_probs)
+  return num_accepted, sample_with_noise(uniform_to_gumbel(uniforms[num_drafts:]), next_probs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,7 @@ def _static_decode(sampling, mode=decode.Vanilla(), seed=0):
 
 def _reference_vanilla(sampling, seed=0):
   """Plain AR sampling written out: prefill, then one forward per token, with the
-  engine's key schedule (image b: key folded with b, then step, then purpose 0)."""
+  engine's key schedule (image b: key folded with b, then with 2 * step + purpose 0)."""
   params = TARGET.init_params(jax.random.key(0))
   cond = tiny.cfg_class_rows(LABELS, CONFIG.num_classes)
   num_images = LABELS.shape[0]
@@ -72,7 +72,7 @@ def _reference_vanilla(sampling, seed=0):
     step_logits = out.logits[:, -1]
     probs = sampling.probs(step_logits[:num_images], step_logits[num_images:],
                            token_index=step)
-    keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(k, step), 0) for k in row_keys])
+    keys = jnp.stack([jax.random.fold_in(k, 2 * step) for k in row_keys])
     token = drafting.sample(keys, probs)
     tokens.append(token)
     out = TARGET.forward(params, out.cache, jnp.concatenate([token, token])[:, None])
