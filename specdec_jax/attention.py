@@ -9,7 +9,8 @@ draft-tree ancestors), so XLA, or cuDNN on GPU when asked, picks the kernel.
 On CPU the default is `einsum_attention`, the explicit grouped-query form the
 tests compare the other paths with: on XLA:CPU it is the faster one (the
 bundled family's batch-1 vanilla decode took 71 ms with it and 96 ms through
-`dot_product_attention`, same run; README "The decoding engine").
+`dot_product_attention`, same run, before the heads-major cache; README "The
+decoding engine").
 
 The cache is heads-major ([B, K, S, D], `kv_cache`). `einsum_attention` folds
 each key/value head's query group and the T new tokens into the rows of one

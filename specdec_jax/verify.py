@@ -139,18 +139,21 @@ def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
       raise ValueError(f'draft_tokens must be in [0, {vocab}), got {tokens.tolist()}.')
 
-  # One PRNG call: k acceptance uniforms, then V for the next token's Gumbel noise.
-  uniforms = jax.random.uniform(key, (num_drafts + vocab,))
+  # One PRNG call, [k + 1, V]: the acceptance uniforms are column 0 of the
+  # first k rows, the next token's Gumbel noise the last row. (A flat k + V
+  # draw sliced in two made XLA's SPMD partitioner emit an invalid program on
+  # a data x model mesh, tests/test_sharding.py.)
+  uniforms = jax.random.uniform(key, (num_drafts + 1, vocab))
   positions = jnp.arange(1, num_drafts + 1)
   accept = jax.vmap(rule.accept_prob_at)(
       draft_probs, target_probs[:num_drafts], positions, draft_tokens)
-  accepted = uniforms[:num_drafts] < accept
+  accepted = uniforms[:num_drafts, 0] < accept
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32))).astype(jnp.int32)
 
   stop = jnp.minimum(num_accepted, num_drafts - 1)
   residual = rule.residual(draft_probs[stop], target_probs[stop], stop + 1, draft_tokens[stop])
   next_probs = jnp.where(num_accepted == num_drafts, target_probs[num_drafts], residual)
-  return num_accepted, sample_with_noise(uniform_to_gumbel(uniforms[num_drafts:]), next_probs)
+  return num_accepted, sample_with_noise(uniform_to_gumbel(uniforms[num_drafts]), next_probs)
 
 
 @dataclasses.dataclass(frozen=True)
