@@ -84,9 +84,9 @@ def guided_probs(sampling, logits: jax.Array, token_index: jax.Array, cfg: bool)
 
 
 def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
-  """One token per image: keys [B], probs [B, V] -> int32[B]."""
-  draw = lambda key, p: jax.random.categorical(key, jnp.log(jnp.maximum(p, 0.0)))
-  return jax.vmap(draw)(keys, probs).astype(jnp.int32)
+  """One token per distribution, image b's from keys[b]: probs [B, ..., V] -> int32[B, ...]."""
+  return jax.vmap(lambda key, p: verify.sample_with_noise(jax.random.gumbel(key, p.shape), p))(
+      keys, probs)
 
 
 def sample_distinct(key: jax.Array, probs: jax.Array, num: int) -> jax.Array:
@@ -185,8 +185,7 @@ def draft_chain(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_h
   logits, hidden = root_logits[:, None], root_hidden[:, None]  # [R, 1, V], [R, 1, E]
   # Gumbel noise of all k draws in one PRNG call per image: [B, k, V].
   vocab = root_logits.shape[-1]
-  noise = jax.vmap(lambda key: verify.uniform_to_gumbel(
-      jax.random.uniform(key, (num_drafts, vocab))))(keys)
+  noise = jax.vmap(lambda key: jax.random.gumbel(key, (num_drafts, vocab)))(keys)
   tokens, probs = [], []
   for index in range(num_drafts):
     if index:
@@ -288,8 +287,7 @@ def jacobi_next(keys, target_probs, num_accepted, next_token, init: str,
   """
   batch, window, vocab = target_probs.shape
   sample_keys, fresh_keys = jax.vmap(lambda k: jax.random.split(k))(keys).swapaxes(0, 1)
-  samples = jax.vmap(lambda key, p: jax.random.categorical(
-      key, jnp.log(jnp.maximum(p, 0.0)), axis=-1))(sample_keys, target_probs).astype(jnp.int32)
+  samples = sample(sample_keys, target_probs)  # [B, W]
   source = num_accepted[:, None] + 1 + jnp.arange(window - 1)[None, :]  # [B, W-1]
   carried = source <= window - 1
   clipped = jnp.minimum(source, window - 1)

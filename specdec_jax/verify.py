@@ -87,26 +87,27 @@ def excess_acceptance(rule, draft_probs, target_probs, position=1) -> jax.Array:
   return jnp.sum(jnp.maximum(draft_probs * accept - target_probs, 0.0), axis=-1)
 
 
+def sample_with_noise(noise: jax.Array, probs: jax.Array) -> jax.Array:
+  """argmax(log probs + noise) over the last axis, int32: a draw from probs when
+  noise is standard Gumbel of the same shape (the Gumbel-max trick, as
+  `jax.random.categorical`); zero-probability tokens are never drawn."""
+  return jnp.argmax(jnp.log(jnp.maximum(probs, 0.0)) + noise, axis=-1).astype(jnp.int32)
+
+
 def _sample(key, probs) -> jax.Array:
-  """One token from a distribution [V] (zero-probability tokens are never drawn)."""
-  return jax.random.categorical(key, jnp.log(jnp.maximum(probs, 0.0))).astype(jnp.int32)
+  """One token from a distribution [V] (the same draw as jax.random.categorical)."""
+  return sample_with_noise(jax.random.gumbel(key, probs.shape), probs)
 
 
 def uniform_to_gumbel(uniforms: jax.Array) -> jax.Array:
   """Standard Gumbel noise from uniforms in [0, 1), as `jax.random.gumbel` makes it.
 
-  argmax(log p + noise) is then a draw from p (the Gumbel-max trick, which
-  `jax.random.categorical` uses): callers draw the uniforms of several
-  draws in one `jax.random.uniform` call (one PRNG call, where XLA:CPU runs
-  threefry as a loop per call) and slice them.
+  For draws that share one `jax.random.uniform` call with other uniforms
+  (`verify_chain`: one PRNG call, where XLA:CPU runs threefry as a loop per
+  call); pure noise is `jax.random.gumbel`.
   """
   tiny = jnp.finfo(uniforms.dtype).tiny
   return -jnp.log(-jnp.log(jnp.maximum(uniforms, tiny)))
-
-
-def sample_with_noise(noise: jax.Array, probs: jax.Array) -> jax.Array:
-  """argmax(log probs + noise) over the last axis, int32 (noise: Gumbel, same shape)."""
-  return jnp.argmax(jnp.log(jnp.maximum(probs, 0.0)) + noise, axis=-1).astype(jnp.int32)
 
 
 def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
