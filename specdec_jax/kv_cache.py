@@ -139,6 +139,10 @@ def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Arr
   Returns:
     The updated [B, K, S, D] buffer: buffer[b, :, starts[b] + t] = new[b, t].
   """
+  batch, heads, _, head_dim = buffer.shape
+  if new.ndim != 4 or new.shape[0] != batch or new.shape[2:] != (heads, head_dim):
+    raise ValueError(f'write_slots: new {new.shape} must be [B={batch}, T, K={heads}, '
+                     f'D={head_dim}] for a [B, K, S, D] buffer {buffer.shape}.')
 
   def one_row(row, update, start):  # [K, S, D], [T, K, D]
     update = jnp.swapaxes(update, 0, 1).astype(row.dtype)

@@ -91,6 +91,10 @@ def sample_with_noise(noise: jax.Array, probs: jax.Array) -> jax.Array:
   """argmax(log probs + noise) over the last axis, int32: a draw from probs when
   noise is standard Gumbel of the same shape (the Gumbel-max trick, as
   `jax.random.categorical`); zero-probability tokens are never drawn."""
+  if jnp.shape(noise) != jnp.shape(probs):
+    raise ValueError(f'sample_with_noise: noise {jnp.shape(noise)} must have the shape of probs '
+                     f'{jnp.shape(probs)} (one Gumbel draw per entry; broadcasting would reuse '
+                     'one draw for several distributions).')
   return jnp.argmax(jnp.log(jnp.maximum(probs, 0.0)) + noise, axis=-1).astype(jnp.int32)
 
 

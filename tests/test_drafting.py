@@ -45,6 +45,10 @@ class SharedNoiseSamplingTest(absltest.TestCase):
     self.assertGreater(testing.chi_square_pvalue(pairs, np.outer(self.LAW, self.LAW).ravel())[0],
                        1e-4)
 
+  def test_noise_must_match_probs(self):
+    with self.assertRaisesRegex(ValueError, 'must have the shape of probs'):
+      verify.sample_with_noise(jnp.zeros((8,)), jnp.full((3, 8), 1 / 8))
+
   def test_negative_controls_fail(self):
     # Uniforms used as if they were Gumbel noise: the law is wrong.
     wrong = testing.bins_match(testing.histogram(self._draws(lambda u: u)[:, 0], 8), self.LAW)

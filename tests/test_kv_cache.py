@@ -38,6 +38,16 @@ class KVCacheTest(absltest.TestCase):
     np.testing.assert_array_equal(cache.lengths, [0, 2, 5])  # writes do not move lengths
     np.testing.assert_array_equal(kv.advance(cache, jnp.array([2, 1, 0])).lengths, [2, 3, 5])
 
+  def test_write_slots_rejects_mismatched_heads_or_rows(self):
+    buffer = jnp.zeros((2, 4, 8, 3))
+    with self.assertRaisesRegex(ValueError, r'must be \[B=2, T, K=4, D=3\]'):
+      kv.write_slots(buffer, jnp.ones((2, 1, 2, 3)), jnp.zeros((2,), jnp.int32))  # 2 heads
+    with self.assertRaisesRegex(ValueError, 'write_slots'):
+      kv.write_slots(buffer, jnp.ones((1, 1, 4, 3)), jnp.zeros((2,), jnp.int32))  # 1 row
+    written = kv.write_slots(buffer, jnp.ones((2, 2, 4, 3)), jnp.array([0, 5]))
+    self.assertEqual(float(written.sum()), 2 * 2 * 4 * 3)
+    np.testing.assert_array_equal(written[1, :, 5:7], 1.0)
+
   def test_mask_matches_reference_for_chains_trees_and_padding(self):
     rng = np.random.default_rng(0)
     capacity, num_new = 10, 4
