@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/attention_layout.json', 'JSON results.')
@@ -53,11 +53,6 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import attention, kv_cache as kv  # pylint: disable=g-import-not-at-top
 
-  def timed(run, carry):
-    start = time.perf_counter()
-    jax.block_until_ready(run(carry))
-    return time.perf_counter() - start
-
   def time_loop(write, attend, keys, values, queries, mask):
     """us per iteration of (write the T new keys/values at a moving slot, attend)."""
 
@@ -69,9 +64,7 @@ def main(argv):
       return keys, values, attend(q, keys, values, mask)
 
     run = jax.jit(lambda carry: jax.lax.fori_loop(0, ITERS, body, carry))
-    jax.block_until_ready(run((keys, values, queries)))
-    best = min(timed(run, (keys, values, queries)) for _ in range(_REPEATS.value))
-    return 1e6 * best / ITERS
+    return 1e3 * timing.best_ms(lambda: run((keys, values, queries)), _REPEATS.value) / ITERS
 
   rng = np.random.default_rng(0)
   results = []

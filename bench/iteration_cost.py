@@ -20,30 +20,19 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/iteration_cost.json', 'JSON results.')
 _PASSES = flags.DEFINE_integer('passes', 3, 'Measurement passes.')
 _REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed calls per measurement (best is kept).')
 K = 4
-
-
-def _best_ms(fn, repeats: int) -> float:
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return 1e3 * min(times)
 
 
 def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int) -> float:
@@ -60,7 +49,7 @@ def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int) -> f
     return kv.set_lengths(out.cache, cache.lengths), next_tokens, next_features
 
   run = jax.jit(lambda carry: jax.lax.fori_loop(0, iters, body, carry))
-  return _best_ms(lambda: run((cache, tokens, features)), repeats) / iters
+  return timing.best_ms(lambda: run((cache, tokens, features)), repeats) / iters
 
 
 def main(argv):
@@ -91,7 +80,7 @@ def main(argv):
   def decode_ms(**kwargs):
     call = lambda: decode.generate(target, family.target_params, cond, num_tokens=num_tokens,
                                    key=jax.random.key(0), sampling=sampling, **kwargs)
-    return _best_ms(call, repeats), call
+    return timing.best_ms(call, repeats), call
 
   sd_kwargs = dict(mode=decode.ChainDraft(k=K, drafter='eagle'), draft=eagle,
                    draft_params=family.eagle_params, rule=rules.UniformRelaxed(omega=2.0))
