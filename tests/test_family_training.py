@@ -1,5 +1,6 @@
 """The one-command family trainer: stage order, skipping finished stages, bad stage names."""
 
+import json
 import os
 import tempfile
 from unittest import mock
@@ -20,12 +21,18 @@ def _tiny_splits(config):
   return (images[:30], labels[:30]), (images[30:], labels[30:]), {'synthetic': True}
 
 
+def _tokenizer_only_config():
+  """The family config running only a tiny tokenizer stage."""
+  config = family_config.get_config()
+  config.stages = ('tokenizer',)
+  config.tokenizer.update(codebook_size=8, num_patches=500, iterations=2, eval_batch_size=16)
+  return config
+
+
 class FamilyTrainerTest(absltest.TestCase):
 
   def test_runs_a_stage_then_skips_it_when_its_outputs_exist(self):
-    config = family_config.get_config()
-    config.stages = ('tokenizer',)
-    config.tokenizer.update(codebook_size=8, num_patches=500, iterations=2, eval_batch_size=16)
+    config = _tokenizer_only_config()
     with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
         kmeans_tokenizer, 'load_splits', side_effect=_tiny_splits):
       workdir, bundle = os.path.join(tmp, 'work'), os.path.join(tmp, 'bundle')
@@ -38,6 +45,49 @@ class FamilyTrainerTest(absltest.TestCase):
         train_family.train_family(config, workdir)  # finished: not run again
       for stage in ('classifier', 'target', 'draft_gpt', 'eagle', 'bundle'):
         self.assertFalse(train_family.stage_done(stage, workdir, bundle))
+
+  def test_bundle_is_stale_after_a_stage_is_retrained(self):
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
+        train_family.family_lib, 'bundle_available', return_value=True):
+      workdir, bundle = os.path.join(tmp, 'work'), os.path.join(tmp, 'bundle')
+      for name in train_family.STAGES[:-1]:
+        for path in train_family.stage_outputs(name, workdir):
+          os.makedirs(os.path.dirname(path), exist_ok=True)
+          with open(path, 'w') as f:
+            f.write(name)
+      os.makedirs(bundle)
+
+      def write_manifest(**fields):
+        with open(os.path.join(bundle, 'manifest.json'), 'w') as f:
+          json.dump(fields, f)
+
+      write_manifest(workdir=os.path.abspath(workdir),
+                     stage_fingerprints=train_family.stage_fingerprints(workdir))
+      self.assertTrue(train_family.stage_done('bundle', workdir, bundle))
+      target_meta = train_family.stage_outputs('target', workdir)[0]
+      with open(target_meta, 'w') as f:
+        f.write('retrained')
+      self.assertFalse(train_family.stage_done('bundle', workdir, bundle))
+      # A bundle from before fingerprints, or from another workdir, is stale too.
+      write_manifest(workdir=os.path.abspath(workdir))
+      self.assertFalse(train_family.stage_done('bundle', workdir, bundle))
+      write_manifest(workdir=os.path.join(tmp, 'other'),
+                     stage_fingerprints=train_family.stage_fingerprints(workdir))
+      self.assertFalse(train_family.stage_done('bundle', workdir, bundle))
+
+  def test_a_stage_started_afresh_does_not_add_its_earlier_wall_time(self):
+    config = _tokenizer_only_config()
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
+        kmeans_tokenizer, 'load_splits', side_effect=_tiny_splits):
+      workdir = os.path.join(tmp, 'work')
+      config.bundle_dir = os.path.join(tmp, 'bundle')
+      os.makedirs(workdir)
+      log_path = os.path.join(workdir, train_family.MANIFEST)
+      with open(log_path, 'w') as f:
+        json.dump({'stage_wall_seconds': {'tokenizer': 1e6}}, f)  # an earlier, removed run
+      train_family.train_family(config, workdir)
+      with open(log_path) as f:
+        self.assertLess(json.load(f)['stage_wall_seconds']['tokenizer'], 1e5)
 
   def test_unknown_stage_is_a_clear_error(self):
     config = family_config.get_config()

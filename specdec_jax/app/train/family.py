@@ -20,6 +20,7 @@ remaining stages' time budgets), and writes `family_manifest.json`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -52,24 +53,58 @@ def stage_dirs(workdir: str) -> dict:
   return {name: os.path.join(workdir, name) for name in STAGES if name != 'bundle'}
 
 
-def stage_done(name: str, workdir: str, bundle_dir: str) -> bool:
-  """Whether a stage's final outputs exist (then it is skipped)."""
+def stage_outputs(name: str, workdir: str) -> list:
+  """The files whose presence marks a training stage finished."""
   d = stage_dirs(workdir)
   meta = common.META_FILENAME
   if name == 'tokenizer':
-    return (os.path.isfile(os.path.join(d[name], train_vq.TOKENS_FILE))
-            and os.path.isfile(os.path.join(d[name], train_vq.TOKENIZER_DIR, meta)))
+    return [os.path.join(d[name], train_vq.TOKENS_FILE),
+            os.path.join(d[name], train_vq.TOKENIZER_DIR, meta)]
   if name == 'classifier':
-    return os.path.isfile(os.path.join(d[name], 'classifier', meta))
+    return [os.path.join(d[name], 'classifier', meta)]
   if name in ('target', 'draft_gpt'):
-    return os.path.isfile(os.path.join(d[name], train_gpt.MODEL_DIR, meta))
+    return [os.path.join(d[name], train_gpt.MODEL_DIR, meta)]
   if name == 'eagle':
-    return os.path.isfile(os.path.join(d[name], train_drafter.DRAFTER_DIR, meta))
+    return [os.path.join(d[name], train_drafter.DRAFTER_DIR, meta)]
+  raise ValueError(f'unknown stage {name!r}; stages are {STAGES}.')
+
+
+def stage_fingerprints(workdir: str) -> dict:
+  """{stage: sha256 of its output files} for the training stages; None where missing.
+
+  The bundle records these, so a retrained stage makes the bundle stale.
+  """
+  prints = {}
+  for name in STAGES:
+    if name == 'bundle':
+      continue
+    digest = hashlib.sha256()
+    for path in stage_outputs(name, workdir):
+      if not os.path.isfile(path):
+        digest = None
+        break
+      with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+          digest.update(block)
+    prints[name] = None if digest is None else digest.hexdigest()
+  return prints
+
+
+def stage_done(name: str, workdir: str, bundle_dir: str) -> bool:
+  """Whether a stage's final outputs exist (then it is skipped).
+
+  The bundle is done when it was assembled from this workdir's current stage
+  outputs (its manifest's `stage_fingerprints`); retraining any stage, or a
+  bundle from another workdir, makes it run again.
+  """
   if name == 'bundle':
     manifest = os.path.join(bundle_dir, 'manifest.json')
-    return (family_lib.bundle_available(bundle_dir) and os.path.isfile(manifest)
-            and read_json(manifest).get('workdir') == os.path.abspath(workdir))
-  raise ValueError(f'unknown stage {name!r}; stages are {STAGES}.')
+    if not (family_lib.bundle_available(bundle_dir) and os.path.isfile(manifest)):
+      return False
+    recorded = read_json(manifest)
+    return (recorded.get('workdir') == os.path.abspath(workdir)
+            and recorded.get('stage_fingerprints') == stage_fingerprints(workdir))
+  return all(os.path.isfile(path) for path in stage_outputs(name, workdir))
 
 
 def planned_minutes(config, name: str) -> float:
@@ -125,6 +160,7 @@ def assemble_bundle(config, workdir: str, bundle_dir: str) -> str:
   manifest = {
       'command': 'python -m specdec_jax.train.family ' + ' '.join(sys.argv[1:]),
       'workdir': os.path.abspath(workdir),
+      'stage_fingerprints': stage_fingerprints(workdir),
       'data': read_json(os.path.join(d['tokenizer'], 'manifest.json')).get('data'),
   }
   for name in ('tokenizer', 'classifier', 'target', 'draft_gpt', 'eagle'):
@@ -178,10 +214,13 @@ def train_family(config, workdir: str) -> str:
     remaining = sum(planned_minutes(config, s) for s in pending[index:])
     logging.info('family: stage %d/%d %s; elapsed %.1f min, ETA %.1f min', index + 1,
                  len(pending), name, (time.time() - began) / 60, remaining)
+    # A resumed stage adds to its earlier wall time; one started afresh (its
+    # folder removed to retrain it) and the bundle (rewritten whole) do not.
+    resumed = name != 'bundle' and os.path.isdir(stage_dirs(workdir)[name])
+    earlier = run_log['stage_wall_seconds'].get(name, 0.0) if resumed else 0.0
     start = time.time()
     run_stage(name, config, workdir, bundle_dir, splits)
-    run_log['stage_wall_seconds'][name] = run_log['stage_wall_seconds'].get(name, 0.0) + (
-        time.time() - start)
+    run_log['stage_wall_seconds'][name] = earlier + time.time() - start
     run_log.update(command=list(sys.argv), config=config.to_dict())
     with open(log_path + '.tmp', 'w') as f:
       json.dump(run_log, f, indent=1, default=str)
