@@ -7,8 +7,9 @@ The engine stores each layer's keys and values heads-major, [B, K, S, D]
 against the layout it replaced, [B, S, K, D] with the grouped einsum
 'btkgd,bskd->bkgts' (written out below as the baseline), in one process:
 a jitted fori_loop of (write T new keys/values at a moving slot, attend),
-at the bundled target's shapes (2 rows = one image with CFG, 4 heads of 32,
-220 slots) on XLA:CPU with one thread per op, as the main command runs.
+at the shapes of the 8-layer bundled target the change was made for (2 rows
+= one image with CFG, 4 heads of 32, 220 slots; the current target has 2
+heads of 32) on XLA:CPU with one thread per op, as the main command runs.
 Prints a table of us per layer and the ratio, and writes JSON.
 """
 
