@@ -20,7 +20,7 @@ speedup the shape would give at that acceptance. Prints a table, writes JSON.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
 import os
 import sys
@@ -75,14 +75,11 @@ def main(argv):
     head_params = head.init_params(jax.random.key(1))
     cond = target.cfg_cond(target_params, jnp.array([3]))
 
-    def call(target=target, target_params=target_params, cond=cond, **kwargs):
-      return decode.generate(target, target_params, cond, num_tokens=NUM_TOKENS,
-                             key=jax.random.key(0), sampling=sampling, **kwargs)
-
-    vanilla = lambda call=call: call(mode=decode.Vanilla())
-    sd = lambda call=call, head=head, head_params=head_params: call(
-        mode=decode.ChainDraft(k=K, drafter='eagle'), draft=head, draft_params=head_params,
-        rule=rules.UniformRelaxed(omega=2.0))
+    call = functools.partial(decode.generate, target, target_params, cond,
+                             num_tokens=NUM_TOKENS, key=jax.random.key(0), sampling=sampling)
+    vanilla = functools.partial(call, mode=decode.Vanilla())
+    sd = functools.partial(call, mode=decode.ChainDraft(k=K, drafter='eagle'), draft=head,
+                           draft_params=head_params, rule=rules.UniformRelaxed(omega=2.0))
     iterations = int(sd().metrics.verify_steps[0])  # also compiles
     jax.block_until_ready(vanilla())
     candidates.append(dict(

@@ -75,9 +75,7 @@ def stage_fingerprints(workdir: str) -> dict:
   The bundle records these, so a retrained stage makes the bundle stale.
   """
   prints = {}
-  for name in STAGES:
-    if name == 'bundle':
-      continue
+  for name in stage_dirs(workdir):
     digest = hashlib.sha256()
     for path in stage_outputs(name, workdir):
       if not os.path.isfile(path):
