@@ -1,16 +1,20 @@
-"""One layer's cache write plus attention, heads-major cache against slot-major (not a test).
+"""One layer's cache write plus attention in three cache layouts (not a test).
 
   python bench/attention_layout.py --out bench/results/attention_layout.json
 
-The engine stores each layer's keys and values heads-major, [B, K, S, D]
-(`kv_cache`), and attends with `attention.einsum_attention`. This times that
-against the layout it replaced, [B, S, K, D] with the grouped einsum
-'btkgd,bskd->bkgts' (written out below as the baseline), in one process:
-a jitted fori_loop of (write T new keys/values at a moving slot, attend),
-at the shapes of the 8-layer bundled target the change was made for (2 rows
-= one image with CFG, 4 heads of 32, 220 slots; the current target has 2
-heads of 32) on XLA:CPU with one thread per op, as the main command runs.
-Prints a table of us per layer and the ratio, and writes JSON.
+The engine stores each layer's values heads-major, [B, K, S, D], and its keys
+transposed, [B, K, D, S] (`kv_cache`), and attends with
+`attention.einsum_attention`. This times that against the two layouts it
+replaced, written out below as baselines:
+  * slot-major: keys and values [B, S, K, D], grouped einsum
+    'btkgd,bskd->bkgts';
+  * heads-major: keys and values [B, K, S, D], the scores einsum
+    'bkmd,bksd->bkms' contracting the keys' last axis;
+in one process: a jitted fori_loop of (write T new keys/values at a moving
+slot, attend) at the bundled target's shapes (2 rows = one image with CFG,
+2 heads of 32, 220 slots), T = 1 (a decode step) and T = 5 (a k = 4 verify
+forward), on XLA:CPU with one thread per op, as the main command runs.
+Prints a table of us per layer and writes JSON.
 """
 
 from __future__ import annotations
@@ -30,11 +34,11 @@ from specdec_jax.app import generate as generate_app  # pylint: disable=g-import
 _OUT = flags.DEFINE_string('out', 'bench/results/attention_layout.json', 'JSON results.')
 _REPEATS = flags.DEFINE_integer('repeats', 15, 'Timed calls per measurement (best is kept).')
 _PASSES = flags.DEFINE_integer('passes', 3, 'Measurement passes (the table shows each).')
-ROWS, HEADS, SLOTS, HEAD_DIM, LENGTH, ITERS = 2, 4, 220, 32, 100, 400
+ROWS, HEADS, SLOTS, HEAD_DIM, LENGTH, ITERS = 2, 2, 220, 32, 100, 400
 
 
 def slot_major_attention(queries, keys, values, mask):
-  """The replaced form: keys/values [B, S, K, D], grouped einsum over the slot-major cache."""
+  """The first form: keys/values [B, S, K, D], grouped einsum over the slot-major cache."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   batch, num_new, num_heads, head_dim = queries.shape
@@ -46,6 +50,17 @@ def slot_major_attention(queries, keys, values, mask):
   return out.reshape(batch, num_new, num_heads, head_dim)
 
 
+def heads_major_attention(queries, keys, values, mask):
+  """The previous form: keys and values [B, K, S, D], one query per head (K = H here)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  q = jnp.swapaxes(queries, 1, 2)  # [B, H, T, D]
+  scores = jnp.einsum('bkmd,bksd->bkms', q, keys) * q.shape[-1] ** -0.5
+  scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
+  out = jnp.einsum('bkms,bksd->bkmd', jax.nn.softmax(scores, axis=-1), values)
+  return jnp.swapaxes(out, 1, 2)
+
+
 def main(argv):
   del argv
   generate_app.use_single_thread_xla()
@@ -54,41 +69,50 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import attention, kv_cache as kv  # pylint: disable=g-import-not-at-top
 
-  def time_loop(write, attend, keys, values, queries, mask):
+  def time_loop(write_keys, write_values, attend, keys, values, queries, mask):
     """us per iteration of (write the T new keys/values at a moving slot, attend)."""
 
     def body(i, carry):
       keys, values, q = carry
       new = q * 1e-3  # [B, T, K, D] (as many key/value heads as query heads here)
       starts = jnp.full((ROWS,), LENGTH + i % 50, jnp.int32)
-      keys, values = write(keys, new, starts), write(values, new, starts)
+      keys, values = write_keys(keys, new, starts), write_values(values, new, starts)
       return keys, values, attend(q, keys, values, mask)
 
     run = jax.jit(lambda carry: jax.lax.fori_loop(0, ITERS, body, carry))
     return 1e3 * timing.best_ms(lambda: run((keys, values, queries)), _REPEATS.value) / ITERS
 
+  write_keys = lambda buffer, new, starts: kv.write_slots(buffer, new, starts, kv.KEY_SLOT_AXIS)
   rng = np.random.default_rng(0)
   results = []
-  print('| pass | tokens T | slot-major [B, S, K, D] us | heads-major [B, K, S, D] us | ratio |')
-  print('|---|---|---|---|---|')
+  print('| pass | tokens T | slot-major us | heads-major us | keys transposed (engine) us '
+        '| slot-major / engine | heads-major / engine |')
+  print('|---|---|---|---|---|---|---|')
   for index in range(_PASSES.value):
     for num_new in (1, 5):
       queries = jnp.asarray(rng.normal(size=(ROWS, num_new, HEADS, HEAD_DIM)), jnp.float32)
       slot_major = jnp.asarray(rng.normal(size=(ROWS, SLOTS, HEADS, HEAD_DIM)), jnp.float32)
       mask = jnp.asarray(np.arange(SLOTS)[None, None] < LENGTH + 1 + np.arange(num_new)[:, None])
       mask = jnp.broadcast_to(mask, (ROWS, num_new, SLOTS))
-      heads_major = jnp.swapaxes(slot_major, 1, 2)
-      np.testing.assert_allclose(  # the two forms compute the same attention
-          attention.einsum_attention(queries, heads_major, heads_major, mask),
-          slot_major_attention(queries, slot_major, slot_major, mask), rtol=1e-5, atol=1e-5)
-      before = time_loop(kv.write_rows, slot_major_attention, slot_major, slot_major, queries,
-                         mask)
-      after = time_loop(kv.write_slots, attention.einsum_attention, heads_major, heads_major,
-                        queries, mask)
-      results.append(dict(tokens=num_new, slot_major_us=before, heads_major_us=after,
-                          ratio=before / after, pass_index=index))
-      print(f'| {index} | {num_new} | {before:.1f} | {after:.1f} | {before / after:.2f}x |',
-            flush=True)
+      heads_major = jnp.swapaxes(slot_major, 1, 2)  # [B, K, S, D]
+      keys_transposed = jnp.transpose(slot_major, (0, 2, 3, 1))  # [B, K, D, S]
+      want = slot_major_attention(queries, slot_major, slot_major, mask)
+      for got in (heads_major_attention(queries, heads_major, heads_major, mask),
+                  attention.einsum_attention(queries, keys_transposed, heads_major, mask)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # the same attention
+      row = dict(
+          tokens=num_new, pass_index=index,
+          slot_major_us=time_loop(kv.write_rows, kv.write_rows, slot_major_attention,
+                                  slot_major, slot_major, queries, mask),
+          heads_major_us=time_loop(kv.write_slots, kv.write_slots, heads_major_attention,
+                                   heads_major, heads_major, queries, mask),
+          keys_transposed_us=time_loop(write_keys, kv.write_slots, attention.einsum_attention,
+                                       keys_transposed, heads_major, queries, mask))
+      results.append(row)
+      print(f"| {index} | {num_new} | {row['slot_major_us']:.1f} | {row['heads_major_us']:.1f} "
+            f"| {row['keys_transposed_us']:.1f} "
+            f"| {row['slot_major_us'] / row['keys_transposed_us']:.2f}x "
+            f"| {row['heads_major_us'] / row['keys_transposed_us']:.2f}x |", flush=True)
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   with open(_OUT.value, 'w') as f:
     json.dump({'rows': ROWS, 'heads': HEADS, 'slots': SLOTS, 'head_dim': HEAD_DIM,

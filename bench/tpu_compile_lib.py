@@ -205,5 +205,5 @@ def kv_bytes(cache) -> int:
 
 
 def layer_kv_bytes(cache: kv.KVCache) -> int:
-  """Global bytes of one layer's key buffer [R, K, S, D]."""
+  """Global bytes of one layer's key buffer [R, K, D, S]."""
   return nbytes(cache.keys[0])

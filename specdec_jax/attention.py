@@ -12,10 +12,12 @@ bundled family's batch-1 vanilla decode took 71 ms with it and 96 ms through
 `dot_product_attention`, same run, before the heads-major cache; README "The
 decoding engine").
 
-The cache is heads-major ([B, K, S, D], `kv_cache`). `einsum_attention` folds
-each key/value head's query group and the T new tokens into the rows of one
-matmul per head, [G*T, D] x [D, S], so both matmuls read the cache as stored
-and a multi-token verify forward runs two plain batched matmuls per layer.
+The cache is heads-major, keys [B, K, D, S] and values [B, K, S, D]
+(`kv_cache`). `einsum_attention` folds each key/value head's query group and
+the T new tokens into the rows of one matmul per head, [G*T, D] x [D, S]
+for the scores and [G*T, S] x [S, D] for the output, so both matmuls read
+the cache as stored and a multi-token verify forward runs two plain batched
+matmuls per layer.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def cached_attention(
   """
   cache = kv.update_layer(cache, layer, new_keys, new_values)
   mask = kv.attention_mask(cache, queries.shape[1], window_mask)  # [B, T, S]
-  keys, values = kv.layer_buffers(cache, layer)  # [B, K, S, D]
+  keys, values = kv.layer_buffers(cache, layer)  # [B, K, D, S], [B, K, S, D]
   out = attend(queries, keys, values, mask, implementation)
   return out, cache
 
@@ -69,8 +71,8 @@ def attend(queries: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Arr
 
   Args:
     queries: [B, T, H, D].
-    keys, values: [B, K, S, D], heads-major as the cache stores them (cast to
-      the queries' dtype).
+    keys: [B, K, D, S] and values: [B, K, S, D], as the cache stores them
+      (cast to the queries' dtype).
     mask: bool[B, T, S]; every query must see at least one key (its own slot).
     implementation: one of IMPLEMENTATIONS.
   Returns:
@@ -95,10 +97,10 @@ def attend(queries: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Arr
 def _library_attention(queries, keys, values, mask, implementation=None):
   """jax.nn.dot_product_attention with the engine's mask; shapes as `attend`.
 
-  The library takes [B, S, K, D]; on GPU/TPU XLA folds the swap into the
-  attention's dot dimension numbers.
+  The library takes [B, S, K, D]; on GPU/TPU XLA folds the transposes into
+  the attention's dot dimension numbers.
   """
-  keys, values = jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2)
+  keys, values = jnp.transpose(keys, (0, 3, 1, 2)), jnp.swapaxes(values, 1, 2)
   return jax.nn.dot_product_attention(queries, keys, values, mask=mask[:, None, :, :],
                                       implementation=implementation)
 
@@ -115,7 +117,7 @@ def einsum_attention(queries: jax.Array, keys: jax.Array, values: jax.Array,
   group = num_heads // num_kv_heads
   q = queries.reshape(batch, num_new, num_kv_heads, group, head_dim)
   q = q.transpose(0, 2, 3, 1, 4).reshape(batch, num_kv_heads, group * num_new, head_dim)
-  scores = jnp.einsum('bkmd,bksd->bkms', q, keys.astype(q.dtype),
+  scores = jnp.einsum('bkmd,bkds->bkms', q, keys.astype(q.dtype),
                       preferred_element_type=jnp.float32)
   scores = scores * (head_dim ** -0.5)
   row_mask = jnp.tile(mask, (1, group, 1))[:, None]  # [B, 1, G*T, S]: row m is token m % T

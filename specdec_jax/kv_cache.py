@@ -16,16 +16,23 @@ has at least one key); `position_offset[B]` is subtracted from the slot index to
 position id a model's rotary embedding sees (so a left-padded row still starts
 at position 0 on its first real token).
 
-Buffers are heads-major, [B, K, S, D]: each head's slots are one contiguous
-[S, D] matrix, so attention's two matmuls read the cache as stored. With the
-slot axis outside the heads ([B, S, K, D]) XLA:CPU transposed every layer's
-keys and values on every forward: one layer's write plus attention took
-3.6x as long at one new token, 2.9x at five (`bench/attention_layout.py`,
-README "The decoding engine").
+Buffers are heads-major: values [B, K, S, D], keys [B, K, D, S] (each
+head's keys stored transposed). Attention's two matmuls then read the cache
+as stored: scores = q [G*T, D] x keys [D, S] and out = weights [G*T, S] x
+values [S, D], with no transpose inside the dot. With the slot axis outside
+the heads ([B, S, K, D]) XLA:CPU transposed every layer's keys and values on
+every forward; with keys [B, K, S, D] like the values, the scores matmul
+contracted the keys' last axis, which XLA:CPU does at about twice the cost
+at five new tokens. One layer's write plus attention at the bundled
+target's shapes takes 1.27-1.29x as long at five new tokens (a k = 4
+verify forward) with keys [B, K, S, D] as with keys [B, K, D, S], and
+0.87-0.91x as long at one (`bench/attention_layout.py`, README "The
+decoding engine").
+`KEY_SLOT_AXIS` and `VALUE_SLOT_AXIS` name the slot axis of each buffer.
 
-Two arrangements of the layers: a tuple over layers of [B, K, S, D] arrays
-(the default), or one stacked [N, B, K, S, D] array each for keys and values
-(`stacked=True`), which a model scanning over its layers (`lax.scan`) carries
+Two arrangements of the layers: tuples over layers of per-layer arrays (the
+default), or one stacked array each for keys ([N, B, K, D, S]) and values
+([N, B, K, S, D]) (`stacked=True`), which a model scanning over its layers (`lax.scan`) carries
 through the scan and indexes with the traced layer number. Everything else
 (lengths, masks, `advance`, `set_lengths`) is the same; code that transforms
 every layer's buffer goes through `map_buffers`, which keeps the arrangement.
@@ -37,15 +44,20 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+# Slot axis of one layer's buffer: keys [B, K, D, S], values [B, K, S, D].
+KEY_SLOT_AXIS = 3
+VALUE_SLOT_AXIS = 2
+
 
 @flax.struct.dataclass
 class KVCache:
   """Per-layer key/value buffers plus per-row lengths.
 
   Attributes:
-    keys: tuple over layers of [B, K, S, D] arrays, or one [N, B, K, S, D]
-      array (stacked layout).
-    values: as keys.
+    keys: tuple over layers of [B, K, D, S] arrays (transposed, see the
+      module docstring), or one [N, B, K, D, S] array (stacked layout).
+    values: tuple over layers of [B, K, S, D] arrays, or one [N, B, K, S, D]
+      array.
     lengths: int32[B], number of valid slots per row.
     key_valid: bool[B, S], False for padding slots inside [0, lengths).
     position_offset: int32[B], position id = slot index - position_offset.
@@ -86,20 +98,22 @@ def init_cache(
 ) -> KVCache:
   """Returns an empty cache: zero buffers, zero lengths, every slot valid.
 
-  stacked: one [N, B, K, S, D] array for keys and one for values (for models
-  that scan over layers) instead of a tuple of N arrays.
+  stacked: one [N, B, K, D, S] array for keys and one [N, B, K, S, D] for
+  values (for models that scan over layers) instead of tuples of N arrays.
   """
   for name, value in (('num_layers', num_layers), ('batch_size', batch_size),
                       ('capacity', capacity), ('num_kv_heads', num_kv_heads),
                       ('head_dim', head_dim)):
     if int(value) < 1:
       raise ValueError(f'init_cache: {name} must be >= 1, got {value}.')
-  shape = (batch_size, num_kv_heads, capacity, head_dim)
+  key_shape = (batch_size, num_kv_heads, head_dim, capacity)
+  value_shape = (batch_size, num_kv_heads, capacity, head_dim)
   if stacked:
-    keys, values = (jnp.zeros((num_layers,) + shape, dtype) for _ in range(2))
+    keys = jnp.zeros((num_layers,) + key_shape, dtype)
+    values = jnp.zeros((num_layers,) + value_shape, dtype)
   else:
-    keys, values = (tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
-                    for _ in range(2))
+    keys = tuple(jnp.zeros(key_shape, dtype) for _ in range(num_layers))
+    values = tuple(jnp.zeros(value_shape, dtype) for _ in range(num_layers))
   return KVCache(
       keys=keys,
       values=values,
@@ -128,25 +142,37 @@ def write_rows(buffer: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Arra
   return jax.vmap(one_row)(buffer, new, starts)
 
 
-def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
+def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array,
+                slot_axis: int = VALUE_SLOT_AXIS) -> jax.Array:
   """Writes one layer's new keys (or values) at each row's slots.
 
   Args:
-    buffer: [B, K, S, D], heads-major.
+    buffer: [B, K, S, D] (slot_axis 2, values) or [B, K, D, S] (slot_axis 3,
+      keys).
     new: [B, T, K, D], token-major as attention computes them.
     starts: int32[B], the first slot of each row (callers guarantee
       starts + T <= S, see `check_capacity`).
+    slot_axis: VALUE_SLOT_AXIS or KEY_SLOT_AXIS.
   Returns:
-    The updated [B, K, S, D] buffer: buffer[b, :, starts[b] + t] = new[b, t].
+    The updated buffer: new[b, t] lands at slot starts[b] + t of row b.
   """
-  batch, heads, _, head_dim = buffer.shape
+  if slot_axis not in (VALUE_SLOT_AXIS, KEY_SLOT_AXIS):
+    raise ValueError(f'write_slots: slot_axis must be {VALUE_SLOT_AXIS} (values, '
+                     f'[B, K, S, D]) or {KEY_SLOT_AXIS} (keys, [B, K, D, S]), got {slot_axis}.')
+  batch, heads = buffer.shape[:2]
+  head_dim = buffer.shape[5 - slot_axis]
   if new.ndim != 4 or new.shape[0] != batch or new.shape[2:] != (heads, head_dim):
+    layout = '[B, K, S, D]' if slot_axis == VALUE_SLOT_AXIS else '[B, K, D, S]'
     raise ValueError(f'write_slots: new {new.shape} must be [B={batch}, T, K={heads}, '
-                     f'D={head_dim}] for a [B, K, S, D] buffer {buffer.shape}.')
+                     f'D={head_dim}] for a {layout} buffer {buffer.shape}.')
+  # [B, T, K, D] -> [B, K, T, D] (values) or [B, K, D, T] (keys).
+  order = (0, 2, 1, 3) if slot_axis == VALUE_SLOT_AXIS else (0, 2, 3, 1)
+  new = jnp.transpose(new, order).astype(buffer.dtype)
 
-  def one_row(row, update, start):  # [K, S, D], [T, K, D]
-    update = jnp.swapaxes(update, 0, 1).astype(row.dtype)
-    return jax.lax.dynamic_update_slice(row, update, (0, start, 0))
+  def one_row(row, update, start):  # [K, S, D] or [K, D, S]; update likewise with T
+    index = [0, 0, 0]
+    index[slot_axis - 1] = start
+    return jax.lax.dynamic_update_slice(row, update, tuple(index))
 
   return jax.vmap(one_row)(buffer, new, starts)
 
@@ -205,17 +231,19 @@ def update_layer(cache: KVCache, layer: int | jax.Array, new_keys: jax.Array,
   Does not move `lengths`; call `advance` once after all layers are written.
   """
   if cache.stacked:
-    return cache.replace(keys=_write_stacked(cache.keys, layer, new_keys, cache.lengths),
-                         values=_write_stacked(cache.values, layer, new_values, cache.lengths))
+    return cache.replace(
+        keys=_write_stacked(cache.keys, layer, new_keys, cache.lengths, KEY_SLOT_AXIS),
+        values=_write_stacked(cache.values, layer, new_values, cache.lengths, VALUE_SLOT_AXIS))
   keys = list(cache.keys)
   values = list(cache.values)
-  keys[layer] = write_slots(keys[layer], new_keys, cache.lengths)
-  values[layer] = write_slots(values[layer], new_values, cache.lengths)
+  keys[layer] = write_slots(keys[layer], new_keys, cache.lengths, KEY_SLOT_AXIS)
+  values[layer] = write_slots(values[layer], new_values, cache.lengths, VALUE_SLOT_AXIS)
   return cache.replace(keys=tuple(keys), values=tuple(values))
 
 
-def _write_stacked(buffer, layer, new, starts):
-  """buffer [N, B, K, S, D]: writes new[b] [T, K, D] at [layer, b, :, starts[b]:+T] (one scatter).
+def _write_stacked(buffer, layer, new, starts, slot_axis):
+  """buffer [N, B, K, S, D] (or [N, B, K, D, S] for keys): writes new[b] [T, K, D]
+  at layer `layer`, row b, slots starts[b]:+T (one scatter).
 
   A scatter rather than a vmapped dynamic_update_slice, whose batching over
   axis 1 would move the whole stacked buffer each layer.
@@ -224,25 +252,33 @@ def _write_stacked(buffer, layer, new, starts):
   slots = starts[:, None] + jnp.arange(new.shape[1])[None, :]  # [B, T]
   # The index arrays are split by the head slice, so NumPy rules put their
   # [B, T] axes first: the indexed shape is [B, T, K, D], as `new`.
-  return buffer.at[layer, rows, :, slots].set(new.astype(buffer.dtype),
-                                              mode='promise_in_bounds')
+  if slot_axis == VALUE_SLOT_AXIS:
+    target = buffer.at[layer, rows, :, slots]
+  else:
+    target = buffer.at[layer, rows, :, :, slots]
+  return target.set(new.astype(buffer.dtype), mode='promise_in_bounds')
 
 
 def layer_buffers(cache: KVCache, layer: int | jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(keys, values) [B, K, S, D] of one layer, in either layout."""
+  """(keys [B, K, D, S], values [B, K, S, D]) of one layer, in either arrangement."""
   return cache.keys[layer], cache.values[layer]
 
 
 def map_buffers(fn, cache: KVCache) -> KVCache:
-  """Applies fn ([B, K, S, D] -> [B, K, S, D]) to every layer's keys and values.
+  """Applies fn(buffer, slot_axis) -> buffer to every layer's keys and values.
 
-  Keeps the layout: a stacked cache maps with `jax.vmap` over the layer axis,
-  so callers (tree compaction, resharding) need not know which one they hold.
+  fn gets keys [B, K, D, S] with slot_axis KEY_SLOT_AXIS and values
+  [B, K, S, D] with VALUE_SLOT_AXIS, and returns the same shape. Keeps the
+  arrangement: a stacked cache maps with `jax.vmap` over the layer axis, so
+  callers (tree compaction, resharding) need not know which one they hold.
   """
+  key_fn = lambda x: fn(x, KEY_SLOT_AXIS)
+  value_fn = lambda x: fn(x, VALUE_SLOT_AXIS)
   if cache.stacked:
-    return cache.replace(keys=jax.vmap(fn)(cache.keys), values=jax.vmap(fn)(cache.values))
-  return cache.replace(keys=tuple(fn(x) for x in cache.keys),
-                       values=tuple(fn(x) for x in cache.values))
+    return cache.replace(keys=jax.vmap(key_fn)(cache.keys),
+                         values=jax.vmap(value_fn)(cache.values))
+  return cache.replace(keys=tuple(key_fn(x) for x in cache.keys),
+                       values=tuple(value_fn(x) for x in cache.values))
 
 
 def stack_layers(cache: KVCache) -> KVCache:

@@ -113,10 +113,10 @@ def cache_shardings(cache: kv.KVCache, mesh: Mesh, rows_per_image: int = 1) -> k
   def named(x, spec):
     return NamedSharding(mesh, fit_spec(x.shape, spec, mesh))
 
-  if cache.stacked:  # one [N, B, K, S, D] array each (scanned models)
+  if cache.stacked:  # one array each, keys [N, B, K, D, S], values [N, B, K, S, D] (scanned)
     keys = named(cache.keys, P(None, rows, MODEL, None, None))
     values = named(cache.values, P(None, rows, MODEL, None, None))
-  else:  # [B, K, S, D] per layer
+  else:  # keys [B, K, D, S], values [B, K, S, D] per layer
     keys = tuple(named(x, P(rows, MODEL, None, None)) for x in cache.keys)
     values = tuple(named(x, P(rows, MODEL, None, None)) for x in cache.values)
   return kv.KVCache(

@@ -65,7 +65,7 @@ def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, depths, bos: 
   query_position = kv.window_positions(cache, num_new, depths)  # [B, T]
   visible = kv.attention_mask(cache, num_new, window_mask)  # [B, T, S]
   match = visible & (slot_position[:, None, :] == query_position[..., None] - 1)
-  stored = cache.keys[0][:, 0, :, 0].astype(jnp.int32)  # [B, S]
+  stored = cache.keys[0][:, 0, 0, :].astype(jnp.int32)  # [B, S] (keys are [B, K, D, S])
   found = jnp.any(match, axis=-1)
   slot = jnp.argmax(match, axis=-1)  # [B, T]
   previous = jnp.take_along_axis(stored, slot, axis=1)

@@ -1,8 +1,9 @@
 """`attention.einsum_attention` equals a per-row, per-head NumPy softmax, and
 `attention.attend` through jax.nn.dot_product_attention (and 'auto') equals it,
 for every mask the engine produces: decode steps, chains, trees, per-row lengths,
-padding, grouped-query heads, float32 and bfloat16. Keys and values are
-heads-major [B, K, S, D], as the cache stores them."""
+padding, grouped-query heads, float32 and bfloat16. Keys are [B, K, D, S] and
+values [B, K, S, D], as the cache stores them (the NumPy reference takes both
+[B, K, S, D])."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -55,7 +56,7 @@ class AttendTest(parameterized.TestCase):
     q = jax.random.normal(keys[0], (3, num_new, num_heads, 16))
     k = jax.random.normal(keys[1], (3, num_kv_heads, 12, 16))
     v = jax.random.normal(keys[2], (3, num_kv_heads, 12, 16))
-    got = jax.jit(attention.einsum_attention)(q, k, v, mask)
+    got = jax.jit(attention.einsum_attention)(q, jnp.swapaxes(k, 2, 3), v, mask)
     np.testing.assert_allclose(got, numpy_attention(q, k, v, mask), rtol=2e-5, atol=2e-5)
     # Negative control: the same check sees heads paired with the wrong group.
     swapped = numpy_attention(q, k[:, ::-1], v[:, ::-1], mask)
@@ -74,10 +75,14 @@ class AttendTest(parameterized.TestCase):
     q = jax.random.normal(keys[0], (3, num_new, num_heads, 16), dtype)
     k = jax.random.normal(keys[1], (3, num_kv_heads, 12, 16), dtype)
     v = jax.random.normal(keys[2], (3, num_kv_heads, 12, 16), dtype)
+    k = jnp.swapaxes(k, 2, 3)  # [B, K, D, S]
     got = jax.jit(attention.attend, static_argnums=4)(q, k, v, mask, 'xla')
     want = jax.jit(attention.attend, static_argnums=4)(q, k, v, mask, 'einsum')
     self.assertEqual(got.dtype, jnp.dtype(dtype))
     tol = 1e-6 if dtype == 'float32' else 1e-2
+    if dtype == 'float32':  # both read the [B, K, D, S] keys as the reference does
+      np.testing.assert_allclose(got, numpy_attention(q, jnp.swapaxes(k, 2, 3), v, mask),
+                                 rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                rtol=tol, atol=tol)
 
@@ -85,7 +90,8 @@ class AttendTest(parameterized.TestCase):
     """'auto' picks by the platform the program is lowered for (lax.platform_dependent)."""
     mask = engine_mask(4, TREE)
     q = jax.random.normal(jax.random.key(2), (3, 4, 4, 8))
-    k = v = jax.random.normal(jax.random.key(3), (3, 2, 12, 8))
+    v = jax.random.normal(jax.random.key(3), (3, 2, 12, 8))
+    k = jnp.swapaxes(v, 2, 3)
     auto = jax.jit(attention.attend, static_argnums=4)
     if jax.default_backend() == 'cpu':
       np.testing.assert_array_equal(auto(q, k, v, mask, 'auto'),
@@ -102,11 +108,13 @@ class AttendTest(parameterized.TestCase):
     mask = engine_mask(4, TREE)
     keys = jax.random.split(jax.random.key(1), 3)
     q = jax.random.normal(keys[0], (3, 4, 2, 8))
-    k = jax.random.normal(keys[1], (3, 2, 12, 8))
+    k = jax.random.normal(keys[1], (3, 2, 8, 12))  # [B, K, D, S]
     v = jax.random.normal(keys[2], (3, 2, 12, 8))
     hidden = ~np.asarray(mask).any(axis=1)  # [B, S] slots no query sees
     noise = jnp.asarray(hidden)[:, None, :, None] * 100.0
-    np.testing.assert_allclose(attention.attend(q, k + noise, v - noise, mask, implementation),
+    key_noise = jnp.swapaxes(noise, 2, 3)
+    np.testing.assert_allclose(attention.attend(q, k + key_noise, v - noise, mask,
+                                                implementation),
                                attention.attend(q, k, v, mask, implementation),
                                rtol=1e-5, atol=1e-6)
 

@@ -30,9 +30,13 @@ class KVCacheTest(absltest.TestCase):
     cache = kv.set_lengths(cache, jnp.array([0, 2, 5]))
     new = jnp.arange(3 * 2 * 1 * 2, dtype=jnp.float32).reshape(3, 2, 1, 2) + 1
     cache = kv.update_layer(cache, 1, new, -new)
-    keys = np.asarray(cache.keys[1])
+    keys, values = np.asarray(cache.keys[1]), np.asarray(cache.values[1])
+    self.assertEqual(keys.shape, (3, 1, 2, 8))  # [B, K, D, S]
+    self.assertEqual(values.shape, (3, 1, 8, 2))  # [B, K, S, D]
     for b, start in enumerate([0, 2, 5]):
-      np.testing.assert_array_equal(keys[b, :, start:start + 2], np.swapaxes(new[b], 0, 1))
+      np.testing.assert_array_equal(keys[b, :, :, start:start + 2],
+                                    np.transpose(new[b], (1, 2, 0)))
+      np.testing.assert_array_equal(values[b, :, start:start + 2], -np.swapaxes(new[b], 0, 1))
       self.assertEqual(float(np.abs(keys[b]).sum()), float(np.abs(new[b]).sum()))
     self.assertEqual(float(np.abs(cache.keys[0]).sum()), 0.0)  # other layer untouched
     np.testing.assert_array_equal(cache.lengths, [0, 2, 5])  # writes do not move lengths
@@ -47,6 +51,16 @@ class KVCacheTest(absltest.TestCase):
     written = kv.write_slots(buffer, jnp.ones((2, 2, 4, 3)), jnp.array([0, 5]))
     self.assertEqual(float(written.sum()), 2 * 2 * 4 * 3)
     np.testing.assert_array_equal(written[1, :, 5:7], 1.0)
+    # Keys: [B, K, D, S], slots on the last axis.
+    new = jnp.arange(2 * 2 * 4 * 3, dtype=jnp.float32).reshape(2, 2, 4, 3)
+    written = kv.write_slots(jnp.zeros((2, 4, 3, 8)), new, jnp.array([0, 5]), kv.KEY_SLOT_AXIS)
+    np.testing.assert_array_equal(written[1, :, :, 5:7], np.transpose(new[1], (1, 2, 0)))
+    self.assertEqual(float(written[1, :, :, :5].sum() + written[1, :, :, 7:].sum()), 0.0)
+    with self.assertRaisesRegex(ValueError, r'must be \[B=2, T, K=4, D=3\] for a \[B, K, D, S\]'):
+      kv.write_slots(jnp.zeros((2, 4, 3, 8)), jnp.ones((2, 1, 4, 8)), jnp.zeros((2,), jnp.int32),
+                     kv.KEY_SLOT_AXIS)  # head dim 8 is the slot count
+    with self.assertRaisesRegex(ValueError, 'slot_axis must be'):
+      kv.write_slots(buffer, new, jnp.zeros((2,), jnp.int32), 1)
 
   def test_mask_matches_reference_for_chains_trees_and_padding(self):
     rng = np.random.default_rng(0)

@@ -127,9 +127,12 @@ class StackedCacheTest(absltest.TestCase):
     b = kv.update_layer(stacked, jnp.int32(1), new, -new)  # traced-style layer index
     np.testing.assert_array_equal(b.keys, jnp.stack(a.keys))
     np.testing.assert_array_equal(b.values, jnp.stack(a.values))
-    double = lambda x: 2 * x + 1
+    double = lambda x, slot_axis: 2 * x + slot_axis  # keys get 3, values 2
     np.testing.assert_array_equal(kv.map_buffers(double, b).keys,
                                   jnp.stack(kv.map_buffers(double, a).keys))
+    np.testing.assert_array_equal(kv.map_buffers(double, b).keys, 2 * b.keys + kv.KEY_SLOT_AXIS)
+    np.testing.assert_array_equal(kv.map_buffers(double, a).values[1],
+                                  2 * a.values[1] + kv.VALUE_SLOT_AXIS)
     self.assertFalse(kv.unstack_layers(b).stacked)
 
 
