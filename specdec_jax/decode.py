@@ -42,6 +42,7 @@ from absl import logging
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import drafting
 from specdec_jax import kv_cache as kv
@@ -203,9 +204,14 @@ def clear_compile_cache() -> None:
 
 
 def _signature(tree):
+  """What a compiled decode depends on in its traced arguments: the tree structure
+  and each leaf's shape, dtype, weak type and sharding (about 1 us per leaf for
+  device arrays; NumPy and Python leaves take the slower generic path)."""
   leaves, treedef = jax.tree.flatten(tree)
-  return treedef, tuple((jnp.shape(x), jnp.result_type(x), getattr(x, 'sharding', None))
-                        for x in leaves)
+  return treedef, tuple(
+      (x.shape, x.dtype, getattr(x, 'weak_type', False), x.sharding)
+      if isinstance(x, jax.Array) else (np.shape(x), jnp.result_type(x), None)
+      for x in leaves)
 
 
 @functools.partial(jax.jit, static_argnums=1)

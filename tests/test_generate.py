@@ -57,6 +57,10 @@ class GenerateTest(absltest.TestCase):
       bundle = tiny_bundle(os.path.join(tmp, 'bundle'))
       self.assertTrue(family_lib.bundle_available(bundle))
       family = family_lib.load(bundle)
+      # Parameters are placed on the device once (NumPy leaves would be copied per call).
+      for tree in (family.target_params, family.eagle_params, family.draft_gpt_params,
+                   family.tokenizer_params, family.classifier_params):
+        self.assertTrue(all(isinstance(x, jax.Array) for x in jax.tree.leaves(tree)))
       config = generate_config.get_config()
       config.images_per_class = 1
       config.side_by_side_per_class = 1
@@ -103,7 +107,9 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(os.environ['XLA_FLAGS'].split(),
                        ['--xla_dump_to=/tmp/x', *generate.SINGLE_THREAD_XLA_FLAGS])
       generate.use_single_thread_xla()  # idempotent
-      self.assertEqual(len(os.environ['XLA_FLAGS'].split()), 3)
+      self.assertEqual(len(os.environ['XLA_FLAGS'].split()), 2)
+    for flag in generate.SINGLE_THREAD_XLA_FLAGS:  # XLA drops everything after a non-flag
+      self.assertTrue(flag.startswith('--xla_'), flag)
 
   def test_missing_bundle_is_a_clear_error(self):
     with tempfile.TemporaryDirectory() as tmp:

@@ -176,7 +176,12 @@ def bundle_available(directory: str | pathlib.Path | None = None) -> bool:
 
 
 def load(directory: str | pathlib.Path | None = None) -> Family:
-  """Loads a bundle (default: the one shipped in the package)."""
+  """Loads a bundle (default: the one shipped in the package).
+
+  Every parameter tree is placed on JAX's default device once, here: the
+  converters' loaders return NumPy arrays, which a jitted call (such as
+  `decode.generate`) would copy to the device again on every call.
+  """
   root = pathlib.Path(directory) if directory else BUNDLE_DIR
   missing = [p for p in PARTS if not (root / p / common.META_FILENAME).exists()]
   if missing or not (root / 'reference_features.npz').exists():
@@ -199,6 +204,9 @@ def _load_parts(root: pathlib.Path) -> Family:
   eagle, eagle_params = lantern_drafter.load_drafter(root / 'eagle',
                                                      target_params['output']['kernel'])
   classifier_params, classifier_meta = common.load_params(root / 'classifier')
+  (tokenizer_params, target_params, draft_gpt_params, eagle_params,
+   classifier_params) = jax.device_put((tokenizer_params, target_params, draft_gpt_params,
+                                        eagle_params, classifier_params))
   reference = np.load(root / 'reference_features.npz')
   manifest = json.loads((root / 'manifest.json').read_text()) if (
       root / 'manifest.json').exists() else {}

@@ -331,8 +331,9 @@ def define_flags() -> None:
 # XLA:CPU flags for the batch-1 regime: one thread per op. At one image with CFG
 # every op is tiny, and the intra-op thread pool's synchronisation costs more
 # than it saves (measured on 2 cores: SD iterations ~15% faster, vanilla
-# unchanged; README "The main command").
-SINGLE_THREAD_XLA_FLAGS = ('--xla_cpu_multi_thread_eigen=false', 'intra_op_parallelism_threads=1')
+# unchanged; README "The main command"). Every entry must be a --flag: XLA stops
+# reading XLA_FLAGS at the first token that is not one, dropping the rest.
+SINGLE_THREAD_XLA_FLAGS = ('--xla_cpu_multi_thread_eigen=false',)
 
 
 def use_single_thread_xla() -> bool:
