@@ -1,0 +1,154 @@
+"""Batch-1 decode times of two checkouts of this repository, in one process (not a test).
+
+  git worktree add /tmp/before <commit>
+  python bench/compare_trees.py --trees /tmp/before,. --out bench/results/compare_trees.json
+
+Speed changes of a few percent are below this machine's run-to-run noise
+(10-30% between processes). This imports the `specdec_jax` package of each
+tree in turn into one process (each with its own bundled family), then
+times their decodes interleaved: every round runs each (tree, method,
+class) once, and each keeps its best. Methods: vanilla, UniformRelaxed and
+COOL-SD with the EAGLE head at the main command's k, omega, delta and
+sampling (configs/generate.py); one image with CFG per class of
+`latency_classes`, as the main command's latency pass. speedup = the
+tree's vanilla / the method, both from the same rounds. Prints a table and
+writes JSON (with each tree's git commit and whether it had local changes).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+_TREES = flags.DEFINE_list('trees', None, 'Two or more repository checkouts.', required=True)
+_OUT = flags.DEFINE_string('out', 'bench/results/compare_trees.json', 'JSON results.')
+_ROUNDS = flags.DEFINE_integer('rounds', 15, 'Timed rounds (best per call is kept).')
+_LABELS = flags.DEFINE_list('labels', None, 'A description of each tree (stored in the JSON).')
+
+
+# The package's folders in a checkout (pyproject.toml [tool.setuptools.package-dir]).
+PACKAGE_DIRS = {'specdec_jax': 'specdec_jax', 'specdec_jax.models': 'models',
+                'specdec_jax.converters': 'converters', 'specdec_jax.configs': 'configs'}
+
+
+class _TreeFinder(importlib.abc.MetaPathFinder):
+  """Finds the package's top folders in one checkout, ahead of the installed copy
+  (an editable install maps specdec_jax.models etc. to its own checkout)."""
+
+  def __init__(self, tree: str):
+    self.tree = tree
+
+  def find_spec(self, fullname, path, target=None):
+    del path, target
+    if fullname not in PACKAGE_DIRS:
+      return None  # submodules: found on their parent package's __path__
+    folder = os.path.join(self.tree, PACKAGE_DIRS[fullname])
+    return importlib.util.spec_from_file_location(
+        fullname, os.path.join(folder, '__init__.py'), submodule_search_locations=[folder])
+
+
+def _import_tree(tree: str) -> dict:
+  """The modules this script uses, imported from `tree` (any earlier import forgotten)."""
+  for name in [m for m in sys.modules if m == 'specdec_jax' or m.startswith('specdec_jax.')]:
+    del sys.modules[name]
+  finder = _TreeFinder(tree)
+  sys.meta_path.insert(0, finder)
+  try:
+    modules = {name: importlib.import_module(f'specdec_jax.{name}')
+               for name in ('decode', 'rules', 'logits', 'app.family', 'configs.generate')}
+    outside = [m.__file__ for name, m in sys.modules.items()
+               if name.startswith('specdec_jax') and getattr(m, '__file__', None)
+               and not os.path.abspath(m.__file__).startswith(tree + os.sep)]
+  finally:
+    sys.meta_path.remove(finder)
+  if outside:
+    raise RuntimeError(f'modules imported from outside {tree}: {outside[:3]}')
+  return modules
+
+
+def _commit(tree: str) -> dict:
+  run = lambda *args: subprocess.run(['git', '-C', tree, *args], capture_output=True,
+                                     text=True, check=False).stdout.strip()
+  return dict(commit=run('rev-parse', 'HEAD'), local_changes=bool(run('status', '--porcelain')))
+
+
+def _decode(decode, family, cond, key, sampling, kwargs):
+  """One batch-1 decode with one tree's modules and family."""
+  return decode.generate(family.target, family.target_params, cond, num_tokens=family.num_tokens,
+                         key=key, sampling=sampling, **kwargs)
+
+
+def main(argv):
+  del argv
+  os.environ['XLA_FLAGS'] = ' '.join([os.environ.get('XLA_FLAGS', ''),
+                                      '--xla_cpu_multi_thread_eigen=false']).strip()
+  import jax  # pylint: disable=g-import-not-at-top  (XLA flags first)
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  trees = [os.path.abspath(t) for t in _TREES.value]
+  if _LABELS.value and len(_LABELS.value) != len(trees):
+    raise ValueError(f'--labels: {len(_LABELS.value)} labels for {len(trees)} trees.')
+  calls, classes = {}, None
+  for tree in trees:
+    m = _import_tree(tree)
+    config = m['configs.generate'].get_config()
+    classes = tuple(config.latency_classes)
+    family = m['app.family'].load()
+    sampling = m['logits'].Sampling(**config.sampling.to_dict())
+    decode, rules = m['decode'], m['rules']
+    chain = decode.ChainDraft(k=config.draft_length, drafter='eagle')
+    eagle = dict(mode=chain, draft=family.eagle, draft_params=family.eagle_params)
+    methods = {'vanilla': dict(mode=decode.Vanilla()),
+               'uniform': dict(eagle, rule=rules.UniformRelaxed(omega=config.uniform_omega)),
+               'coolsd': dict(eagle, rule=rules.CoolSD(delta=config.coolsd_delta))}
+    for label in classes:
+      cond = family.target.cfg_cond(family.target_params, jax.numpy.asarray([label]))
+      for name, kwargs in methods.items():
+        calls[(tree, name, label)] = (
+            functools.partial(_decode, decode, family, cond, jax.random.key(label), sampling,
+                              kwargs))
+  tokens_per_forward = {}
+  for key, call in calls.items():  # compile
+    result = call()
+    tokens_per_forward[key] = result.metrics.summary()['tokens_per_target_forward']
+  best = dict.fromkeys(calls, np.inf)
+  for index in range(_ROUNDS.value):
+    for key, call in calls.items():
+      start = time.perf_counter()
+      jax.block_until_ready(call().tokens)
+      best[key] = min(best[key], time.perf_counter() - start)
+    print(f'round {index + 1}/{_ROUNDS.value}', flush=True)
+
+  mean = lambda tree, name, table: float(np.mean([table[(tree, name, c)] for c in classes]))
+  rows = []
+  print('| tree | method | tokens / forward | ms per image | speedup |')
+  print('|---|---|---|---|---|')
+  for tree in trees:
+    vanilla_s = mean(tree, 'vanilla', best)
+    for name in ('vanilla', 'uniform', 'coolsd'):
+      seconds = mean(tree, name, best)
+      label = _LABELS.value[trees.index(tree)] if _LABELS.value else ''
+      row = dict(tree=tree, label=label, **_commit(tree), method=name, latency_s=seconds,
+                 speedup=vanilla_s / seconds,
+                 tokens_per_forward=mean(tree, name, tokens_per_forward))
+      rows.append(row)
+      print(f"| {tree} | {name} | {row['tokens_per_forward']:.2f} | {1e3 * seconds:.1f} "
+            f"| {row['speedup']:.2f}x |")
+  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+  with open(_OUT.value, 'w') as f:
+    json.dump({'classes': list(classes), 'rounds': _ROUNDS.value, 'rows': rows}, f, indent=1)
+  print('wrote', _OUT.value)
+
+
+if __name__ == '__main__':
+  app.run(main)
