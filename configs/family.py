@@ -48,7 +48,7 @@ def get_config():
   config.draft_gpt.num_steps = 1_000_000
 
   config.eagle = fashion_eagle.get_config()
-  config.eagle.train_minutes = 14.0
+  config.eagle.train_minutes = 28.0
   config.eagle.num_steps = 1_000_000
   config.eagle.save_every = 250
   return config
