@@ -160,7 +160,7 @@ def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array,
     raise ValueError(f'write_slots: slot_axis must be {VALUE_SLOT_AXIS} (values, '
                      f'[B, K, S, D]) or {KEY_SLOT_AXIS} (keys, [B, K, D, S]), got {slot_axis}.')
   batch, heads = buffer.shape[:2]
-  head_dim = buffer.shape[5 - slot_axis]
+  head_dim = buffer.shape[3] if slot_axis == VALUE_SLOT_AXIS else buffer.shape[2]
   if new.ndim != 4 or new.shape[0] != batch or new.shape[2:] != (heads, head_dim):
     layout = '[B, K, S, D]' if slot_axis == VALUE_SLOT_AXIS else '[B, K, D, S]'
     raise ValueError(f'write_slots: new {new.shape} must be [B={batch}, T, K={heads}, '
@@ -175,6 +175,27 @@ def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array,
     return jax.lax.dynamic_update_slice(row, update, tuple(index))
 
   return jax.vmap(one_row)(buffer, new, starts)
+
+
+def read_slots(buffer: jax.Array, slots: jax.Array, slot_axis: int = VALUE_SLOT_AXIS) -> jax.Array:
+  """Gathers each row's slots from one layer's keys or values (inverse of `write_slots`).
+
+  Args:
+    buffer: [B, K, S, D] (slot_axis 2, values) or [B, K, D, S] (slot_axis 3,
+      keys).
+    slots: int32[B, T], slot indices per row (in range).
+    slot_axis: VALUE_SLOT_AXIS or KEY_SLOT_AXIS.
+  Returns:
+    [B, T, K, D], token-major as `write_slots` takes it.
+  """
+  if slot_axis == VALUE_SLOT_AXIS:
+    picked = jnp.take_along_axis(buffer, slots[:, None, :, None], axis=2)  # [B, K, T, D]
+    return jnp.transpose(picked, (0, 2, 1, 3))
+  if slot_axis == KEY_SLOT_AXIS:
+    picked = jnp.take_along_axis(buffer, slots[:, None, None, :], axis=3)  # [B, K, D, T]
+    return jnp.transpose(picked, (0, 3, 1, 2))
+  raise ValueError(f'read_slots: slot_axis must be {VALUE_SLOT_AXIS} (values, [B, K, S, D]) '
+                   f'or {KEY_SLOT_AXIS} (keys, [B, K, D, S]), got {slot_axis}.')
 
 
 def window_positions(cache: KVCache, num_new: int, depths: jax.Array | None = None) -> jax.Array:

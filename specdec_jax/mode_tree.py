@@ -42,12 +42,9 @@ def compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
   slots = as_rows(start[:, None] + jnp.maximum(path, 0), cfg)  # [R, D+1]
   starts = as_rows(start, cfg)
 
-  def move(buffer, slot_axis):  # values [R, heads, S, hd], keys [R, heads, hd, S]
-    index = slots[:, None, :, None] if slot_axis == kv.VALUE_SLOT_AXIS else slots[:, None, None, :]
-    picked = jnp.take_along_axis(buffer, index, axis=slot_axis)  # D+1 slots
-    order = (0, 2, 1, 3) if slot_axis == kv.VALUE_SLOT_AXIS else (0, 3, 1, 2)
-    new = jnp.transpose(picked, order)  # [R, D+1, heads, hd]
-    return kv.write_slots(buffer, new, starts, slot_axis)
+  def move(buffer, slot_axis):  # one layer's keys or values, in the cache's layout
+    picked = kv.read_slots(buffer, slots, slot_axis)  # [R, D+1, heads, hd]
+    return kv.write_slots(buffer, picked, starts, slot_axis)
 
   return kv.map_buffers(move, cache)  # per-layer tuple or stacked (scanned models)
 

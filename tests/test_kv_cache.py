@@ -62,6 +62,23 @@ class KVCacheTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'slot_axis must be'):
       kv.write_slots(buffer, new, jnp.zeros((2,), jnp.int32), 1)
 
+  def test_read_slots_inverts_write_slots_in_both_layouts(self):
+    new = jnp.arange(2 * 3 * 4 * 5, dtype=jnp.float32).reshape(2, 3, 4, 5)  # [B, T, K, D]
+    starts = jnp.array([1, 6])
+    slots = starts[:, None] + jnp.arange(3)[None, :]
+    layouts = ((kv.VALUE_SLOT_AXIS, (2, 4, 10, 5)), (kv.KEY_SLOT_AXIS, (2, 4, 5, 10)))
+    for slot_axis, shape in layouts:
+      written = kv.write_slots(jnp.zeros(shape), new, starts, slot_axis)
+      np.testing.assert_array_equal(kv.read_slots(written, slots, slot_axis), new)
+      np.testing.assert_array_equal(kv.read_slots(written, slots[:, ::-1], slot_axis),
+                                    new[:, ::-1])  # order follows the slots asked for
+    # Negative control: the values' axis on a keys buffer does not give the tokens back.
+    keys = kv.write_slots(jnp.zeros((2, 4, 5, 10)), new, starts, kv.KEY_SLOT_AXIS)
+    self.assertFalse(np.array_equal(
+        kv.read_slots(keys, jnp.clip(slots, 0, 4), kv.VALUE_SLOT_AXIS)[..., :5], new))
+    with self.assertRaisesRegex(ValueError, 'read_slots: slot_axis must be'):
+      kv.read_slots(keys, slots, 1)
+
   def test_mask_matches_reference_for_chains_trees_and_padding(self):
     rng = np.random.default_rng(0)
     capacity, num_new = 10, 4
