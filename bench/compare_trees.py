@@ -8,9 +8,10 @@ Speed changes of a few percent are below this machine's run-to-run noise
 tree in turn into one process (each with its own bundled family), then
 times their decodes interleaved: every round runs each (tree, method,
 class) once, and each keeps its best. Methods: vanilla, UniformRelaxed and
-COOL-SD with the EAGLE head at the main command's k, omega, delta and
-sampling (configs/generate.py); one image with CFG per class of
-`latency_classes`, as the main command's latency pass. speedup = the
+COOL-SD as each tree's main command defines them (its `build_methods`,
+`decode_kwargs` and configs/generate.py); one image with CFG per class of
+the first tree's `latency_classes`, as the main command's latency pass,
+with the same key per class in every tree. speedup = the
 tree's vanilla / the method, both from the same rounds. Prints a table and
 writes JSON (with each tree's git commit and whether it had local changes).
 """
@@ -33,6 +34,7 @@ from absl import flags
 _TREES = flags.DEFINE_list('trees', None, 'Two or more repository checkouts.', required=True)
 _OUT = flags.DEFINE_string('out', 'bench/results/compare_trees.json', 'JSON results.')
 _ROUNDS = flags.DEFINE_integer('rounds', 15, 'Timed rounds (best per call is kept).')
+METHODS = ('vanilla', 'uniform', 'coolsd')  # main-command method names (vanilla first)
 _LABELS = flags.DEFINE_list('labels', None, 'A description of each tree (stored in the JSON).')
 
 
@@ -65,7 +67,7 @@ def _import_tree(tree: str) -> dict:
   sys.meta_path.insert(0, finder)
   try:
     modules = {name: importlib.import_module(f'specdec_jax.{name}')
-               for name in ('decode', 'rules', 'logits', 'app.family', 'configs.generate')}
+               for name in ('decode', 'logits', 'app.family', 'app.generate', 'configs.generate')}
     outside = [m.__file__ for name, m in sys.modules.items()
                if name.startswith('specdec_jax') and getattr(m, '__file__', None)
                and not os.path.abspath(m.__file__).startswith(tree + os.sep)]
@@ -82,17 +84,16 @@ def _commit(tree: str) -> dict:
   return dict(commit=run('rev-parse', 'HEAD'), local_changes=bool(run('status', '--porcelain')))
 
 
-def _decode(decode, family, cond, key, sampling, kwargs):
-  """One batch-1 decode with one tree's modules and family."""
-  return decode.generate(family.target, family.target_params, cond, num_tokens=family.num_tokens,
-                         key=key, sampling=sampling, **kwargs)
+def _decode(decode, family, cond, key, kwargs):
+  """One batch-1 decode with one tree's modules and family (kwargs: `decode_kwargs`)."""
+  return decode.generate(family.target, family.target_params, cond, key=key, **kwargs)
 
 
 def main(argv):
   del argv
-  os.environ['XLA_FLAGS'] = ' '.join([os.environ.get('XLA_FLAGS', ''),
-                                      '--xla_cpu_multi_thread_eigen=false']).strip()
-  import jax  # pylint: disable=g-import-not-at-top  (XLA flags first)
+  from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+  generate_app.use_single_thread_xla()  # before JAX starts; each tree is imported afresh below
+  import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   trees = [os.path.abspath(t) for t in _TREES.value]
@@ -102,21 +103,19 @@ def main(argv):
   for tree in trees:
     m = _import_tree(tree)
     config = m['configs.generate'].get_config()
-    classes = tuple(config.latency_classes)
+    if classes is None:  # the same images for every tree: the first tree's classes
+      classes = tuple(int(c) for c in config.latency_classes)
     family = m['app.family'].load()
     sampling = m['logits'].Sampling(**config.sampling.to_dict())
-    decode, rules = m['decode'], m['rules']
-    chain = decode.ChainDraft(k=config.draft_length, drafter='eagle')
-    eagle = dict(mode=chain, draft=family.eagle, draft_params=family.eagle_params)
-    methods = {'vanilla': dict(mode=decode.Vanilla()),
-               'uniform': dict(eagle, rule=rules.UniformRelaxed(omega=config.uniform_omega)),
-               'coolsd': dict(eagle, rule=rules.CoolSD(delta=config.coolsd_delta))}
+    # The main command's own method definitions, in each tree's version.
+    config.methods = METHODS
+    methods = m['app.generate'].build_methods(config, family)
     for label in classes:
       cond = family.target.cfg_cond(family.target_params, jax.numpy.asarray([label]))
-      for name, kwargs in methods.items():
-        calls[(tree, name, label)] = (
-            functools.partial(_decode, decode, family, cond, jax.random.key(label), sampling,
-                              kwargs))
+      for method in methods:
+        kwargs = m['app.generate'].decode_kwargs(method, family, [label], sampling)
+        calls[(tree, method.name, label)] = functools.partial(
+            _decode, m['decode'], family, cond, jax.random.key(label), kwargs)
   tokens_per_forward = {}
   for key, call in calls.items():  # compile
     result = call()
@@ -135,7 +134,7 @@ def main(argv):
   print('|---|---|---|---|---|')
   for tree in trees:
     vanilla_s = mean(tree, 'vanilla', best)
-    for name in ('vanilla', 'uniform', 'coolsd'):
+    for name in METHODS:
       seconds = mean(tree, name, best)
       label = _LABELS.value[trees.index(tree)] if _LABELS.value else ''
       row = dict(tree=tree, label=label, **_commit(tree), method=name, latency_s=seconds,
