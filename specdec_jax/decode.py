@@ -205,8 +205,8 @@ def clear_compile_cache() -> None:
 
 def _signature(tree):
   """What a compiled decode depends on in its traced arguments: the tree structure
-  and each leaf's shape, dtype, weak type and sharding (about 1 us per leaf for
-  device arrays; NumPy and Python leaves take the slower generic path)."""
+  and each leaf's shape, dtype, weak type and sharding (read directly off device
+  arrays; NumPy and Python leaves take the slower generic path)."""
   leaves, treedef = jax.tree.flatten(tree)
   return treedef, tuple(
       (x.shape, x.dtype, getattr(x, 'weak_type', False), x.sharding)
