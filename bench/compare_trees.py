@@ -9,7 +9,7 @@ tree in turn into one process (each with its own bundled family), then
 times their decodes interleaved: every round runs each (tree, method,
 class) once, and each keeps its best. Methods: vanilla, UniformRelaxed and
 COOL-SD as each tree's main command defines them (its `build_methods`,
-`decode_kwargs` and configs/generate.py); one image with CFG per class of
+`decode_kwargs`, XLA options and configs/generate.py); one image with CFG per class of
 the first tree's `latency_classes`, as the main command's latency pass,
 with the same key per class in every tree. speedup = the
 tree's vanilla / the method, both from the same rounds. Prints a table and
@@ -110,10 +110,13 @@ def main(argv):
     # The main command's own method definitions, in each tree's version.
     config.methods = METHODS
     methods = m['app.generate'].build_methods(config, family)
+    # ... and its XLA options, in trees that have them.
+    options = getattr(m['app.generate'], 'compiler_options', lambda _: None)(config)
+    extra = () if options is None else (options,)
     for label in classes:
       cond = family.target.cfg_cond(family.target_params, jax.numpy.asarray([label]))
       for method in methods:
-        kwargs = m['app.generate'].decode_kwargs(method, family, [label], sampling)
+        kwargs = m['app.generate'].decode_kwargs(method, family, [label], sampling, *extra)
         calls[(tree, method.name, label)] = functools.partial(
             _decode, m['decode'], family, cond, jax.random.key(label), kwargs)
   tokens_per_forward = {}

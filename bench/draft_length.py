@@ -57,10 +57,11 @@ def main(argv):
   best = {}  # (name, k, class) -> seconds; vanilla under ('vanilla', 0, class)
   tokens_per_forward = {}
   timed_call = generate_app._timed_call  # pylint: disable=protected-access  (the main command's)
+  options = generate_app.compiler_options(config)  # and its XLA options
   for label in config.latency_classes:
-    calls = {('vanilla', 0): timed_call(vanilla, family, label, sampling, config.seed)}
+    calls = {('vanilla', 0): timed_call(vanilla, family, label, sampling, config.seed, options)}
     for key, method in variants.items():
-      calls[key] = timed_call(method, family, label, sampling, config.seed)
+      calls[key] = timed_call(method, family, label, sampling, config.seed, options)
     for key, call in calls.items():
       result, _ = call()  # compile
       tokens_per_forward.setdefault(key, []).append(

@@ -2,8 +2,8 @@
 
   python bench/iteration_cost.py --out bench/results/iteration_cost.json
 
-One image with CFG (2 cache rows), XLA:CPU on one thread per op as the main
-command runs it. Measures, in one process:
+One image with CFG (2 cache rows), XLA:CPU on one thread per op and with the
+main command's XLA options (`generate.compiler_options`), as it runs. Measures, in one process:
   * target forward at T = 1 and T = k + 1 tokens and EAGLE-head forwards at
     T = 1 and T = k + 1 (jitted fori_loops of forwards at cache length 100,
     so host dispatch is excluded);
@@ -35,7 +35,8 @@ _REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed calls per measurement (best
 K = 4
 
 
-def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int) -> float:
+def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int,
+                options: dict | None) -> float:
   """ms per forward: a jitted fori_loop of `iters` forwards at a fixed cache length."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -48,7 +49,7 @@ def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int) -> f
     next_features = features if features is None else out.hidden
     return kv.set_lengths(out.cache, cache.lengths), next_tokens, next_features
 
-  run = jax.jit(lambda carry: jax.lax.fori_loop(0, iters, body, carry))
+  run = jax.jit(lambda carry: jax.lax.fori_loop(0, iters, body, carry), compiler_options=options)
   return timing.best_ms(lambda: run((cache, tokens, features)), repeats) / iters
 
 
@@ -69,6 +70,8 @@ def main(argv):
   eagle_cache = kv.set_lengths(eagle.init_cache(2, 220), jnp.array([100, 100]))
   width = family.target.config.dim
   sampling = logits.Sampling(cfg_scale=2.0)
+  from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
+  options = generate_app.compiler_options(generate_config.get_config())  # the main command's
 
   def target_forward(cache, tokens, features):
     del features
@@ -79,6 +82,7 @@ def main(argv):
 
   def decode_ms(**kwargs):
     call = lambda: decode.generate(target, family.target_params, cond, num_tokens=num_tokens,
+                                   compiler_options=options,
                                    key=jax.random.key(0), sampling=sampling, **kwargs)
     return timing.best_ms(call, repeats), call
 
@@ -92,9 +96,10 @@ def main(argv):
     row = {}
     for t in (1, K + 1):
       tokens = jnp.zeros((2, t), jnp.int32)
-      row[f'target_t{t}_ms'] = _forward_ms(target_forward, cache, tokens, None, 200, repeats)
+      row[f'target_t{t}_ms'] = _forward_ms(target_forward, cache, tokens, None, 200, repeats,
+                                           options)
       row[f'eagle_t{t}_ms'] = _forward_ms(eagle_forward, eagle_cache, tokens,
-                                          jnp.zeros((2, t, width)), 200, repeats)
+                                          jnp.zeros((2, t, width)), 200, repeats, options)
     vanilla_ms, _ = decode_ms(mode=decode.Vanilla())
     sd_ms, sd_call = decode_ms(**sd_kwargs)
     iterations = int(sd_call().metrics.verify_steps[0])

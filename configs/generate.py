@@ -25,6 +25,10 @@ def get_config():
   config.grid_scale = 3  # PNG pixel repeat
   # One XLA thread per op (CPU): faster at batch 1, the latency regime SD is for.
   config.xla_cpu_single_thread = True
+  # Compile the decodes with decode.CPU_LATENCY_OPTIONS on CPU: one plain
+  # reduce per reduction instead of XLA:CPU's reduce-window + reduce rewrite
+  # (bench/cpu_compiler_options.py: vanilla and SD both faster at batch 1).
+  config.xla_cpu_plain_reductions = True
 
   config.sampling = ml_collections.ConfigDict(dict(
       cfg_scale=2.0, cfg_interval=-1, temperature=1.0, top_k=0, top_p=1.0))

@@ -196,6 +196,18 @@ _PREPARED: dict = {}  # generate()'s call signature -> (plan, compiled program)
 # Cheaper XLA:CPU compilation (about 2x faster on the test models) for tests.
 FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
 
+# XLA:CPU options for small-batch (latency) decoding. XLA:CPU rewrites every
+# reduction it does not hand to its YNNPACK kernels (those below a few
+# thousand elements) into a reduce-window over blocks of 32 followed by a
+# reduce: two loop kernels where one suffices. At one image with CFG every
+# reduction of the loop is that small (the softmax over the cache slots, the
+# RMSNorms, the softmax over the vocabulary), and the rewrite costs about 7%
+# of a vanilla decode and 15% of an SD decode on the bundled family
+# (bench/cpu_compiler_options.py). Exact in law: only the summation order of
+# f32 reductions changes. For CPU: other backends compile reductions their
+# own way.
+CPU_LATENCY_OPTIONS = {'xla_disable_hlo_passes': 'tree_reduction_rewriter'}
+
 
 def clear_compile_cache() -> None:
   """Forgets compiled decodes (tests that monkeypatch the loop use it)."""
@@ -340,7 +352,8 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
       same tokens, found per vocabulary shard: no all-gather of the logits;
       docs/engine.md "Top-k and top-p").
     compiler_options: passed to XLA when compiling (part of the cache key);
-      e.g. `FAST_COMPILE` for tests on CPU.
+      e.g. `FAST_COMPILE` for tests on CPU, `CPU_LATENCY_OPTIONS` for
+      batch-1 decoding on CPU.
   Returns:
     DecodeResult(tokens int32[B, n], metrics, compile_seconds, run_seconds);
     compile_seconds (validation plus compilation) is 0.0 when the call reused

@@ -43,7 +43,8 @@ def _chi_square_pvalue(tokens: np.ndarray, law: np.ndarray) -> float:
   return testing.chi_square_pvalue(counts, law)[0]
 
 
-def _run(mode, sampling, *, num_images=NUM_SAMPLES, seed=7, rule=rules.Lossless(), **kwargs):
+def _run(mode, sampling, *, num_images=NUM_SAMPLES, seed=7, rule=rules.Lossless(),
+         compiler_options=FAST, **kwargs):
   target_params, draft_params, eagle_params = _params()
   draft, params = None, None
   if isinstance(mode, (decode.ChainDraft, decode.TreeDraft)):
@@ -52,4 +53,4 @@ def _run(mode, sampling, *, num_images=NUM_SAMPLES, seed=7, rule=rules.Lossless(
   return decode.generate(
       TARGET, target_params, _cond(num_images, sampling), num_tokens=NUM_TOKENS,
       key=jax.random.key(seed), mode=mode, sampling=sampling, rule=rule, draft=draft,
-      draft_params=params, compiler_options=FAST, **kwargs)
+      draft_params=params, compiler_options=compiler_options, **kwargs)

@@ -98,6 +98,13 @@ class ExactnessTest(parameterized.TestCase):
       # Speculation actually happened: some steps accepted drafts.
       self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
 
+  def test_joint_law_with_cpu_latency_options(self):
+    """The plain-reduction compile (CompilerOptionsTest) keeps the decode exact."""
+    mode, sampling = decode.ChainDraft(2, 'eagle'), logits.Sampling(cfg_scale=2.0)
+    result = _run(mode, sampling, compiler_options={**FAST, **decode.CPU_LATENCY_OPTIONS})
+    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
+    self.assertGreater(_chi_square_pvalue(np.asarray(result.tokens), law), P_THRESHOLD)
+
   def test_broken_rollback_fails(self):
     """Negative control: advancing lengths by the whole window always."""
     original = decode._committed_length
@@ -111,6 +118,23 @@ class ExactnessTest(parameterized.TestCase):
       decode.clear_compile_cache()
     law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
     self.assertLess(_chi_square_pvalue(tokens, law), P_THRESHOLD)
+
+
+class CompilerOptionsTest(absltest.TestCase):
+
+  def test_cpu_latency_options_compile_plain_reductions(self):
+    """XLA:CPU's default compile rewrites a small softmax's reductions into
+    reduce-window + reduce (the control); CPU_LATENCY_OPTIONS keeps them plain
+    (so the pass name is one XLA knows) and the values stay the same."""
+    if jax.default_backend() != 'cpu':
+      self.skipTest('XLA:CPU options')
+    scores = jax.random.normal(jax.random.key(0), (2, 2, 5, 201))
+    softmax = jax.jit(lambda x: jax.nn.softmax(x, axis=-1)).lower(scores)
+    default = softmax.compile()
+    plain = softmax.compile(compiler_options=decode.CPU_LATENCY_OPTIONS)
+    self.assertIn('reduce-window', default.as_text())
+    self.assertNotIn('reduce-window', plain.as_text())
+    np.testing.assert_allclose(plain(scores), default(scores), rtol=1e-6, atol=1e-7)
 
 
 class RelaxedRuleTest(absltest.TestCase):

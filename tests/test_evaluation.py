@@ -48,6 +48,29 @@ class FrechetTest(absltest.TestCase):
     self.assertAlmostEqual(evaluation.mean_token_nll(np.log([[0.5, 0.25]])),
                            (np.log(2) + np.log(4)) / 2)
 
+  def test_image_nlls_and_standard_error(self):
+    log_probs = np.log([[0.5, 0.25], [1.0, 0.5]])
+    np.testing.assert_allclose(evaluation.image_nlls(log_probs),
+                               [(np.log(2) + np.log(4)) / 2, np.log(2) / 2])
+    self.assertAlmostEqual(evaluation.standard_error([1.0, 2.0, 3.0, 4.0]),
+                           np.std([1, 2, 3, 4], ddof=1) / 2)
+    with self.assertRaisesRegex(ValueError, r'\[N, L\]'):
+      evaluation.image_nlls(np.zeros(3))
+    with self.assertRaisesRegex(ValueError, 'at least 2'):
+      evaluation.standard_error([1.0])
+
+  def test_standard_error_interval_coverage(self):
+    """mean +- 1.96 s.e. covers the true mean of 2000 samples of 50 normals about
+    95% of the time: 1900 expected, binomial s.d. 9.7, so [1860, 1940] holds with
+    probability above 0.999. Negative control: the right formula with the wrong
+    scale (s.d. 1 for samples of s.d. 3) covers about 49%."""
+    rng = np.random.default_rng(0)
+    samples = rng.normal(0.0, 3.0, size=(2000, 50))
+    covered = sum(abs(np.mean(x)) <= 1.96 * evaluation.standard_error(x) for x in samples)
+    self.assertBetween(covered, 1860, 1940)
+    wrong = sum(abs(np.mean(x)) <= 1.96 * 1.0 / np.sqrt(50) for x in samples)
+    self.assertLess(wrong, 1860)
+
   def test_classifier_shapes(self):
     model = classifier.Classifier()
     images = np.zeros((2, 32, 32, 1), np.uint8)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import decode
 from specdec_jax.app import demo
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
@@ -85,6 +86,24 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(saved['methods']['vanilla']['speedup'], 1.0)
       self.assertEqual(results['methods']['vanilla']['tokens_per_forward'], 1.0)
       self.assertEqual(saved['methods']['vanilla']['nll_gap'], 0.0)
+      self.assertEqual(saved['methods']['vanilla']['nll_gap_se'], 0.0)
+      for name in ('eagle', 'coolsd', 'csd'):  # s.e. of a difference of two independent means
+        row, vanilla = saved['methods'][name], saved['methods']['vanilla']
+        self.assertAlmostEqual(row['nll_gap_se'], np.hypot(row['nll_se'], vanilla['nll_se']))
+        self.assertGreater(row['nll_gap_se'], 0.0)
+      # On CPU the decodes were compiled with the plain-reduction options.
+      self.assertEqual(saved['compiler_options'], decode.CPU_LATENCY_OPTIONS)
+
+  def test_compiler_options_follow_the_config(self):
+    config = generate_config.get_config()
+    self.assertTrue(config.xla_cpu_plain_reductions)
+    self.assertEqual(generate.compiler_options(config), decode.CPU_LATENCY_OPTIONS)
+    self.assertIsNot(generate.compiler_options(config), decode.CPU_LATENCY_OPTIONS)  # a copy
+    config.xla_cpu_plain_reductions = False
+    self.assertIsNone(generate.compiler_options(config))
+    with mock.patch.object(jax, 'default_backend', return_value='gpu'):
+      config.xla_cpu_plain_reductions = True
+      self.assertIsNone(generate.compiler_options(config))
 
   def test_conv_vq_bundle_loads_and_decodes(self):
     with tempfile.TemporaryDirectory() as tmp:

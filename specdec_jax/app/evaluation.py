@@ -50,3 +50,20 @@ def class_accuracy(predicted_logits, labels) -> float:
 def mean_token_nll(token_log_probs) -> float:
   """Mean per-token negative log-likelihood from log p(token) [N, L]."""
   return float(-np.mean(np.asarray(token_log_probs, np.float64)))
+
+
+def image_nlls(token_log_probs) -> np.ndarray:
+  """Each image's mean per-token negative log-likelihood, float64[N], from log p [N, L]."""
+  log_probs = np.asarray(token_log_probs, np.float64)
+  if log_probs.ndim != 2:
+    raise ValueError(f'image_nlls: log probs must be [N, L], got shape {log_probs.shape}.')
+  return -np.mean(log_probs, axis=1)
+
+
+def standard_error(values) -> float:
+  """Standard error of the mean of independent values [N] (N >= 2)."""
+  values = np.asarray(values, np.float64)
+  if values.ndim != 1 or values.size < 2:
+    raise ValueError(f'standard_error: needs a vector of at least 2 values, got shape '
+                     f'{values.shape}.')
+  return float(np.std(values, ddof=1) / np.sqrt(values.size))

@@ -108,10 +108,14 @@ class Family:
   def guided_nll(self, labels, tokens, sampling) -> float:
     """Mean per-token NLL of tokens [N, L] under the distribution decoding samples
     from (CFG combine with the null class, then temperature / top-k / top-p)."""
+    return float(np.mean(self.guided_image_nlls(labels, tokens, sampling)))
+
+  def guided_image_nlls(self, labels, tokens, sampling) -> np.ndarray:
+    """Each image's mean per-token NLL, float64[N], as `guided_nll`."""
     labels = jnp.asarray(labels, jnp.int32)
     tokens = jnp.asarray(tokens, jnp.int32)
     log_probs = _guided_log_probs(self.target, self.target_params, labels, tokens, sampling)
-    return evaluation.mean_token_nll(log_probs)
+    return evaluation.image_nlls(log_probs)
 
   def manifest_summary(self) -> dict:
     return {part: self.manifest.get(part, {}).get('final_metrics', {}) for part in PARTS}

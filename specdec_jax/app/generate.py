@@ -123,10 +123,19 @@ def rule_hyperparameters(rule) -> dict:
   return out
 
 
-def decode_kwargs(method: Method, family: family_lib.Family, labels, sampling) -> dict:
-  """generate() arguments of one method for a batch of class labels."""
+def compiler_options(config) -> dict | None:
+  """XLA options for the decodes: `decode.CPU_LATENCY_OPTIONS` on CPU when
+  `config.xla_cpu_plain_reductions`, else None (XLA's defaults)."""
+  if config.get('xla_cpu_plain_reductions', False) and jax.default_backend() == 'cpu':
+    return dict(decode.CPU_LATENCY_OPTIONS)
+  return None
+
+
+def decode_kwargs(method: Method, family: family_lib.Family, labels, sampling,
+                  options: dict | None = None) -> dict:
+  """generate() arguments of one method for a batch of class labels (options: XLA's)."""
   kwargs = dict(num_tokens=family.num_tokens, mode=method.mode, sampling=sampling,
-                rule=method.rule)
+                rule=method.rule, compiler_options=options)
   if method.drafter == 'eagle':
     kwargs.update(draft=family.eagle, draft_params=family.eagle_params)
   elif method.drafter == 'draft_model':
@@ -137,7 +146,7 @@ def decode_kwargs(method: Method, family: family_lib.Family, labels, sampling) -
 
 
 def quality_pass(method: Method, family: family_lib.Family, labels: np.ndarray, sampling,
-                 seed: int):
+                 seed: int, options: dict | None = None):
   """One batch of every class: (tokens int32[N, L], metrics summary, compile seconds).
 
   One key for the batch: the engine folds it with each image's index, so image
@@ -146,26 +155,30 @@ def quality_pass(method: Method, family: family_lib.Family, labels: np.ndarray, 
   target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
   result = decode.generate(family.target, family.target_params, target_cond,
                            key=jax.random.key(seed + 1000 * method.seed_offset),
-                           **decode_kwargs(method, family, labels, sampling))
+                           **decode_kwargs(method, family, labels, sampling, options))
   return np.asarray(result.tokens), result.metrics.summary(), result.compile_seconds
 
 
 def quality_measures(family: family_lib.Family, labels: np.ndarray, tokens: np.ndarray,
                      sampling) -> tuple[np.ndarray, dict]:
   """Decoded images uint8[N, H, W, 1] and their measures: nll (guided target NLL per
-  token), frechet (classifier features vs the test split), class_accuracy."""
+  token) and nll_se (its standard error over the N images), frechet (classifier
+  features vs the test split), class_accuracy."""
   images = family.decode(tokens)
   class_logits, features = family.classify(images)
-  return images, dict(nll=family.guided_nll(labels, tokens, sampling),
+  image_nlls = family.guided_image_nlls(labels, tokens, sampling)
+  return images, dict(nll=float(np.mean(image_nlls)),
+                      nll_se=evaluation.standard_error(image_nlls),
                       frechet=family.frechet(features),
                       class_accuracy=evaluation.class_accuracy(class_logits, labels))
 
 
-def _timed_call(method: Method, family: family_lib.Family, label: int, sampling, seed: int):
+def _timed_call(method: Method, family: family_lib.Family, label: int, sampling, seed: int,
+                options: dict | None = None):
   """A function running one batch-1 decode of `label` (compiling on its first call)."""
   labels = np.asarray([label], np.int32)
   target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
-  kwargs = decode_kwargs(method, family, labels, sampling)
+  kwargs = decode_kwargs(method, family, labels, sampling, options)
   keys = jax.random.key(seed + 7919 * (label + 1) + 1000 * method.seed_offset)
 
   def call():
@@ -179,7 +192,8 @@ def _timed_call(method: Method, family: family_lib.Family, label: int, sampling,
 
 
 def latency_pass(method: Method, family: family_lib.Family, classes, sampling, seed: int,
-                 repeats: int, reference: Method | None = None) -> dict:
+                 repeats: int, reference: Method | None = None,
+                 options: dict | None = None) -> dict:
   """Batch-1 latency (one image, its CFG rows): best of `repeats` per class, after compile.
 
   With a `reference` (vanilla), its runs alternate with the method's, so the
@@ -195,8 +209,8 @@ def latency_pass(method: Method, family: family_lib.Family, classes, sampling, s
   """
   best, reference_best, tokens_per_forward, overheads, compile_s = [], [], [], [], 0.0
   for label in classes:
-    call = _timed_call(method, family, label, sampling, seed)
-    reference_call = (_timed_call(reference, family, label, sampling, seed)
+    call = _timed_call(method, family, label, sampling, seed, options)
+    reference_call = (_timed_call(reference, family, label, sampling, seed, options)
                       if reference is not None else None)
     first, _ = call()
     compile_s += first.compile_seconds
@@ -240,6 +254,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   labels = np.repeat(np.arange(family.num_classes), config.images_per_class).astype(np.int32)
   latency_classes = tuple(int(c) for c in config.latency_classes)
   methods = build_methods(config, family)
+  options = compiler_options(config)
   results, grids, reference = {}, {}, None
   logging.info('quality pass: %d images (%d tokens each); latency pass: 1 image with CFG, '
                'classes %s, best of %d; %d methods', len(labels), family.num_tokens,
@@ -247,7 +262,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   for index, method in enumerate(methods):
     started = time.perf_counter()
     tokens, summary, quality_compile_s = quality_pass(method, family, labels, sampling,
-                                                      config.seed)
+                                                      config.seed, options)
     images, measures = quality_measures(family, labels, tokens, sampling)
     grid = images_lib.make_grid(images, columns=config.images_per_class)
     grids[method.name] = images_lib.make_grid(
@@ -259,9 +274,9 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
     nll = measures['nll']
     latency = latency_pass(method, family, latency_classes, sampling, config.seed,
                            config.timing_repeats,
-                           reference=None if reference is None else methods[0])
+                           reference=None if reference is None else methods[0], options=options)
     if reference is None:  # vanilla comes first
-      reference = dict(nll=nll)
+      reference = dict(nll=nll, nll_se=measures['nll_se'])
     results[method.name] = dict(
         tokens_per_forward=summary['tokens_per_target_forward'],
         speedup=latency['speedup'] if latency['speedup'] is not None else 1.0,
@@ -271,7 +286,11 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
         latency_tokens_per_forward=latency['tokens_per_forward'],
         host_overhead_ms=1e3 * latency['host_overhead_s'],
         nll=nll,
+        nll_se=measures['nll_se'],
         nll_gap=nll - reference['nll'],
+        # Independent samples: the standard error of the gap, from the per-image NLLs.
+        nll_gap_se=(0.0 if method is methods[0]
+                    else float(np.hypot(measures['nll_se'], reference['nll_se']))),
         frechet=measures['frechet'],
         class_accuracy=measures['class_accuracy'],
         acceptance_per_position=summary.get('acceptance_per_position'),
@@ -293,6 +312,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
       sampling=config.sampling.to_dict(),
       num_images=len(labels), images_per_class=config.images_per_class,
       latency_classes=list(latency_classes), timing_repeats=config.timing_repeats,
+      compiler_options=options,
       tokens_per_image=family.num_tokens,
       classifier_test_accuracy=family.classifier_test_accuracy,
       backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
@@ -309,14 +329,15 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
 
 def format_table(results: dict, classifier_accuracy: float) -> str:
   header = (f'{"method":14s} {"tokens/fwd":>10s} {"latency":>9s} {"speedup":>8s} '
-            f'{"nll_gap":>8s} {"frechet":>8s} {"class acc":>9s}')
+            f'{"nll_gap":>8s} {"+-s.e.":>7s} {"frechet":>8s} {"class acc":>9s}')
   lines = [header, '-' * len(header)]
   for name, row in results.items():
     lines.append(f'{name:14s} {row["tokens_per_forward"]:10.2f} '
                  f'{1e3 * row["latency_s"]:7.0f}ms {row["speedup"]:7.2f}x '
-                 f'{row["nll_gap"]:+8.4f} {row["frechet"]:8.2f} {row["class_accuracy"]:9.2f}')
-  lines.append(f'(latency: one image with CFG, batch 1; classifier test accuracy on real '
-               f'images: {classifier_accuracy:.3f})')
+                 f'{row["nll_gap"]:+8.4f} {row.get("nll_gap_se", 0.0):7.4f} '
+                 f'{row["frechet"]:8.2f} {row["class_accuracy"]:9.2f}')
+  lines.append(f'(latency: one image with CFG, batch 1; nll_gap +- its standard error over '
+               f'the images; classifier test accuracy on real images: {classifier_accuracy:.3f})')
   return '\n'.join(lines)
 
 

@@ -155,7 +155,7 @@ class Sampler:
   def decode_step(self, step: sample_plan.StepPlan):
     """One global decode call; this process's rows: (tokens int32[b, L], metrics)."""
     cond = self.conditions.cond(step.condition_ids(self.conditions.count))
-    kwargs = generate.decode_kwargs(self.method, self.family, cond, self.sampling)
+    kwargs = generate.decode_kwargs(self.method, self.family, cond, self.sampling, self.options)
     kwargs['rule'] = self.rule
     if 'draft_cond' in kwargs:
       kwargs['draft_cond'] = jax.tree.map(np.asarray, kwargs['draft_cond'])
@@ -163,8 +163,7 @@ class Sampler:
     rows = jax.tree.map(np.asarray, self.family.target.cfg_cond(self.family.target_params, cond))
     result = decode.generate(
         self.family.target, self.family.target_params, rows, mesh=self.mesh,
-        key=global_keys(step.key_indices(), self.config.seed, self.row_sharding),
-        compiler_options=self.options, **kwargs)
+        key=global_keys(step.key_indices(), self.config.seed, self.row_sharding), **kwargs)
     metrics = {field.name: rows_of(getattr(result.metrics, field.name), self.my_rows)
                for field in dataclasses.fields(result.metrics)}
     return rows_of(result.tokens, self.my_rows), metrics, result.compile_seconds
