@@ -27,7 +27,7 @@ def get_config():
   config.xla_cpu_single_thread = True
   # Compile the decodes with decode.CPU_LATENCY_OPTIONS on CPU: one plain
   # reduce per reduction instead of XLA:CPU's reduce-window + reduce rewrite
-  # (bench/cpu_compiler_options.py: vanilla and SD both faster at batch 1).
+  # (bench/cpu_compiler_options.py: vanilla faster at batch 1, SD at batch 100).
   config.xla_cpu_plain_reductions = True
 
   config.sampling = ml_collections.ConfigDict(dict(
