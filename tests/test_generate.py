@@ -84,6 +84,11 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(saved['methods']['coolsd']['hyperparameters']['delta'],
                        config.coolsd_delta)
       self.assertEqual(saved['methods']['vanilla']['speedup'], 1.0)
+      self.assertGreater(saved['latency_wall_s'], 0.0)
+      vanilla_latency = saved['methods']['vanilla']['latency_s']
+      for row in saved['methods'].values():  # one shared vanilla reference
+        self.assertEqual(row['vanilla_latency_s'], vanilla_latency)
+        self.assertAlmostEqual(row['speedup'], vanilla_latency / row['latency_s'])
       self.assertEqual(results['methods']['vanilla']['tokens_per_forward'], 1.0)
       self.assertEqual(saved['methods']['vanilla']['nll_gap'], 0.0)
       self.assertEqual(saved['methods']['vanilla']['nll_gap_se'], 0.0)
@@ -93,6 +98,45 @@ class GenerateTest(absltest.TestCase):
         self.assertGreater(row['nll_gap_se'], 0.0)
       # On CPU the decodes were compiled with the plain-reduction options.
       self.assertEqual(saved['compiler_options'], decode.CPU_LATENCY_OPTIONS)
+
+  def test_latency_pass_interleaves_every_method_and_keeps_the_best(self):
+    """Rounds run every class with every method in turn, the order rotated each
+    round; each (method, class) keeps its best time; speedups are against the
+    first method. Timed calls are stubbed, with one slow phase in round 1."""
+    methods = [generate.Method(name, None) for name in ('vanilla', 'fast', 'slow')]
+    base = {'vanilla': 0.040, 'fast': 0.020, 'slow': 0.080}
+    calls = []
+
+    def fake_timed_call(method, family, label, sampling, seed, options=None):
+      def call():
+        index = len([c for c in calls if c[0] == method.name and c[1] == label])
+        calls.append((method.name, label))
+        # Compile run (index 0) is slow; round 1 (index 2) hits a slow phase.
+        seconds = base[method.name] * (1 + label) * (5.0 if index in (0, 2) else 1.0)
+        result = mock.Mock(compile_seconds=1.0 if index == 0 else 0.0,
+                           run_seconds=seconds - 0.001, tokens=np.full((1, 4), label))
+        result.metrics.summary.return_value = {'tokens_per_target_forward': 2.0 + label}
+        return result, seconds
+      return call
+
+    with mock.patch.object(generate, '_timed_call', fake_timed_call):
+      out = generate.latency_pass(methods, None, (0, 1), None, 0, rounds=3)
+    # Compile runs first (each method, each class), then 3 rounds x 2 classes x 3 methods.
+    self.assertEqual(calls[:6], [(m, c) for m in ('vanilla', 'fast', 'slow') for c in (0, 1)])
+    rounds = calls[6:]
+    self.assertLen(rounds, 18)
+    self.assertEqual([m for m, c in rounds[:3]], ['vanilla', 'fast', 'slow'])
+    self.assertEqual([m for m, c in rounds[6:9]], ['fast', 'slow', 'vanilla'])  # rotated
+    self.assertEqual([m for m, c in rounds[12:15]], ['slow', 'vanilla', 'fast'])
+    self.assertEqual([c for m, c in rounds[:6]], [0, 0, 0, 1, 1, 1])
+    for name, row in out.items():  # the slow phase's and compile runs' times are not kept
+      self.assertEqual(row['per_class_s'], [base[name], 2 * base[name]])
+      self.assertAlmostEqual(row['latency_s'], 1.5 * base[name])
+      self.assertAlmostEqual(row['speedup'], base['vanilla'] / base[name])
+      self.assertEqual(row['compile_s'], 2.0)
+      self.assertEqual(row['tokens_per_forward'], 2.5)
+      self.assertAlmostEqual(row['host_overhead_s'], 0.001)
+    self.assertEqual(out['vanilla']['speedup'], 1.0)
 
   def test_compiler_options_follow_the_config(self):
     config = generate_config.get_config()

@@ -13,8 +13,8 @@ method of `configs/generate.py` twice:
   class_accuracy;
 - latency pass: one image with CFG (batch 1, the regime speculative decoding
   is for), for each of `latency_classes`, best of `timing_repeats` runs
-  after compilation; speedup = vanilla's latency / the method's, with
-  vanilla's runs interleaved with the method's (same machine load).
+  after compilation, every method's runs interleaved with every other's
+  (`latency_pass`); speedup = vanilla's latency / the method's.
 
 It saves one PNG grid per method and `side_by_side.png` (the first
 `side_by_side_per_class` images of each class, methods left to right in
@@ -191,50 +191,65 @@ def _timed_call(method: Method, family: family_lib.Family, label: int, sampling,
   return call
 
 
-def latency_pass(method: Method, family: family_lib.Family, classes, sampling, seed: int,
-                 repeats: int, reference: Method | None = None,
-                 options: dict | None = None) -> dict:
-  """Batch-1 latency (one image, its CFG rows): best of `repeats` per class, after compile.
+def latency_pass(methods: list[Method], family: family_lib.Family, classes, sampling,
+                 seed: int, rounds: int, options: dict | None = None) -> dict:
+  """Batch-1 latency (one image, its CFG rows) of every method, best of `rounds` per class.
 
-  With a `reference` (vanilla), its runs alternate with the method's, so the
-  speedup compares times taken under the same machine load (these machines
-  are noisy and drift over a run).
+  Every method's decode of every class is compiled and run once first. Then
+  each round runs every class once with every method in turn (the methods'
+  order rotated by one each round), so all methods' times are drawn from the
+  same stretch of time: these machines are noisy and drift over minutes, and
+  a slow phase slows an SD decode more than a vanilla one, so timing one
+  method after another made a method's speedup depend on when it ran (README
+  "The main command").
 
+  Args:
+    methods: the methods; the first (vanilla) is the speed reference.
   Returns:
-    dict(latency_s = mean over classes of the best time, per_class_s,
-    reference_latency_s (the interleaved reference's, or None), speedup =
-    reference_latency_s / latency_s (or None), tokens_per_forward of these
-    runs, compile_s, host_overhead_s = a repeated call's wall time minus its
-    device run time (median)).
+    {name: dict(latency_s = mean over classes of the best time, per_class_s,
+    speedup = the first method's latency_s / this one's, tokens_per_forward
+    of these runs, compile_s, host_overhead_s = a repeated call's wall time
+    minus its device run time (median))}.
   """
-  best, reference_best, tokens_per_forward, overheads, compile_s = [], [], [], [], 0.0
-  for label in classes:
-    call = _timed_call(method, family, label, sampling, seed, options)
-    reference_call = (_timed_call(reference, family, label, sampling, seed, options)
-                      if reference is not None else None)
-    first, _ = call()
-    compile_s += first.compile_seconds
-    if reference_call is not None:
-      reference_call()
-    times, reference_times = [], []
-    for _ in range(repeats):
-      if reference_call is not None:
-        reference_times.append(reference_call()[1])
-      result, seconds = call()
-      times.append(seconds)
-      overheads.append(seconds - result.run_seconds)
-    np.testing.assert_array_equal(result.tokens, first.tokens)  # same keys -> same tokens
-    best.append(min(times))
-    if reference_times:
-      reference_best.append(min(reference_times))
-    tokens_per_forward.append(result.metrics.summary()['tokens_per_target_forward'])
-  latency = float(np.mean(best))
-  reference_latency = float(np.mean(reference_best)) if reference_best else None
-  return dict(latency_s=latency, per_class_s=[float(t) for t in best],
-              reference_latency_s=reference_latency,
-              speedup=reference_latency / latency if reference_latency else None,
-              tokens_per_forward=float(np.mean(tokens_per_forward)), compile_s=compile_s,
-              host_overhead_s=float(np.median(overheads)))
+  calls, first_tokens = {}, {}
+  compile_s = {m.name: 0.0 for m in methods}
+  tokens_per_forward = {m.name: [] for m in methods}
+  for method in methods:
+    for label in classes:
+      call = _timed_call(method, family, label, sampling, seed, options)
+      result, _ = call()
+      compile_s[method.name] += result.compile_seconds
+      tokens_per_forward[method.name].append(
+          result.metrics.summary()['tokens_per_target_forward'])
+      calls[method.name, label] = call
+      first_tokens[method.name, label] = np.asarray(result.tokens)
+  best = {key: np.inf for key in calls}
+  overheads = {m.name: [] for m in methods}
+  for round_index in range(rounds):
+    started = time.perf_counter()
+    shift = round_index % len(methods)
+    order = methods[shift:] + methods[:shift]
+    for label in classes:
+      for method in order:
+        result, seconds = calls[method.name, label]()
+        best[method.name, label] = min(best[method.name, label], seconds)
+        overheads[method.name].append(seconds - result.run_seconds)
+        if round_index == 0:  # same keys -> same tokens
+          np.testing.assert_array_equal(np.asarray(result.tokens),
+                                        first_tokens[method.name, label])
+    logging.info('latency round %d/%d: %.1f s', round_index + 1, rounds,
+                 time.perf_counter() - started)
+  out = {}
+  for method in methods:
+    per_class = [float(best[method.name, label]) for label in classes]
+    out[method.name] = dict(latency_s=float(np.mean(per_class)), per_class_s=per_class,
+                            tokens_per_forward=float(np.mean(tokens_per_forward[method.name])),
+                            compile_s=compile_s[method.name],
+                            host_overhead_s=float(np.median(overheads[method.name])))
+  reference = out[methods[0].name]['latency_s']
+  for row in out.values():
+    row['speedup'] = reference / row['latency_s']
+  return out
 
 
 def side_by_side(grids: dict, gap: int = 6) -> np.ndarray:
@@ -255,14 +270,14 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   latency_classes = tuple(int(c) for c in config.latency_classes)
   methods = build_methods(config, family)
   options = compiler_options(config)
-  results, grids, reference = {}, {}, None
+  grids, quality = {}, {}
   logging.info('quality pass: %d images (%d tokens each); latency pass: 1 image with CFG, '
-               'classes %s, best of %d; %d methods', len(labels), family.num_tokens,
-               latency_classes, config.timing_repeats, len(methods))
+               'classes %s, best of %d interleaved rounds; %d methods', len(labels),
+               family.num_tokens, latency_classes, config.timing_repeats, len(methods))
   for index, method in enumerate(methods):
     started = time.perf_counter()
-    tokens, summary, quality_compile_s = quality_pass(method, family, labels, sampling,
-                                                      config.seed, options)
+    tokens, summary, compile_s = quality_pass(method, family, labels, sampling, config.seed,
+                                              options)
     images, measures = quality_measures(family, labels, tokens, sampling)
     grid = images_lib.make_grid(images, columns=config.images_per_class)
     grids[method.name] = images_lib.make_grid(
@@ -271,39 +286,46 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
         columns=min(config.side_by_side_per_class, config.images_per_class))
     images_lib.save_png(os.path.join(out_dir, f'{method.name}.png'), grid,
                         scale=config.grid_scale)
-    nll = measures['nll']
-    latency = latency_pass(method, family, latency_classes, sampling, config.seed,
-                           config.timing_repeats,
-                           reference=None if reference is None else methods[0], options=options)
-    if reference is None:  # vanilla comes first
-      reference = dict(nll=nll, nll_se=measures['nll_se'])
+    quality[method.name] = dict(summary=summary, measures=measures, compile_s=compile_s,
+                                wall_s=time.perf_counter() - started)
+    logging.info('[%d/%d] %-14s quality: tokens/forward %.2f  nll %.4f  frechet %.2f  '
+                 'accuracy %.2f  (%.0f s)', index + 1, len(methods), method.name,
+                 summary['tokens_per_target_forward'], measures['nll'], measures['frechet'],
+                 measures['class_accuracy'], quality[method.name]['wall_s'])
+  started = time.perf_counter()
+  latencies = latency_pass(methods, family, latency_classes, sampling, config.seed,
+                           config.timing_repeats, options)
+  latency_wall_s = time.perf_counter() - started
+  reference = quality[methods[0].name]['measures']
+  results = {}
+  for method in methods:
+    summary = quality[method.name]['summary']
+    measures = quality[method.name]['measures']
+    latency = latencies[method.name]
     results[method.name] = dict(
         tokens_per_forward=summary['tokens_per_target_forward'],
-        speedup=latency['speedup'] if latency['speedup'] is not None else 1.0,
+        speedup=latency['speedup'],
         latency_s=latency['latency_s'],
-        vanilla_latency_s=latency['reference_latency_s'] or latency['latency_s'],
+        vanilla_latency_s=latencies[methods[0].name]['latency_s'],
         latency_per_class_s=latency['per_class_s'],
         latency_tokens_per_forward=latency['tokens_per_forward'],
         host_overhead_ms=1e3 * latency['host_overhead_s'],
-        nll=nll,
+        nll=measures['nll'],
         nll_se=measures['nll_se'],
-        nll_gap=nll - reference['nll'],
+        nll_gap=measures['nll'] - reference['nll'],
         # Independent samples: the standard error of the gap, from the per-image NLLs.
         nll_gap_se=(0.0 if method is methods[0]
                     else float(np.hypot(measures['nll_se'], reference['nll_se']))),
         frechet=measures['frechet'],
         class_accuracy=measures['class_accuracy'],
         acceptance_per_position=summary.get('acceptance_per_position'),
-        compile_s=quality_compile_s + latency['compile_s'],
-        wall_s=time.perf_counter() - started,
+        compile_s=quality[method.name]['compile_s'] + latency['compile_s'],
+        wall_s=quality[method.name]['wall_s'],
         rule=type(method.rule).__name__ if method.rule is not None else None,
         mode=type(method.mode).__name__,
         hyperparameters=dict(rule_hyperparameters(method.rule), **method.hyperparameters))
-    row = results[method.name]
-    logging.info('[%d/%d] %-14s tokens/forward %.2f  speedup %.2fx (%.0f ms)  nll_gap %+.4f  '
-                 'frechet %.2f  accuracy %.2f  (%.0f s)', index + 1, len(methods), method.name,
-                 row['tokens_per_forward'], row['speedup'], 1e3 * row['latency_s'],
-                 row['nll_gap'], row['frechet'], row['class_accuracy'], row['wall_s'])
+  logging.info('latency pass: %.0f s; speedups %s', latency_wall_s,
+               ', '.join(f'{name} {row["speedup"]:.2f}x' for name, row in results.items()))
   images_lib.save_png(os.path.join(out_dir, 'side_by_side.png'), side_by_side(grids),
                       scale=config.grid_scale)
   output = dict(
@@ -312,6 +334,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
       sampling=config.sampling.to_dict(),
       num_images=len(labels), images_per_class=config.images_per_class,
       latency_classes=list(latency_classes), timing_repeats=config.timing_repeats,
+      latency_wall_s=latency_wall_s,
       compiler_options=options,
       tokens_per_image=family.num_tokens,
       classifier_test_accuracy=family.classifier_test_accuracy,
