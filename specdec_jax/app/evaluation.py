@@ -47,11 +47,6 @@ def class_accuracy(predicted_logits, labels) -> float:
   return float(np.mean(predicted == labels))
 
 
-def mean_token_nll(token_log_probs) -> float:
-  """Mean per-token negative log-likelihood from log p(token) [N, L]."""
-  return float(-np.mean(np.asarray(token_log_probs, np.float64)))
-
-
 def image_nlls(token_log_probs) -> np.ndarray:
   """Each image's mean per-token negative log-likelihood, float64[N], from log p [N, L]."""
   log_probs = np.asarray(token_log_probs, np.float64)

@@ -357,7 +357,7 @@ def format_table(results: dict, classifier_accuracy: float) -> str:
   for name, row in results.items():
     lines.append(f'{name:14s} {row["tokens_per_forward"]:10.2f} '
                  f'{1e3 * row["latency_s"]:7.0f}ms {row["speedup"]:7.2f}x '
-                 f'{row["nll_gap"]:+8.4f} {row.get("nll_gap_se", 0.0):7.4f} '
+                 f'{row["nll_gap"]:+8.4f} {row["nll_gap_se"]:7.4f} '
                  f'{row["frechet"]:8.2f} {row["class_accuracy"]:9.2f}')
   lines.append(f'(latency: one image with CFG, batch 1; nll_gap +- its standard error over '
                f'the images; classifier test accuracy on real images: {classifier_accuracy:.3f})')
