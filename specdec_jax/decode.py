@@ -28,8 +28,9 @@ Rows that finish keep iterating harmlessly until all are done: their counters
 and lengths are frozen, and what they write lands in slots beyond their
 frozen length or beyond the n tokens returned.
 
-Randomness is per image: image b uses only `row_keys[b]` folded with the
-step, so an image's tokens do not depend on the other images in the batch.
+Randomness is per image and drawn before the loop (`randomness`): image b's
+uniforms come from `row_keys[b]` only, so its tokens do not depend on the
+other images in the batch, and the loop body runs no PRNG.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import categorical
 from specdec_jax import drafting
 from specdec_jax import kv_cache as kv
 from specdec_jax import logits as logits_lib
 from specdec_jax import metrics as metrics_lib
 from specdec_jax import mode_base
 from specdec_jax import modes as modes_lib
+from specdec_jax import randomness
 from specdec_jax import sharding
 
 Vanilla, ChainDraft, TreeDraft, Jacobi = (
@@ -78,7 +81,7 @@ class LoopState:
   """What the while_loop carries.
 
   Attributes:
-    step: int32[], iteration counter (keys are folded with it).
+    step: int32[], iteration counter (indexes the decode's uniforms).
     tokens: int32[B, n + 2(K+1)] committed tokens (padding absorbs overshoot).
     num_generated: int32[B], committed tokens including the pending one.
     target_cache: R rows.
@@ -103,13 +106,9 @@ def _committed_length(old_length, num_accepted, window: int):
 # ---------------------------------------------------------------- the loop
 
 
-_PURPOSES = 2  # 0: the target side (first token, verification), 1: the drafts
-
-
-def _step_keys(row_keys, step, purpose: int):
-  """[B] keys of one iteration and purpose: one fold-in of step * 2 + purpose (one
-  PRNG call; XLA:CPU runs each threefry call as a small loop)."""
-  return jax.vmap(lambda key: jax.random.fold_in(key, step * _PURPOSES + purpose))(row_keys)
+def _split_uniforms(uniforms, mode):
+  """A step's f32[B, U] uniforms -> (the target side's [B, verify_uniforms], the drafts')."""
+  return uniforms[:, :mode.verify_uniforms], uniforms[:, mode.verify_uniforms:]
 
 
 def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys, rule,
@@ -127,17 +126,21 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
 
   # Prefill and the first token (always plain AR).
   pairs = plan.rows_per_image
-  cache = plan.target.init_cache(num_images * pairs, plan.target_capacity)
+  cache = plan.shared_lengths(plan.target.init_cache(num_images * pairs, plan.target_capacity))
   out = plan.target.prefill(target_params, sharding.constrain_cache(cache, mesh, pairs), cond)
+  # Every random number of the decode, drawn now: the loop body runs no PRNG.
+  noise = randomness.loop_uniforms(row_keys, plan.num_tokens,
+                                   mode.verify_uniforms + mode.draft_uniforms)  # [B, n, U]
+  first_uniforms, start_uniforms = _split_uniforms(noise[:, 0], mode)
   first_probs = drafting.guided_probs(plan.sampling, out.logits[:, -1:],
                                       jnp.zeros((num_images, 1), jnp.int32), cfg)[:, 0]
-  first = drafting.sample(_step_keys(row_keys, 0, 0), first_probs)
+  first = categorical.sample(first_uniforms[:, 0], first_probs)
   buffer = jnp.zeros((num_images, plan.num_tokens + 2 * (mode.slots + 1)), jnp.int32)
   buffer = buffer.at[:, 0].set(first)
   num_generated = jnp.ones((num_images,), jnp.int32)
   metrics = metrics_lib.DecodeMetrics.zeros(num_images, mode.slots)
   drafts, forwards = mode.start(plan, draft_params, draft_cond, out, first, num_generated,
-                                _step_keys(row_keys, 0, 1))
+                                start_uniforms)
   if forwards:
     metrics = metrics.add_draft_forwards(forwards)
   state = LoopState(step=jnp.int32(1), tokens=buffer, num_generated=num_generated,
@@ -147,42 +150,55 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
     return jnp.any(state.num_generated < plan.num_tokens)
 
   def body(state: LoopState) -> LoopState:
-    active = state.num_generated < plan.num_tokens  # [B]
-    old_length = drafting.image_rows(state.target_cache.lengths, cfg)
-    pending = jnp.take_along_axis(state.tokens, state.num_generated[:, None] - 1, axis=1)
-    window = mode.verify_window(pending, state.drafts)  # [B, T]
-    window_mask, depths = mode.layout()
-    out = plan.target.forward(target_params, state.target_cache, as_rows(window, cfg),
-                              window_mask=window_mask, depths=depths)
-    offsets = jnp.arange(window.shape[1]) if depths is None else depths
-    token_index = state.num_generated[:, None] + offsets[None, :]
-    # [B, T, V] stays split by image, as the rows it came from (no logits move).
-    target_probs = sharding.constrain_batch(
-        drafting.guided_probs(plan.sampling, out.logits, token_index, cfg), mesh)
-    verdict, cache = mode.verify(plan, rule, _step_keys(row_keys, state.step, 0), window,
-                                 state.drafts, target_probs, out.cache, old_length)
-
-    commit = mode.commit(window, verdict)  # [B, K+1]
-    tokens = kv.write_rows(state.tokens, commit, state.num_generated)
-    num_generated = state.num_generated + jnp.where(active, verdict.num_accepted + 1, 0)
-    # Rows that are (now) finished keep their old length: their cache is not
-    # needed again, and frozen lengths bound the slots any later write touches.
-    keep = active & (num_generated < plan.num_tokens)
-    new_length = jnp.where(
-        keep, _committed_length(old_length, verdict.num_accepted, window.shape[1]), old_length)
-    cache = kv.set_lengths(cache, as_rows(new_length, cfg))
+    # Named scopes label each piece in the compiled program's op names
+    # (bench/loop_profile.py attributes kernels and time to them).
+    with jax.named_scope('window'):
+      verify_uniforms, draft_uniforms = _split_uniforms(
+          randomness.step_uniforms(noise, state.step), mode)
+      active = state.num_generated < plan.num_tokens  # [B]
+      old_length = drafting.image_rows(state.target_cache.lengths, cfg)
+      pending = jnp.take_along_axis(state.tokens, state.num_generated[:, None] - 1, axis=1)
+      window = mode.verify_window(pending, state.drafts)  # [B, T]
+      window_mask, depths = mode.layout()
+    with jax.named_scope('target_forward'):
+      out = plan.target.forward(target_params, state.target_cache, as_rows(window, cfg),
+                                window_mask=window_mask, depths=depths)
+    with jax.named_scope('target_probs'):
+      offsets = jnp.arange(window.shape[1]) if depths is None else depths
+      token_index = state.num_generated[:, None] + offsets[None, :]
+      # [B, T, V] stays split by image, as the rows it came from (no logits move).
+      target_probs = sharding.constrain_batch(
+          drafting.guided_probs(plan.sampling, out.logits, token_index, cfg), mesh)
+    with jax.named_scope('verify'):
+      verdict, cache = mode.verify(plan, rule, verify_uniforms, window, state.drafts,
+                                   target_probs, out.cache, old_length)
+    with jax.named_scope('commit'):
+      commit = mode.commit(window, verdict)  # [B, K+1]
+      tokens = kv.write_window(state.tokens, commit, state.num_generated)
+      # Tokens this step adds inside the image (its last step may accept past it).
+      emitted = jnp.where(active, jnp.minimum(verdict.num_accepted + 1,
+                                              plan.num_tokens - state.num_generated), 0)
+      num_generated = state.num_generated + emitted
+      # Rows that are (now) finished keep their old length: their cache is not
+      # needed again, and frozen lengths bound the slots any later write touches.
+      keep = active & (num_generated < plan.num_tokens)
+      new_length = jnp.where(
+          keep, _committed_length(old_length, verdict.num_accepted, window.shape[1]), old_length)
+      cache = kv.set_lengths(cache, as_rows(new_length, cfg))
 
     step = mode_base.Step(window=window, hidden=out.hidden, target_probs=target_probs,
                           verdict=verdict, commit=commit, num_generated=num_generated, keep=keep)
-    drafts, forwards = mode.advance(plan, draft_params, state.drafts, step,
-                                    _step_keys(row_keys, state.step, 1))
+    with jax.named_scope('draft'):
+      drafts, forwards = mode.advance(plan, draft_params, state.drafts, step, draft_uniforms)
+    with jax.named_scope('metrics'):
+      metrics = state.metrics.record(active, verdict.num_accepted, emitted, forwards)
     return LoopState(
         step=state.step + 1,
         tokens=sharding.constrain_batch(tokens, mesh),
         num_generated=num_generated,
         target_cache=sharding.constrain_cache(cache, mesh, pairs),
         drafts=drafts.replace(cache=sharding.constrain_cache(drafts.cache, mesh, pairs)),
-        metrics=state.metrics.record(active, verdict.num_accepted, forwards))
+        metrics=metrics)
 
   state = jax.lax.while_loop(condition, body, state)
   return state.tokens[:, :plan.num_tokens], state.metrics
@@ -208,7 +224,7 @@ FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive
 # bench/cpu_compiler_options.py). Exact in law: only the summation order of
 # f32 reductions changes. For CPU: other backends compile reductions their
 # own way.
-CPU_LATENCY_OPTIONS = {'xla_disable_hlo_passes': 'tree_reduction_rewriter'}
+CPU_LATENCY_OPTIONS = {'xla_disable_hlo_passes': 'tree_reduction_rewriter,cpu-parallel-task-assigner'}
 
 
 def clear_compile_cache() -> None:

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import categorical
 from specdec_jax import kv_cache as kv
-from specdec_jax import verify
 
 EAGLE, MODEL = 'eagle', 'model'
 
@@ -81,34 +81,6 @@ def guided_probs(sampling, logits: jax.Array, token_index: jax.Array, cfg: bool)
     return sampling.probs(logits, token_index=token_index)
   pairs = logits.reshape((logits.shape[0] // 2, 2) + logits.shape[1:])  # [B, 2, T, V]
   return sampling.probs(pairs[:, 0], pairs[:, 1], token_index=token_index)
-
-
-def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
-  """One token per distribution, image b's from keys[b]: probs [B, ..., V] -> int32[B, ...]."""
-  return jax.vmap(lambda key, p: verify.sample_with_noise(jax.random.gumbel(key, p.shape), p))(
-      keys, probs)
-
-
-def sample_distinct(key: jax.Array, probs: jax.Array, num: int) -> jax.Array:
-  """num tokens drawn without replacement, in draw order (Gumbel top-k), int32[num].
-
-  The i-th token has the law of sequential sampling from probs with the
-  earlier tokens removed and renormalised, which is what `verify_tree`
-  assumes of siblings.
-  """
-  scores = jnp.log(jnp.maximum(probs, 0.0)) + jax.random.gumbel(key, probs.shape)
-  # num argmaxes rather than lax.top_k: XLA's partitioner gathers a TopK's
-  # batch, so under a 'data' mesh top_k would all-gather [B, V] per node.
-  # Same picks and order as top_k(scores, num), ties to the lower index.
-  taken = jnp.zeros(scores.shape, bool)
-  picks = []
-  for _ in range(num):
-    remaining = jnp.where(taken, -jnp.inf, scores)
-    pick = jnp.argmax(remaining)
-    pick = jnp.where(remaining[pick] == -jnp.inf, jnp.argmax(~taken), pick)  # only -inf left
-    taken = taken.at[pick].set(True)
-    picks.append(pick)
-  return jnp.stack(picks).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,36 +142,36 @@ def catch_up(drafter: Drafter, params, cache: kv.KVCache, committed_length, toke
 
 
 def draft_chain(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hidden, *,
-                num_drafts: int, sampling, cfg: bool, keys, first_index):
+                num_drafts: int, sampling, cfg: bool, uniforms, first_index):
   """Drafts k tokens autoregressively from the drafter's root output.
 
   Args:
     root_logits: [R, V] drafter logits for the first draft.
     root_hidden: [R, E] the hidden state that produced them.
-    keys: [B] per-image keys.
+    uniforms: f32[B, k], one per draft (`categorical.sample`).
     first_index: int32[B] image-token index of the first draft.
   Returns:
     (draft_tokens int32[B, k], draft_probs f32[B, k, V], cache): k - 1
     drafter forwards; the caller resets the cache lengths.
   """
   logits, hidden = root_logits[:, None], root_hidden[:, None]  # [R, 1, V], [R, 1, E]
-  # Gumbel noise of all k draws in one PRNG call per image: [B, k, V].
-  vocab = root_logits.shape[-1]
-  noise = jax.vmap(lambda key: jax.random.gumbel(key, (num_drafts, vocab)))(keys)
   tokens, probs = [], []
   for index in range(num_drafts):
     if index:
       out = drafter.forward(params, cache, as_rows(tokens[-1][:, None], cfg), hidden)
       logits, hidden, cache = out.logits, out.hidden, out.cache
     step_probs = guided_probs(sampling, logits, (first_index + index)[:, None], cfg)[:, 0]
-    tokens.append(verify.sample_with_noise(noise[:, index], step_probs))
+    tokens.append(categorical.sample(uniforms[:, index], step_probs))
     probs.append(step_probs)
   return jnp.stack(tokens, axis=1), jnp.stack(probs, axis=1), cache
 
 
 def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hidden, *,
-               tree, sampling, cfg: bool, keys, first_index):
+               tree, sampling, cfg: bool, uniforms, first_index):
   """Drafts a static tree level by level (siblings without replacement).
+
+  uniforms: f32[B, N - 1]; node j >= 1 is drawn with uniforms[:, j - 1]
+  (`categorical.sample_distinct` over each node's children).
 
   Level l's forward runs all drafted nodes of depth 1..l-1 at the drafter's
   committed length with the tree's ancestor mask, so each node sees exactly
@@ -239,13 +211,12 @@ def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hi
       kids = children[node][children[node] >= 0]
       if not kids.size:
         continue
-      node_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, int(node))
-      picks = jax.vmap(sample_distinct, (0, 0, None))(node_keys, level_probs[:, slot], kids.size)
+      picks = categorical.sample_distinct(uniforms[:, kids - 1], level_probs[:, slot])
       node_tokens = node_tokens.at[:, kids].set(picks)
   return node_tokens, node_probs, kv.set_lengths(cache, committed)
 
 
-def jacobi_fresh(keys, num: int, vocab: int, init: str, left_token,
+def jacobi_fresh(uniforms, num: int, vocab: int, init: str, left_token,
                  token_range: tuple[int, int] | None = None):
   """Fresh Jacobi drafts and their one-hot draft distributions.
 
@@ -254,7 +225,7 @@ def jacobi_fresh(keys, num: int, vocab: int, init: str, left_token,
   the image-token ids only; `protocol.image_token_range` gives a model's);
   'spatial': repeat the left neighbour (SJD's 'repeat_horizon' for LlamaGen).
   A fresh draft is a point mass, so its draft distribution is one-hot and
-  acceptance is t(x).
+  acceptance is t(x). uniforms: f32[B, num] ('random' draws one token each).
   Returns (int32[B, num], f32[B, num, V]).
   """
   start, stop = (0, vocab) if token_range is None else token_range
@@ -262,14 +233,14 @@ def jacobi_fresh(keys, num: int, vocab: int, init: str, left_token,
     raise ValueError(f'jacobi_fresh: token_range must be a non-empty range inside [0, {vocab}], '
                      f'got {token_range!r}.')
   if init == 'random':
-    tokens = jax.vmap(lambda key: jax.random.randint(key, (num,), start, stop))(keys)
+    tokens = categorical.randint(uniforms[:, :num], start, stop)
   else:
     tokens = jnp.repeat(left_token[:, None], num, axis=1)
   tokens = tokens.astype(jnp.int32)
   return tokens, jax.nn.one_hot(tokens, vocab, dtype=jnp.float32)
 
 
-def jacobi_next(keys, target_probs, num_accepted, next_token, init: str,
+def jacobi_next(uniforms, target_probs, num_accepted, next_token, init: str,
                 token_range: tuple[int, int] | None = None):
   """SJD's window update (Teng et al. 2025, as released): the next drafts.
 
@@ -280,14 +251,14 @@ def jacobi_next(keys, target_probs, num_accepted, next_token, init: str,
   drafts.
 
   Args:
-    keys: [B]; target_probs: f32[B, W, V]; num_accepted, next_token: int32[B].
+    uniforms: f32[B, 2W - 1]: W for the draws y_i, W - 1 for fresh drafts;
+    target_probs: f32[B, W, V]; num_accepted, next_token: int32[B].
     init, token_range: as `jacobi_fresh`.
   Returns:
     (drafts int32[B, W-1], draft_probs f32[B, W-1, V]).
   """
   batch, window, vocab = target_probs.shape
-  sample_keys, fresh_keys = jax.vmap(lambda k: jax.random.split(k))(keys).swapaxes(0, 1)
-  samples = sample(sample_keys, target_probs)  # [B, W]
+  samples = categorical.sample(uniforms[:, :window], target_probs)  # [B, W]
   source = num_accepted[:, None] + 1 + jnp.arange(window - 1)[None, :]  # [B, W-1]
   carried = source <= window - 1
   clipped = jnp.minimum(source, window - 1)
@@ -295,7 +266,7 @@ def jacobi_next(keys, target_probs, num_accepted, next_token, init: str,
   carried_probs = jnp.take_along_axis(target_probs, clipped[..., None], axis=1)
   any_carried = num_accepted < window - 1
   left = jnp.where(any_carried, samples[:, window - 1], next_token)
-  fresh_tokens, fresh_probs = jacobi_fresh(fresh_keys, window - 1, vocab, init, left,
+  fresh_tokens, fresh_probs = jacobi_fresh(uniforms[:, window:], window - 1, vocab, init, left,
                                            token_range)
   del batch
   return (jnp.where(carried, carried_tokens, fresh_tokens),

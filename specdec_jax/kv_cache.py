@@ -61,6 +61,10 @@ class KVCache:
     lengths: int32[B], number of valid slots per row.
     key_valid: bool[B, S], False for padding slots inside [0, lengths).
     position_offset: int32[B], position id = slot index - position_offset.
+    shared_length: static promise that every row has the same length (one
+      image with its CFG rows: the decode engine sets it at batch 1); writes
+      are then one dynamic_update_slice at lengths[0] instead of a per-row
+      scatter (which accelerators run as a loop over rows).
   """
 
   keys: tuple
@@ -68,6 +72,7 @@ class KVCache:
   lengths: jax.Array
   key_valid: jax.Array
   position_offset: jax.Array
+  shared_length: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
   def batch_size(self) -> int:
@@ -142,8 +147,28 @@ def write_rows(buffer: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Arra
   return jax.vmap(one_row)(buffer, new, starts)
 
 
+def write_window(buffer: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
+  """Writes new[b] into buffer[b, starts[b]:starts[b]+T], as one elementwise select.
+
+  For small buffers (token buffers [B, L]): every entry reads its source in
+  `new` by index, so there is no per-row scatter or loop (what `write_rows`
+  becomes when its vmapped dynamic_update_slice is lowered). Entries past
+  the buffer's end are dropped.
+
+  Args:
+    buffer: [B, L, ...]; new: [B, T, ...] (same trailing dims); starts: int32[B].
+  """
+  slots = jnp.arange(buffer.shape[1], dtype=jnp.int32)[None, :]  # [1, L]
+  offset = slots - starts[:, None]  # [B, L]: index into new
+  inside = (offset >= 0) & (offset < new.shape[1])
+  source = jnp.take_along_axis(new, jnp.clip(offset, 0, new.shape[1] - 1).reshape(
+      offset.shape + (1,) * (new.ndim - 2)), axis=1)
+  inside = inside.reshape(inside.shape + (1,) * (buffer.ndim - 2))
+  return jnp.where(inside, source.astype(buffer.dtype), buffer)
+
+
 def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array,
-                slot_axis: int = VALUE_SLOT_AXIS) -> jax.Array:
+                slot_axis: int = VALUE_SLOT_AXIS, shared_start: bool = False) -> jax.Array:
   """Writes one layer's new keys (or values) at each row's slots.
 
   Args:
@@ -153,6 +178,8 @@ def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array,
     starts: int32[B], the first slot of each row (callers guarantee
       starts + T <= S, see `check_capacity`).
     slot_axis: VALUE_SLOT_AXIS or KEY_SLOT_AXIS.
+    shared_start: every row starts at starts[0] (`KVCache.shared_length`):
+      one dynamic_update_slice of all rows.
   Returns:
     The updated buffer: new[b, t] lands at slot starts[b] + t of row b.
   """
@@ -168,6 +195,10 @@ def write_slots(buffer: jax.Array, new: jax.Array, starts: jax.Array,
   # [B, T, K, D] -> [B, K, T, D] (values) or [B, K, D, T] (keys).
   order = (0, 2, 1, 3) if slot_axis == VALUE_SLOT_AXIS else (0, 2, 3, 1)
   new = jnp.transpose(new, order).astype(buffer.dtype)
+  if shared_start:
+    index = [0, 0, 0, 0]
+    index[slot_axis] = starts[0]
+    return jax.lax.dynamic_update_slice(buffer, new, tuple(index))
 
   def one_row(row, update, start):  # [K, S, D] or [K, D, S]; update likewise with T
     index = [0, 0, 0]
@@ -251,24 +282,33 @@ def update_layer(cache: KVCache, layer: int | jax.Array, new_keys: jax.Array,
   `layer` is a Python int, or (stacked layout only) a traced int32 scalar.
   Does not move `lengths`; call `advance` once after all layers are written.
   """
+  shared = cache.shared_length
   if cache.stacked:
     return cache.replace(
-        keys=_write_stacked(cache.keys, layer, new_keys, cache.lengths, KEY_SLOT_AXIS),
-        values=_write_stacked(cache.values, layer, new_values, cache.lengths, VALUE_SLOT_AXIS))
+        keys=_write_stacked(cache.keys, layer, new_keys, cache.lengths, KEY_SLOT_AXIS, shared),
+        values=_write_stacked(cache.values, layer, new_values, cache.lengths, VALUE_SLOT_AXIS,
+                              shared))
   keys = list(cache.keys)
   values = list(cache.values)
-  keys[layer] = write_slots(keys[layer], new_keys, cache.lengths, KEY_SLOT_AXIS)
-  values[layer] = write_slots(values[layer], new_values, cache.lengths, VALUE_SLOT_AXIS)
+  keys[layer] = write_slots(keys[layer], new_keys, cache.lengths, KEY_SLOT_AXIS, shared)
+  values[layer] = write_slots(values[layer], new_values, cache.lengths, VALUE_SLOT_AXIS, shared)
   return cache.replace(keys=tuple(keys), values=tuple(values))
 
 
-def _write_stacked(buffer, layer, new, starts, slot_axis):
+def _write_stacked(buffer, layer, new, starts, slot_axis, shared_start: bool = False):
   """buffer [N, B, K, S, D] (or [N, B, K, D, S] for keys): writes new[b] [T, K, D]
-  at layer `layer`, row b, slots starts[b]:+T (one scatter).
+  at layer `layer`, row b, slots starts[b]:+T (one scatter; one
+  dynamic_update_slice when every row starts at starts[0]).
 
   A scatter rather than a vmapped dynamic_update_slice, whose batching over
   axis 1 would move the whole stacked buffer each layer.
   """
+  if shared_start:
+    order = (0, 2, 1, 3) if slot_axis == VALUE_SLOT_AXIS else (0, 2, 3, 1)
+    update = jnp.transpose(new, order).astype(buffer.dtype)[None]  # [1, B, K, T, D] / [.., D, T]
+    index = [layer, 0, 0, 0, 0]
+    index[slot_axis + 1] = starts[0]
+    return jax.lax.dynamic_update_slice(buffer, update, tuple(index))
   rows = jnp.arange(new.shape[0])[:, None]  # [B, 1]
   slots = starts[:, None] + jnp.arange(new.shape[1])[None, :]  # [B, T]
   # The index arrays are split by the head slice, so NumPy rules put their

@@ -65,6 +65,11 @@ class Plan:
     """Cache rows per image: 2 with CFG (adjacent, `drafting.as_rows`), else 1."""
     return 2 if self.cfg else 1
 
+  def shared_lengths(self, cache: kv.KVCache) -> kv.KVCache:
+    """Marks a fresh cache's rows as sharing one length when the decode has one image
+    (its CFG rows move together), so every cache write is one dynamic_update_slice."""
+    return cache.replace(shared_length=self.num_images == 1)
+
 
 @flax.struct.dataclass
 class Drafts:
@@ -137,6 +142,16 @@ class Mode:
     """K: the most drafts one step can accept."""
     return self.width - 1
 
+  @property
+  def verify_uniforms(self) -> int:
+    """Uniforms `verify` uses per step (`randomness`): a chain's K tests and the next token."""
+    return self.slots + 1
+
+  @property
+  def draft_uniforms(self) -> int:
+    """Uniforms `start` and `advance` use per step (a chain: one per draft)."""
+    return self.slots
+
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     """Mode-specific argument checks of `generate` (ValueError naming the fix)."""
 
@@ -154,11 +169,11 @@ class Mode:
     return None, None
 
   def start(self, plan: Plan, draft_params, draft_cond, prefill, first, first_index,
-            keys) -> tuple[Drafts, int]:
+            uniforms) -> tuple[Drafts, int]:
     """The first drafts, after the prefill `prefill` and the first token first int32[B].
 
-    first_index: int32[B] image-token index of the first draft; keys: [B].
-    Returns (drafts, drafter forwards run).
+    first_index: int32[B] image-token index of the first draft; uniforms:
+    f32[B, draft_uniforms]. Returns (drafts, drafter forwards run).
     """
     raise NotImplementedError
 
@@ -166,16 +181,17 @@ class Mode:
     """pending int32[B, 1] -> the verify window int32[B, T]."""
     return jnp.concatenate([pending, drafts.tokens], axis=1)
 
-  def verify(self, plan: Plan, rule, keys, window, drafts: Drafts, target_probs,
+  def verify(self, plan: Plan, rule, uniforms, window, drafts: Drafts, target_probs,
              cache: kv.KVCache, start) -> tuple[Verdict, kv.KVCache]:
-    """Verifies the window per image (vmapped, keys [B]) against target_probs [B, T, V].
+    """Verifies the window per image (vmapped) against target_probs [B, T, V].
 
-    cache: the target cache after the verify forward (lengths = start, the
-    row lengths before it). Returns the verdict and the cache to keep.
+    uniforms: f32[B, verify_uniforms]. cache: the target cache after the
+    verify forward (lengths = start, the row lengths before it). Returns the
+    verdict and the cache to keep.
     """
     del start
-    num_accepted, next_token = jax.vmap(verify.verify_chain, (None, 0, 0, 0, 0))(
-        rule, keys, drafts.tokens, drafts.probs, target_probs)
+    num_accepted, next_token = jax.vmap(verify.verify_chain_with_uniforms, (None, 0, 0, 0, 0))(
+        rule, uniforms, drafts.tokens, drafts.probs, target_probs)
     path = jnp.broadcast_to(jnp.arange(self.slots + 1), (plan.num_images, self.slots + 1))
     return Verdict(path, num_accepted, next_token), cache
 
@@ -187,8 +203,9 @@ class Mode:
                      jnp.roll(path_tokens, -1, axis=1), verdict.next_token[:, None])
 
   def advance(self, plan: Plan, draft_params, drafts: Drafts, step: Step,
-              keys) -> tuple[Drafts, int]:
-    """The drafts of the next iteration (keys [B]); returns (drafts, drafter forwards)."""
+              uniforms) -> tuple[Drafts, int]:
+    """The drafts of the next iteration (uniforms f32[B, draft_uniforms]); returns
+    (drafts, drafter forwards)."""
     raise NotImplementedError
 
 
@@ -205,7 +222,7 @@ class DrafterMode(Mode):
     raise NotImplementedError
 
   def draft(self, drafter: drafting.Drafter, plan: Plan, draft_params, cache, root_logits,
-            root_hidden, keys, first_index):
+            root_hidden, uniforms, first_index):
     """Drafts from the drafter's root output. Returns (tokens, probs, cache)."""
     raise NotImplementedError
 
@@ -233,9 +250,10 @@ class DrafterMode(Mode):
     draft_prefix = int(draft.prefix_length(cond)) if hasattr(draft, 'prefix_length') else prefix
     return draft_prefix + num_tokens + 2 * self.width + 2
 
-  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
+  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
     drafter = drafting.Drafter(plan.draft, self.drafter)
-    cache = plan.draft.init_cache(prefill.cache.batch_size, plan.draft_capacity)
+    cache = plan.shared_lengths(plan.draft.init_cache(prefill.cache.batch_size,
+                                                      plan.draft_capacity))
     cache = drafter.prefill(
         draft_params, sharding.constrain_cache(cache, plan.mesh, plan.rows_per_image),
         draft_cond, prefill.hidden)
@@ -243,29 +261,30 @@ class DrafterMode(Mode):
     zero = jnp.zeros((plan.num_images,), jnp.int32)
     committed = drafting.image_rows(cache.lengths, plan.cfg)
     drafts = self._catch_up_and_draft(plan, draft_params, cache, committed, first[:, None],
-                                      features, zero, keys, first_index)
+                                      features, zero, uniforms, first_index)
     return drafts, 1 + self.draft_forwards
 
-  def advance(self, plan, draft_params, drafts, step, keys):
+  def advance(self, plan, draft_params, drafts, step, uniforms):
     features = None
     if self.drafter == drafting.EAGLE:
       # EAGLE pairs each committed token with the target feature that predicted it.
       rows_path = as_rows(jnp.maximum(step.verdict.path, 0), plan.cfg)
       features = jnp.take_along_axis(step.hidden, rows_path[..., None], axis=1)
     new = self._catch_up_and_draft(plan, draft_params, drafts.cache, drafts.length, step.commit,
-                                   features, step.verdict.num_accepted, keys, step.num_generated)
+                                   features, step.verdict.num_accepted, uniforms,
+                                   step.num_generated)
     length = jnp.where(step.keep, new.length, drafts.length)
     cache = kv.set_lengths(new.cache, as_rows(length, plan.cfg))
     return new.replace(cache=cache, length=length), self.draft_forwards
 
   def _catch_up_and_draft(self, plan, draft_params, cache, committed, tokens, features,
-                          num_accepted, keys, first_index) -> Drafts:
+                          num_accepted, uniforms, first_index) -> Drafts:
     """Drafter catch-up on the committed tokens, then `draft`; lengths = new committed."""
     drafter = drafting.Drafter(plan.draft, self.drafter)
     root_logits, root_hidden, cache = drafting.catch_up(
         drafter, draft_params, cache, committed, tokens, features, num_accepted, plan.cfg)
     committed = committed + num_accepted + 1
     tokens, probs, cache = self.draft(drafter, plan, draft_params, cache, root_logits,
-                                      root_hidden, keys, first_index)
+                                      root_hidden, uniforms, first_index)
     cache = kv.set_lengths(cache, as_rows(committed, plan.cfg))
     return Drafts(tokens=tokens, probs=probs, cache=cache, length=committed)

@@ -11,6 +11,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from specdec_jax import categorical
 from specdec_jax import drafting
 from specdec_jax import mode_base
 from specdec_jax import protocol
@@ -25,19 +26,19 @@ class Vanilla(mode_base.Mode):
   def width(self) -> int:
     return 1
 
-  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
+  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
     vocab = plan.target.vocab_size
     return mode_base.Drafts(tokens=jnp.zeros((plan.num_images, 0), jnp.int32),
                             probs=jnp.zeros((plan.num_images, 0, vocab), jnp.float32)), 0
 
-  def verify(self, plan, rule, keys, window, drafts, target_probs, cache, start):
+  def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
     del rule, window, drafts, start
     num_accepted = jnp.zeros((plan.num_images,), jnp.int32)
-    next_token = drafting.sample(keys, target_probs[:, 0])
+    next_token = categorical.sample(uniforms[:, 0], target_probs[:, 0])
     path = jnp.zeros((plan.num_images, 1), jnp.int32)
     return mode_base.Verdict(path, num_accepted, next_token), cache
 
-  def advance(self, plan, draft_params, drafts, step, keys):
+  def advance(self, plan, draft_params, drafts, step, uniforms):
     return drafts, 0
 
 
@@ -65,11 +66,11 @@ class ChainDraft(mode_base.DrafterMode):
     super().check(target=target, draft=draft, draft_params=draft_params, cond=cond,
                   num_tokens=num_tokens)
 
-  def draft(self, drafter, plan, draft_params, cache, root_logits, root_hidden, keys,
+  def draft(self, drafter, plan, draft_params, cache, root_logits, root_hidden, uniforms,
             first_index):
     return drafting.draft_chain(
         drafter, draft_params, cache, root_logits, root_hidden, num_drafts=self.k,
-        sampling=plan.sampling, cfg=plan.cfg, keys=keys, first_index=first_index)
+        sampling=plan.sampling, cfg=plan.cfg, uniforms=uniforms, first_index=first_index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +92,11 @@ class Jacobi(mode_base.Mode):
   def width(self) -> int:
     return self.window
 
+  @property
+  def draft_uniforms(self) -> int:
+    # A draw y_i from every window position's target distribution, and fresh drafts.
+    return 2 * self.window - 1
+
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     del draft, draft_params, cond
     if not 2 <= self.window <= num_tokens:
@@ -101,13 +107,13 @@ class Jacobi(mode_base.Mode):
                        f'{self.init!r}.')
     protocol.image_token_range(target)  # random drafts are drawn from it: check it now
 
-  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
-    tokens, probs = drafting.jacobi_fresh(keys, self.slots, plan.target.vocab_size, self.init,
+  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
+    tokens, probs = drafting.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size, self.init,
                                           first, protocol.image_token_range(plan.target))
     return mode_base.Drafts(tokens=tokens, probs=probs), 0
 
-  def advance(self, plan, draft_params, drafts, step, keys):
+  def advance(self, plan, draft_params, drafts, step, uniforms):
     tokens, probs = drafting.jacobi_next(
-        keys, step.target_probs, step.verdict.num_accepted, step.verdict.next_token, self.init,
+        uniforms, step.target_probs, step.verdict.num_accepted, step.verdict.next_token, self.init,
         protocol.image_token_range(plan.target))
     return drafts.replace(tokens=tokens, probs=probs), 0

@@ -44,7 +44,7 @@ def compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
 
   def move(buffer, slot_axis):  # one layer's keys or values, in the cache's layout
     picked = kv.read_slots(buffer, slots, slot_axis)  # [R, D+1, heads, hd]
-    return kv.write_slots(buffer, picked, starts, slot_axis)
+    return kv.write_slots(buffer, picked, starts, slot_axis, cache.shared_length)
 
   return kv.map_buffers(move, cache)  # per-layer tuple or stacked (scanned models)
 
@@ -70,6 +70,14 @@ class TreeDraft(mode_base.DrafterMode):
   def draft_forwards(self) -> int:
     return self.tree.max_depth
 
+  @property
+  def verify_uniforms(self) -> int:
+    return verify.tree_uniforms(self.tree)
+
+  @property
+  def draft_uniforms(self) -> int:
+    return self.tree.num_nodes - 1  # one draw per drafted node
+
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     if not isinstance(self.tree, verify.StaticTree):
       raise ValueError('generate: TreeDraft.tree must be a verify.StaticTree, e.g. '
@@ -81,17 +89,18 @@ class TreeDraft(mode_base.DrafterMode):
     # Each node sees its ancestors; node j predicts image token num_generated + depth(j).
     return jnp.asarray(self.tree.ancestor_mask), jnp.asarray(self.tree.depths)
 
-  def draft(self, drafter, plan, draft_params, cache, root_logits, root_hidden, keys,
+  def draft(self, drafter, plan, draft_params, cache, root_logits, root_hidden, uniforms,
             first_index):
     return drafting.draft_tree(
         drafter, draft_params, cache, root_logits, root_hidden, tree=self.tree,
-        sampling=plan.sampling, cfg=plan.cfg, keys=keys, first_index=first_index)
+        sampling=plan.sampling, cfg=plan.cfg, uniforms=uniforms, first_index=first_index)
 
   def verify_window(self, pending, drafts):
     return jnp.concatenate([pending, drafts.tokens[:, 1:]], axis=1)  # node 0 -> pending
 
-  def verify(self, plan, rule, keys, window, drafts, target_probs, cache, start):
-    path, num_accepted, next_token = jax.vmap(verify.verify_tree, (None, 0, None, 0, 0, 0))(
-        rule, keys, self.tree, window, drafts.probs, target_probs)
+  def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
+    path, num_accepted, next_token = jax.vmap(
+        verify.verify_tree_with_uniforms, (None, 0, None, 0, 0, 0))(
+            rule, uniforms, self.tree, window, drafts.probs, target_probs)
     cache = compact_path(cache, start, path, plan.cfg)
     return mode_base.Verdict(path, num_accepted, next_token), cache

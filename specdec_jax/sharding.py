@@ -124,7 +124,8 @@ def cache_shardings(cache: kv.KVCache, mesh: Mesh, rows_per_image: int = 1) -> k
       values=values,
       lengths=named(cache.lengths, P(rows)),
       key_valid=named(cache.key_valid, P(rows, None)),
-      position_offset=named(cache.position_offset, P(rows)))
+      position_offset=named(cache.position_offset, P(rows)),
+      shared_length=cache.shared_length)
 
 
 def _rows_axis(num_rows: int, mesh: Mesh, rows_per_image: int) -> str | None:

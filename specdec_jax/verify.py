@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import categorical
+
 
 _PROB_SUM_TOLERANCE = 1e-3
 
@@ -87,39 +89,24 @@ def excess_acceptance(rule, draft_probs, target_probs, position=1) -> jax.Array:
   return jnp.sum(jnp.maximum(draft_probs * accept - target_probs, 0.0), axis=-1)
 
 
-def sample_with_noise(noise: jax.Array, probs: jax.Array) -> jax.Array:
-  """argmax(log probs + noise) over the last axis, int32: a draw from probs when
-  noise is standard Gumbel of the same shape (the Gumbel-max trick, as
-  `jax.random.categorical`); zero-probability tokens are never drawn."""
-  if jnp.shape(noise) != jnp.shape(probs):
-    raise ValueError(f'sample_with_noise: noise {jnp.shape(noise)} must have the shape of probs '
-                     f'{jnp.shape(probs)} (one Gumbel draw per entry; broadcasting would reuse '
-                     'one draw for several distributions).')
-  return jnp.argmax(jnp.log(jnp.maximum(probs, 0.0)) + noise, axis=-1).astype(jnp.int32)
-
-
-def _sample(key, probs) -> jax.Array:
-  """One token from a distribution [V] (the same draw as jax.random.categorical)."""
-  return sample_with_noise(jax.random.gumbel(key, probs.shape), probs)
-
-
-def uniform_to_gumbel(uniforms: jax.Array) -> jax.Array:
-  """Standard Gumbel noise from uniforms in [0, 1), as `jax.random.gumbel` makes it.
-
-  For draws that share one `jax.random.uniform` call with other uniforms
-  (`verify_chain`: one PRNG call, where XLA:CPU runs threefry as a loop per
-  call); pure noise is `jax.random.gumbel`.
-  """
-  tiny = jnp.finfo(uniforms.dtype).tiny
-  return -jnp.log(-jnp.log(jnp.maximum(uniforms, tiny)))
-
-
 def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
+  """Verifies k chained drafts for one row, with k + 1 uniforms drawn from `key`.
+
+  See `verify_chain_with_uniforms` (the decode loop's form) for the arguments.
+  """
+  num_drafts = jnp.shape(draft_probs)[0] if jnp.ndim(draft_probs) == 2 else 0
+  return verify_chain_with_uniforms(rule, jax.random.uniform(key, (num_drafts + 1,)),
+                                    draft_tokens, draft_probs, target_probs)
+
+
+def verify_chain_with_uniforms(rule, uniforms, draft_tokens, draft_probs, target_probs):
   """Verifies k chained drafts for one row.
 
   Args:
     rule: an acceptance rule from `specdec_jax.rules`.
-    key: PRNG key.
+    uniforms: f32[k+1] in [0, 1): uniforms[i] tests draft i+1 (accepted iff
+      uniforms[i] < f(x_{i+1})); uniforms[k] draws the next token
+      (`categorical.sample`).
     draft_tokens: int32[k], drafted tokens x_1..x_k.
     draft_probs: f32[k, V], d_i: the distribution x_i was sampled from.
     target_probs: f32[k+1, V], t_i: the target's distribution at each draft
@@ -137,6 +124,9 @@ def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
     raise ValueError(
         f'verify_chain: draft_tokens {draft_tokens.shape}, draft_probs {draft_probs.shape} '
         f'and target_probs {target_probs.shape} must be [k], [k, V] and [k+1, V].')
+  if jnp.shape(uniforms) != (num_drafts + 1,):
+    raise ValueError(f'verify_chain: uniforms must be [k+1] = [{num_drafts + 1}], got '
+                     f'{jnp.shape(uniforms)}.')
   check_probs('draft_probs', draft_probs)
   check_probs('target_probs', target_probs, vocab)
   if _is_concrete(draft_tokens):
@@ -144,21 +134,16 @@ def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
       raise ValueError(f'draft_tokens must be in [0, {vocab}), got {tokens.tolist()}.')
 
-  # One PRNG call, [k + 1, V]: the acceptance uniforms are column 0 of the
-  # first k rows, the next token's Gumbel noise the last row. (A flat k + V
-  # draw sliced in two made XLA's SPMD partitioner emit an invalid program on
-  # a data x model mesh, tests/test_sharding.py.)
-  uniforms = jax.random.uniform(key, (num_drafts + 1, vocab))
   positions = jnp.arange(1, num_drafts + 1)
   accept = jax.vmap(rule.accept_prob_at)(
       draft_probs, target_probs[:num_drafts], positions, draft_tokens)
-  accepted = uniforms[:num_drafts, 0] < accept
+  accepted = uniforms[:num_drafts] < accept
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32))).astype(jnp.int32)
 
   stop = jnp.minimum(num_accepted, num_drafts - 1)
   residual = rule.residual(draft_probs[stop], target_probs[stop], stop + 1, draft_tokens[stop])
   next_probs = jnp.where(num_accepted == num_drafts, target_probs[num_drafts], residual)
-  return num_accepted, sample_with_noise(uniform_to_gumbel(uniforms[num_drafts]), next_probs)
+  return num_accepted, categorical.sample(uniforms[num_drafts], next_probs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +232,18 @@ class StaticTree:
 
 
 def verify_tree(rule, key, tree: StaticTree, node_tokens, draft_probs, target_probs):
+  """`verify_tree_with_uniforms` with its uniforms drawn from a PRNG key."""
+  uniforms = jax.random.uniform(key, (tree_uniforms(tree),))
+  return verify_tree_with_uniforms(rule, uniforms, tree, node_tokens, draft_probs, target_probs)
+
+
+def tree_uniforms(tree: StaticTree) -> int:
+  """Uniforms one tree verification uses: D * C sibling tests and the next token."""
+  return tree.max_depth * tree.max_children + 1
+
+
+def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, draft_probs,
+                              target_probs):
   """EAGLE-1 multi-candidate verification of a static tree, for one row.
 
   At the current node (starting at the root) its children x_1, x_2, ... were
@@ -262,7 +259,9 @@ def verify_tree(rule, key, tree: StaticTree, node_tokens, draft_probs, target_pr
 
   Args:
     rule: acceptance rule; `position` is the child's depth (1-based).
-    key: PRNG key.
+    uniforms: f32[D * C + 1] in [0, 1) (`tree_uniforms`): entry
+      (depth - 1) * C + s tests sibling s at that depth, the last one draws
+      the next token.
     tree: the static tree.
     node_tokens: int32[N]; node_tokens[0] is the root's (committed) token.
     draft_probs: f32[N, V], the drafter distribution at each node (its
@@ -283,9 +282,11 @@ def verify_tree(rule, key, tree: StaticTree, node_tokens, draft_probs, target_pr
   check_probs('draft_probs', draft_probs)
   check_probs('target_probs', target_probs, draft_probs.shape[-1])
 
+  if jnp.shape(uniforms) != (tree_uniforms(tree),):
+    raise ValueError(f'verify_tree: uniforms must be [D * C + 1] = [{tree_uniforms(tree)}], '
+                     f'got {jnp.shape(uniforms)}.')
   children = jnp.asarray(tree.children)  # [N, C]
   max_depth = tree.max_depth
-  keys = jax.random.split(key, max_depth * tree.max_children + 1)
 
   node = jnp.int32(0)
   target = target_probs[0]
@@ -304,7 +305,7 @@ def verify_tree(rule, key, tree: StaticTree, node_tokens, draft_probs, target_pr
       sibling_draft = jnp.maximum(sibling_draft, 0.0)
       live = (~stopped) & (accepted_child < 0) & (child >= 0) & (sibling_draft[token] > 0)
       accept_prob = rule.accept_prob_at(sibling_draft, target, depth, token)
-      uniform = jax.random.uniform(keys[(depth - 1) * tree.max_children + sibling])
+      uniform = uniforms[(depth - 1) * tree.max_children + sibling]
       accept = live & (uniform < accept_prob)
       reject = live & ~accept
       residual = rule.residual(sibling_draft, target, depth, token)
@@ -317,4 +318,4 @@ def verify_tree(rule, key, tree: StaticTree, node_tokens, draft_probs, target_pr
     path = path.at[depth].set(jnp.where(descend, accepted_child, -1))
     stopped = stopped | ~descend
   num_accepted = jnp.sum(path[1:] >= 0).astype(jnp.int32)
-  return path, num_accepted, _sample(keys[-1], target)
+  return path, num_accepted, categorical.sample(uniforms[-1], target)

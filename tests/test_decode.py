@@ -225,6 +225,34 @@ class RepeatedCallTest(absltest.TestCase):
       decode.modes_lib.validate = original_validate
 
 
+class MetricsTest(parameterized.TestCase):
+  """Tokens per forward credits only tokens inside the image (SPEC section 3)."""
+
+  @parameterized.named_parameters(
+      ('chain', decode.ChainDraft(4, 'model')), ('jacobi', decode.Jacobi(5, 'random')),
+      ('tree', decode.TreeDraft(TREE, 'model')))
+  def test_last_step_credits_only_the_tokens_the_image_needed(self, mode):
+    """8 tokens, up to 5 per step: a finished image committed exactly 7 tokens in its
+    verify steps (its first came from the prefill), whatever its last step accepted."""
+    num_tokens = 8
+    target_params, draft_params, _ = _params()
+    extra = {} if isinstance(mode, decode.Jacobi) else dict(draft=DRAFT, draft_params=draft_params)
+    result = decode.generate(
+        TARGET, target_params, _cond(256, logits.Sampling()), num_tokens=num_tokens,
+        key=jax.random.key(4), mode=mode, rule=rules.UniformRelaxed(3.0),
+        compiler_options=FAST, **extra)
+    host = jax.tree.map(np.asarray, result.metrics)
+    np.testing.assert_array_equal(host.committed_tokens, num_tokens - 1)
+    np.testing.assert_allclose(np.asarray(result.metrics.tokens_per_target_forward),
+                               (num_tokens - 1) / host.verify_steps, rtol=1e-6)
+    self.assertAlmostEqual(result.metrics.summary()['tokens_per_target_forward'],
+                           float(np.mean((num_tokens - 1) / host.verify_steps)), places=5)
+    # Accepted drafts inside the image: at most one fewer than committed per step.
+    self.assertTrue(np.all(host.accepted_tokens <= host.committed_tokens))
+    self.assertTrue(np.all(host.accepted_tokens >= host.committed_tokens - host.verify_steps))
+    np.testing.assert_array_equal(host.accepted_per_position.sum(1), host.accepted_tokens)
+
+
 class BatchTest(absltest.TestCase):
 
   def test_rows_match_batch_of_one(self):

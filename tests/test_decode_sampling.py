@@ -13,7 +13,7 @@ import numpy as np
 from absl.testing import absltest
 
 from specdec_jax import decode
-from specdec_jax import drafting
+from specdec_jax import categorical
 from specdec_jax import logits
 from specdec_jax import rules
 from specdec_jax.models import tiny
@@ -60,11 +60,13 @@ def _static_decode(sampling, mode=decode.Vanilla(), seed=0):
 
 def _reference_vanilla(sampling, seed=0):
   """Plain AR sampling written out: prefill, then one forward per token, with the
-  engine's key schedule (image b: key folded with b, then with 2 * step + purpose 0)."""
+  engine's random numbers (image b: key folded with b draws uniforms [n, 1]; token
+  i is the inverse-CDF draw of uniform i)."""
   params = TARGET.init_params(jax.random.key(0))
   cond = tiny.cfg_class_rows(LABELS, CONFIG.num_classes)
   num_images = LABELS.shape[0]
   row_keys = [jax.random.fold_in(jax.random.key(seed), b) for b in range(num_images)]
+  uniforms = jnp.stack([jax.random.uniform(k, (NUM_TOKENS, 1)) for k in row_keys])
   cache = TARGET.init_cache(2 * num_images, TARGET.prefix_length(cond) + NUM_TOKENS)
   out = TARGET.prefill(params, cache, cond)
   tokens = []
@@ -72,8 +74,7 @@ def _reference_vanilla(sampling, seed=0):
     step_logits = out.logits[:, -1]
     probs = sampling.probs(step_logits[:num_images], step_logits[num_images:],
                            token_index=step)
-    keys = jnp.stack([jax.random.fold_in(k, 2 * step) for k in row_keys])
-    token = drafting.sample(keys, probs)
+    token = categorical.sample(uniforms[:, step, 0], probs)
     tokens.append(token)
     out = TARGET.forward(params, out.cache, jnp.concatenate([token, token])[:, None])
   return np.stack([np.asarray(t) for t in tokens], axis=1)

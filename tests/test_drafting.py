@@ -1,9 +1,7 @@
-"""Tests of specdec_jax.drafting: sibling sampling, Jacobi window updates, drafter catch-up and
-tree drafting through a cache."""
+"""Tests of specdec_jax.drafting: Jacobi window updates, drafter catch-up and tree drafting
+through a cache (the draws themselves: tests/test_categorical.py)."""
 
 from __future__ import annotations
-
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -20,72 +18,8 @@ VOCAB, CLASSES = 4, 2
 _jacobi_next = jax.jit(drafting.jacobi_next, static_argnums=4)
 
 
-class SharedNoiseSamplingTest(absltest.TestCase):
-  """`verify.sample_with_noise` on Gumbel noise from one uniform call per image
-  (how `draft_chain` and `verify_chain` draw): each draw has law p, zero-mass
-  tokens never appear, and two draws sliced from one call are independent.
-  n = 2^16 draws; `testing.bins_match` at 6 sigmas detects a shift of about
-  0.7 percentage points in a bin of mass 0.1."""
-
-  LAW = np.array([0.35, 0.0, 0.25, 0.2, 0.0, 0.15, 0.05, 0.0])
-
-  def _draws(self, transform, num=2 ** 16):
-    probs = jnp.asarray(self.LAW, jnp.float32)
-    keys = jax.random.split(jax.random.key(7), num)
-    uniforms = jax.vmap(lambda k: jax.random.uniform(k, (2, probs.shape[0])))(keys)
-    return np.asarray(jax.vmap(jax.vmap(verify.sample_with_noise, (0, None)), (0, None))(
-        transform(uniforms), probs))  # [num, 2]
-
-  def test_each_draw_has_the_law_and_draws_are_independent(self):
-    draws = self._draws(verify.uniform_to_gumbel)
-    for column in range(2):
-      report = testing.bins_match(testing.histogram(draws[:, column], 8), self.LAW)
-      self.assertTrue(report.ok, report.message)
-    pairs = testing.histogram(draws[:, 0] * 8 + draws[:, 1], 64)
-    self.assertGreater(testing.chi_square_pvalue(pairs, np.outer(self.LAW, self.LAW).ravel())[0],
-                       1e-4)
-
-  def test_noise_must_match_probs(self):
-    with self.assertRaisesRegex(ValueError, 'must have the shape of probs'):
-      verify.sample_with_noise(jnp.zeros((8,)), jnp.full((3, 8), 1 / 8))
-
-  def test_negative_controls_fail(self):
-    # Uniforms used as if they were Gumbel noise: the law is wrong.
-    wrong = testing.bins_match(testing.histogram(self._draws(lambda u: u)[:, 0], 8), self.LAW)
-    self.assertFalse(wrong.ok)
-    # Both draws from the same slice of noise: not independent.
-    same = self._draws(lambda u: verify.uniform_to_gumbel(u[:, :1].repeat(2, axis=1)))
-    pairs = testing.histogram(same[:, 0] * 8 + same[:, 1], 64)
-    self.assertLess(testing.chi_square_pvalue(pairs, np.outer(self.LAW, self.LAW).ravel())[0],
-                    1e-6)
-
-
-class SampleDistinctTest(absltest.TestCase):
-
-  def test_ordered_pairs_follow_sequential_sampling_without_replacement(self):
-    probs = jnp.array([0.5, 0.3, 0.15, 0.05])
-    keys = jax.random.split(jax.random.key(0), 2 ** 14)
-    picks = np.asarray(jax.jit(jax.vmap(lambda k: drafting.sample_distinct(k, probs, 2)))(keys))
-    self.assertTrue(np.all(picks[:, 0] != picks[:, 1]))
-    p = np.asarray(probs, np.float64)
-    pairs = list(itertools.permutations(range(4), 2))
-    law = np.array([p[a] * p[b] / (1 - p[a]) for a, b in pairs])
-    index = {pair: i for i, pair in enumerate(pairs)}
-    counts = np.bincount([index[tuple(row)] for row in picks], minlength=len(pairs))
-    law = law / law.sum()
-    self.assertGreater(testing.chi_square_pvalue(counts, law)[0], 1e-4)
-
-  def test_picks_equal_gumbel_top_k_including_zero_probabilities(self):
-    """The argmax loop picks what lax.top_k of the same Gumbel scores picks, in order,
-    also when fewer tokens than picks have mass (-inf scores, lower index first)."""
-    probs = jnp.array([[0.0, 0.7, 0.0, 0.3, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
-                       [0.1, 0.2, 0.3, 0.1, 0.2, 0.1]])
-    for seed in range(20):
-      key = jax.random.key(seed)
-      for row in probs:
-        scores = jnp.log(row) + jax.random.gumbel(key, row.shape)
-        np.testing.assert_array_equal(drafting.sample_distinct(key, row, 4),
-                                      jax.lax.top_k(scores, 4)[1])
+def _uniforms(seed: int, *shape) -> jax.Array:
+  return jax.random.uniform(jax.random.key(seed), shape)
 
 
 class JacobiTest(absltest.TestCase):
@@ -96,9 +30,8 @@ class JacobiTest(absltest.TestCase):
   def test_carries_samples_beyond_the_rejection_with_their_laws(self):
     # W = 4; every index's distribution is a point mass, so y_i is known.
     target_probs = self._one_hot_window([[0, 1, 2, 3]])
-    drafts, probs = _jacobi_next(
-        jax.random.split(jax.random.key(0), 1), target_probs, jnp.array([1]), jnp.array([1]),
-        'spatial')
+    drafts, probs = _jacobi_next(_uniforms(0, 1, 7), target_probs, jnp.array([1]),
+                                 jnp.array([1]), 'spatial')
     # accepted 1 draft: y_2, y_3 are carried, one fresh spatial draft repeats y_3.
     np.testing.assert_array_equal(np.asarray(drafts), [[2, 3, 3]])
     np.testing.assert_allclose(np.asarray(probs[0, :2]), np.asarray(target_probs[0, 2:]))
@@ -106,16 +39,14 @@ class JacobiTest(absltest.TestCase):
 
   def test_all_accepted_refills_from_the_next_token(self):
     target_probs = self._one_hot_window([[0, 1, 2, 3]])
-    drafts, probs = _jacobi_next(
-        jax.random.split(jax.random.key(0), 1), target_probs, jnp.array([3]), jnp.array([2]),
-        'spatial')
+    drafts, probs = _jacobi_next(_uniforms(0, 1, 7), target_probs, jnp.array([3]),
+                                 jnp.array([2]), 'spatial')
     np.testing.assert_array_equal(np.asarray(drafts), [[2, 2, 2]])
     np.testing.assert_allclose(np.asarray(probs[0]), np.eye(VOCAB)[[2, 2, 2]])
 
   def test_random_init_is_one_hot_and_in_vocab(self):
     fresh = jax.jit(drafting.jacobi_fresh, static_argnums=(1, 2, 3))
-    tokens, probs = fresh(jax.random.split(jax.random.key(1), 64), 5, VOCAB, 'random',
-                          jnp.zeros((64,), jnp.int32))
+    tokens, probs = fresh(_uniforms(1, 64, 5), 5, VOCAB, 'random', jnp.zeros((64,), jnp.int32))
     self.assertTrue(np.all((np.asarray(tokens) >= 0) & (np.asarray(tokens) < VOCAB)))
     np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(tokens, VOCAB)))
     self.assertGreater(len(np.unique(np.asarray(tokens))), 1)
@@ -124,8 +55,8 @@ class JacobiTest(absltest.TestCase):
     """SJD draws random drafts from the image tokens only (Lumina-mGPT: ids 4..8195)."""
     vocab, token_range = 16, (4, 12)
     fresh = jax.jit(drafting.jacobi_fresh, static_argnums=(1, 2, 3, 5))
-    tokens, probs = fresh(jax.random.split(jax.random.key(2), 256), 8, vocab, 'random',
-                          jnp.zeros((256,), jnp.int32), token_range)
+    tokens, probs = fresh(_uniforms(2, 256, 8), 8, vocab, 'random', jnp.zeros((256,), jnp.int32),
+                          token_range)
     tokens = np.asarray(tokens)
     self.assertTrue(np.all((tokens >= 4) & (tokens < 12)))
     self.assertEqual(set(np.unique(tokens).tolist()), set(range(4, 12)))  # all of it, uniform
@@ -133,15 +64,15 @@ class JacobiTest(absltest.TestCase):
     self.assertGreater(testing.chi_square_pvalue(counts, np.full(8, 1 / 8))[0], 1e-4)
     np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(tokens, vocab)))
     with self.assertRaisesRegex(ValueError, 'token_range'):
-      drafting.jacobi_fresh(jax.random.split(jax.random.key(0), 2), 3, vocab, 'random',
-                            jnp.zeros((2,), jnp.int32), (12, 12))
+      drafting.jacobi_fresh(_uniforms(0, 2, 3), 3, vocab, 'random', jnp.zeros((2,), jnp.int32),
+                            (12, 12))
 
   def test_window_refill_draws_only_the_image_token_range(self):
     vocab, window, batch = 16, 6, 64
     target_probs = jnp.full((batch, window, vocab), 1.0 / vocab)
     next_window = jax.jit(drafting.jacobi_next, static_argnums=(4, 5))
     # All drafts accepted: the whole next window is fresh.
-    drafts, probs = next_window(jax.random.split(jax.random.key(3), batch), target_probs,
+    drafts, probs = next_window(_uniforms(3, batch, 2 * window - 1), target_probs,
                                 jnp.full((batch,), window - 1), jnp.zeros((batch,), jnp.int32),
                                 'random', (4, 8))
     drafts = np.asarray(drafts)
@@ -204,7 +135,7 @@ class DraftTreeTest(absltest.TestCase):
           jnp.zeros((2,), jnp.int32), cfg=False)
       drafted = drafting.draft_tree(
           drafter, params, cache, root_logits, root_hidden, tree=tree, sampling=sampling,
-          cfg=False, keys=jax.random.split(jax.random.key(2), 2),
+          cfg=False, uniforms=_uniforms(2, 2, tree.num_nodes - 1),
           first_index=jnp.ones(2, jnp.int32))
       return cache, root_hidden, drafted
 

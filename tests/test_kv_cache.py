@@ -62,6 +62,37 @@ class KVCacheTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'slot_axis must be'):
       kv.write_slots(buffer, new, jnp.zeros((2,), jnp.int32), 1)
 
+  def test_shared_start_write_equals_per_row_writes(self):
+    """One dynamic_update_slice (rows sharing a length) writes what per-row writes do,
+    in the tuple and the stacked layout; a shared write at unequal lengths does not
+    (negative control: the flag is a promise about the lengths)."""
+    new = jnp.arange(2 * 3 * 2 * 4, dtype=jnp.float32).reshape(2, 3, 2, 4) + 1  # [B, T, K, D]
+    for stacked in (False, True):
+      cache = kv.init_cache(num_layers=2, batch_size=2, capacity=9, num_kv_heads=2, head_dim=4,
+                            stacked=stacked)
+      cache = kv.set_lengths(cache, jnp.array([4, 4]))
+      per_row = kv.update_layer(cache, 1, new, -new)
+      shared = kv.update_layer(cache.replace(shared_length=True), 1, new, -new)
+      self.assertTrue(shared.shared_length)
+      for got, want in ((shared.keys, per_row.keys), (shared.values, per_row.values)):
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+      uneven = kv.set_lengths(cache, jnp.array([4, 1]))
+      self.assertFalse(np.array_equal(
+          np.asarray(kv.update_layer(uneven.replace(shared_length=True), 1, new, -new).keys[1]),
+          np.asarray(kv.update_layer(uneven, 1, new, -new).keys[1])))
+
+  def test_write_window_equals_write_rows(self):
+    buffer = jnp.arange(3 * 10, dtype=jnp.int32).reshape(3, 10)
+    new = -jnp.arange(3 * 4, dtype=jnp.int32).reshape(3, 4) - 1
+    starts = jnp.array([0, 3, 6])
+    np.testing.assert_array_equal(kv.write_window(buffer, new, starts),
+                                  kv.write_rows(buffer, new, starts))
+    # Past the end: the entries beyond the buffer are dropped.
+    tail = kv.write_window(buffer, new, jnp.array([8, 8, 9]))
+    np.testing.assert_array_equal(tail[:, :8], buffer[:, :8])
+    np.testing.assert_array_equal(tail[:, 8:], [[-1, -2], [-5, -6], [28, -9]])
+
   def test_read_slots_inverts_write_slots_in_both_layouts(self):
     new = jnp.arange(2 * 3 * 4 * 5, dtype=jnp.float32).reshape(2, 3, 4, 5)  # [B, T, K, D]
     starts = jnp.array([1, 6])

@@ -1,0 +1,103 @@
+"""Categorical draws from uniform random numbers (inverse-CDF sampling).
+
+Legend: V vocabulary, `...` any leading dims, n draws without replacement.
+
+The decode loop draws every token it samples (draft tokens, resampled and
+bonus tokens, Jacobi drafts) from one uniform number in [0, 1) each: token =
+the first index whose cumulative probability exceeds u * total. That is an
+exact draw from probs (up to float rounding of the cumulative sums, as for
+any sampler), and it needs one random number per draw instead of the V
+Gumbel numbers of the Gumbel-max trick, so a whole decode's random numbers
+can be drawn before its loop (`randomness.loop_uniforms`): the loop body
+runs no PRNG at all (on XLA:CPU each PRNG call is a small loop of its own).
+
+For large vocabularies the cumulative sum is taken in two levels: over
+blocks of `BLOCK` tokens, then inside the chosen block, so a draw costs two
+short scans instead of one over V (a scan over V on XLA:CPU is a log(V)-deep
+tree of passes over the row).
+
+A zero-probability token is never drawn: the chosen index is the first whose
+cumulative sum exceeds the threshold, which is always an index with mass; if
+rounding leaves the threshold at or above the last cumulative value, the
+last index with mass is taken instead. A row without mass gives index 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Tokens per block of the two-level draw; vocabularies up to 4 blocks use one level.
+BLOCK = 128
+
+
+def _first_above(cumulative: jax.Array, threshold: jax.Array, mass: jax.Array) -> jax.Array:
+  """First index i with cumulative[..., i] > threshold[...]; if none, the last index
+  with mass > 0 (0 if there is none). cumulative, mass [..., m] -> int32[...]."""
+  above = cumulative > threshold[..., None]
+  first = jnp.argmax(above, axis=-1)
+  index = jnp.arange(mass.shape[-1], dtype=jnp.int32)
+  last_with_mass = jnp.max(jnp.where(mass > 0, index, 0), axis=-1)
+  return jnp.where(jnp.any(above, axis=-1), first, last_with_mass).astype(jnp.int32)
+
+
+def sample(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
+  """One token per distribution: uniforms f32[...] in [0, 1), probs f32[..., V] -> int32[...].
+
+  probs need not be normalised (the draw is from probs / sum(probs)); entries
+  must be >= 0.
+  """
+  if jnp.shape(uniforms) != jnp.shape(probs)[:-1]:
+    raise ValueError(f'categorical.sample: uniforms {jnp.shape(uniforms)} must have the shape '
+                     f'of probs {jnp.shape(probs)} without its vocabulary axis (one uniform per '
+                     'draw).')
+  probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
+  vocab = probs.shape[-1]
+  if vocab <= 4 * BLOCK:
+    cumulative = jnp.cumsum(probs, axis=-1)
+    return _first_above(cumulative, uniforms * cumulative[..., -1], probs)
+  num_blocks = -(-vocab // BLOCK)
+  padded = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * BLOCK - vocab)])
+  blocks = padded.reshape(probs.shape[:-1] + (num_blocks, BLOCK))  # [..., nb, BLOCK]
+  block_mass = jnp.sum(blocks, axis=-1)  # [..., nb]
+  block_cumulative = jnp.cumsum(block_mass, axis=-1)
+  threshold = uniforms * block_cumulative[..., -1]
+  block = _first_above(block_cumulative, threshold, block_mass)  # [...]
+  before = jnp.where(
+      block > 0,
+      jnp.take_along_axis(block_cumulative, jnp.maximum(block - 1, 0)[..., None], axis=-1)[..., 0],
+      0.0)
+  inside = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]  # [..., BLOCK]
+  offset = _first_above(jnp.cumsum(inside, axis=-1), threshold - before, inside)
+  return block * BLOCK + offset
+
+
+def sample_distinct(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
+  """n tokens drawn without replacement, in draw order: uniforms f32[..., n], probs
+  f32[..., V] -> int32[..., n].
+
+  Draw i is from probs with the earlier draws removed and renormalised (the
+  law EAGLE-1's tree verification assumes of siblings). Once the mass is used
+  up, the remaining draws take the lowest indices not drawn yet (zero
+  probability, so verification skips them), keeping the tokens distinct.
+  """
+  probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
+  index = jnp.arange(probs.shape[-1], dtype=jnp.int32)
+  taken = jnp.zeros(probs.shape, bool)
+  picks = []
+  for draw in range(uniforms.shape[-1]):
+    remaining = jnp.where(taken, 0.0, probs)
+    pick = sample(uniforms[..., draw], remaining)
+    has_mass = jnp.any(remaining > 0, axis=-1)
+    pick = jnp.where(has_mass, pick, jnp.argmax(~taken, axis=-1).astype(jnp.int32))
+    taken = taken | (index == pick[..., None])
+    picks.append(pick)
+  return jnp.stack(picks, axis=-1)
+
+
+def randint(uniforms: jax.Array, start: int, stop: int) -> jax.Array:
+  """Integers uniform in [start, stop) from uniforms in [0, 1), int32[...] (same shape)."""
+  if not start < stop:
+    raise ValueError(f'categorical.randint: need start < stop, got [{start}, {stop}).')
+  draws = start + jnp.floor(uniforms * (stop - start)).astype(jnp.int32)
+  return jnp.clip(draws, start, stop - 1)
