@@ -166,9 +166,9 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
     with jax.named_scope('target_probs'):
       offsets = jnp.arange(window.shape[1]) if depths is None else depths
       token_index = state.num_generated[:, None] + offsets[None, :]
-      # [B, T, V] stays split by image, as the rows it came from (no logits move).
+      # Split by image, as the rows it came from (no logits move).
       target_probs = sharding.constrain_batch(
-          drafting.guided_probs(plan.sampling, out.logits, token_index, cfg), mesh)
+          mode.target_probs(plan, out.logits, token_index), mesh)
     with jax.named_scope('verify'):
       verdict, cache = mode.verify(plan, rule, verify_uniforms, window, state.drafts,
                                    target_probs, out.cache, old_length)

@@ -31,7 +31,7 @@ hidden state.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +64,31 @@ def cfg_rows(cond, cfg: bool):
     return jnp.swapaxes(halves, 0, 1).reshape(x.shape)
 
   return jax.tree.map(interleave, cond)
+
+
+class ImageLogits(NamedTuple):
+  """A verify forward's raw logits regrouped by image, for distributions computed on demand.
+
+  logits: [B, G, T, V], G = 2 (conditional, unconditional rows) with CFG, else 1.
+  token_index: int32[B, T], the image-token index each window entry predicts.
+  """
+
+  logits: jax.Array
+  token_index: jax.Array
+
+  @classmethod
+  def from_rows(cls, logits: jax.Array, token_index: jax.Array, cfg: bool) -> 'ImageLogits':
+    groups = 2 if cfg else 1
+    return cls(logits.reshape((logits.shape[0] // groups, groups) + logits.shape[1:]),
+               token_index)
+
+
+def probs_at(sampling, logits: jax.Array, token_index: jax.Array, entry) -> jax.Array:
+  """One image's distribution at one window entry, f32[V], from its `ImageLogits`
+  fields (logits [G, T, V], token_index int32[T]); entry may be traced."""
+  rows = logits[:, entry]  # [G, V]
+  uncond = rows[1] if rows.shape[0] == 2 else None
+  return sampling.probs(rows[0], uncond, token_index=token_index[entry])
 
 
 def guided_probs(sampling, logits: jax.Array, token_index: jax.Array, cfg: bool) -> jax.Array:

@@ -106,7 +106,8 @@ class Step(NamedTuple):
   """One verified iteration, as `Mode.advance` sees it.
 
   window: int32[B, T] the tokens the target ran; hidden: [R, T, E] its hidden
-  states; target_probs: f32[B, T, V]; verdict: the `Verdict`; commit:
+  states; target_probs: what `Mode.target_probs` gave (by default f32[B, T, V]);
+  verdict: the `Verdict`; commit:
   int32[B, K+1] committed tokens (accepted drafts, then the next token);
   num_generated: int32[B] committed tokens after this step; keep: bool[B]
   rows that still decode (their lengths move; finished rows stay frozen).
@@ -176,6 +177,12 @@ class Mode:
     f32[B, draft_uniforms]. Returns (drafts, drafter forwards run).
     """
     raise NotImplementedError
+
+  def target_probs(self, plan: Plan, logits, token_index):
+    """What `verify` (and `advance`, through `Step`) read of the verify forward:
+    by default the target distributions f32[B, T, V] at every window entry
+    (logits [R, T, V]; token_index int32[B, T])."""
+    return drafting.guided_probs(plan.sampling, logits, token_index, plan.cfg)
 
   def verify_window(self, pending, drafts: Drafts) -> jax.Array:
     """pending int32[B, 1] -> the verify window int32[B, T]."""

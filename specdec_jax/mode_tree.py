@@ -98,9 +98,17 @@ class TreeDraft(mode_base.DrafterMode):
   def verify_window(self, pending, drafts):
     return jnp.concatenate([pending, drafts.tokens[:, 1:]], axis=1)  # node 0 -> pending
 
+  def target_probs(self, plan, logits, token_index):
+    # Verification reads the target at most at D + 1 nodes: process those only.
+    return drafting.ImageLogits.from_rows(logits, token_index, plan.cfg)
+
   def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
-    path, num_accepted, next_token = jax.vmap(
-        verify.verify_tree_with_uniforms, (None, 0, None, 0, 0, 0))(
-            rule, uniforms, self.tree, window, drafts.probs, target_probs)
+    def one_image(uniforms, tokens, draft_probs, logits, token_index):
+      target_at = lambda node: drafting.probs_at(plan.sampling, logits, token_index, node)
+      return verify.verify_tree_with_uniforms(rule, uniforms, self.tree, tokens, draft_probs,
+                                              target_at)
+
+    path, num_accepted, next_token = jax.vmap(one_image)(
+        uniforms, window, drafts.probs, target_probs.logits, target_probs.token_index)
     cache = compact_path(cache, start, path, plan.cfg)
     return mode_base.Verdict(path, num_accepted, next_token), cache

@@ -266,21 +266,31 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
     node_tokens: int32[N]; node_tokens[0] is the root's (committed) token.
     draft_probs: f32[N, V], the drafter distribution at each node (its
       children were sampled from it).
-    target_probs: f32[N, V], the target distribution at each node.
+    target_probs: f32[N, V], the target distribution at each node; or a
+      function node (int32[], traced) -> f32[V] that computes it, so only
+      the nodes verification visits (at most D + 1) are processed (the
+      decode loop passes one: logits processing with top-k is the costly
+      part of a wide tree).
   Returns:
     (path int32[D+1]: accepted node ids starting with the root 0, -1 padded;
      num_accepted int32[]; next_token int32[]).
   """
   _check_rank('node_tokens', node_tokens, 1, 'int [N]')
   _check_rank('draft_probs', draft_probs, 2, '[N, V]')
-  _check_rank('target_probs', target_probs, 2, '[N, V]')
   num_nodes = tree.num_nodes
-  if (node_tokens.shape[0], draft_probs.shape[0], target_probs.shape[0]) != (num_nodes,) * 3:
+  if callable(target_probs):
+    target_at = target_probs
+    rows = num_nodes
+  else:
+    _check_rank('target_probs', target_probs, 2, '[N, V]')
+    check_probs('target_probs', target_probs, draft_probs.shape[-1])
+    target_at = lambda node: target_probs[node]
+    rows = target_probs.shape[0]
+  if (node_tokens.shape[0], draft_probs.shape[0], rows) != (num_nodes,) * 3:
     raise ValueError(f'verify_tree: the tree has {num_nodes} nodes (root included) but got '
                      f'node_tokens {node_tokens.shape}, draft_probs {draft_probs.shape}, '
-                     f'target_probs {target_probs.shape}.')
+                     f'target_probs with {rows} rows.')
   check_probs('draft_probs', draft_probs)
-  check_probs('target_probs', target_probs, draft_probs.shape[-1])
 
   if jnp.shape(uniforms) != (tree_uniforms(tree),):
     raise ValueError(f'verify_tree: uniforms must be [D * C + 1] = [{tree_uniforms(tree)}], '
@@ -289,7 +299,7 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
   max_depth = tree.max_depth
 
   node = jnp.int32(0)
-  target = target_probs[0]
+  target = target_at(jnp.int32(0))
   stopped = jnp.bool_(False)
   path = -jnp.ones((max_depth + 1,), jnp.int32).at[0].set(0)
   for depth in range(1, max_depth + 1):
@@ -314,7 +324,7 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
       removed = jnp.where(live, removed.at[token].set(draft[token]), removed)
     descend = (~stopped) & (accepted_child >= 0)
     node = jnp.where(descend, accepted_child, node)
-    target = jnp.where(descend, target_probs[jnp.maximum(accepted_child, 0)], target)
+    target = jnp.where(descend, target_at(jnp.maximum(accepted_child, 0)), target)
     path = path.at[depth].set(jnp.where(descend, accepted_child, -1))
     stopped = stopped | ~descend
   num_accepted = jnp.sum(path[1:] >= 0).astype(jnp.int32)

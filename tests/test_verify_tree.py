@@ -166,6 +166,30 @@ def node_outcome_law(draft, target, num_children, accept, residual):
   return accepted, resampled
 
 
+class LazyTargetTest(absltest.TestCase):
+
+  def test_target_function_gives_the_array_results_and_reads_only_visited_nodes(self):
+    """A target given as node -> distribution verifies exactly as the [N, V] array,
+    and is evaluated at the root and the accepted nodes only (D + 1 calls)."""
+    tree, draft_probs, target_probs, _ = tree_setup()
+    node_tokens, _, _, _ = sample_tree(rules.Lossless(), tree, draft_probs, target_probs,
+                                       num_samples=64)
+    uniforms = jax.random.uniform(jax.random.key(9), (64, verify.tree_uniforms(tree)))
+    calls = []
+
+    def target_at(node):
+      calls.append(node)
+      return target_probs[node]
+
+    by_array = jax.vmap(lambda u, t: verify.verify_tree_with_uniforms(
+        rules.Lossless(), u, tree, t, draft_probs, target_probs))(uniforms, node_tokens)
+    by_function = jax.vmap(lambda u, t: verify.verify_tree_with_uniforms(
+        rules.Lossless(), u, tree, t, draft_probs, target_at))(uniforms, node_tokens)
+    for got, want in zip(by_function, by_array):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    self.assertLen(calls, tree.max_depth + 1)
+
+
 @flax.struct.dataclass
 class TargetResidualOf(rules.Rule):
   """Negative control: `base`'s acceptance, but resampling from the current target."""
