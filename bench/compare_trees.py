@@ -19,69 +19,23 @@ writes JSON (with each tree's git commit and whether it had local changes).
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.abc
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 
 from absl import app
 from absl import flags
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import trees as trees_lib  # pylint: disable=g-import-not-at-top  (bench/trees.py)
+
 _TREES = flags.DEFINE_list('trees', None, 'Two or more repository checkouts.', required=True)
 _OUT = flags.DEFINE_string('out', 'bench/results/compare_trees.json', 'JSON results.')
 _ROUNDS = flags.DEFINE_integer('rounds', 15, 'Timed rounds (best per call is kept).')
 METHODS = ('vanilla', 'uniform', 'coolsd')  # main-command method names (vanilla first)
 _LABELS = flags.DEFINE_list('labels', None, 'A description of each tree (stored in the JSON).')
-
-
-# The package's folders in a checkout (pyproject.toml [tool.setuptools.package-dir]).
-PACKAGE_DIRS = {'specdec_jax': 'specdec_jax', 'specdec_jax.models': 'models',
-                'specdec_jax.converters': 'converters', 'specdec_jax.configs': 'configs'}
-
-
-class _TreeFinder(importlib.abc.MetaPathFinder):
-  """Finds the package's top folders in one checkout, ahead of the installed copy
-  (an editable install maps specdec_jax.models etc. to its own checkout)."""
-
-  def __init__(self, tree: str):
-    self.tree = tree
-
-  def find_spec(self, fullname, path, target=None):
-    del path, target
-    if fullname not in PACKAGE_DIRS:
-      return None  # submodules: found on their parent package's __path__
-    folder = os.path.join(self.tree, PACKAGE_DIRS[fullname])
-    return importlib.util.spec_from_file_location(
-        fullname, os.path.join(folder, '__init__.py'), submodule_search_locations=[folder])
-
-
-def _import_tree(tree: str) -> dict:
-  """The modules this script uses, imported from `tree` (any earlier import forgotten)."""
-  for name in [m for m in sys.modules if m == 'specdec_jax' or m.startswith('specdec_jax.')]:
-    del sys.modules[name]
-  finder = _TreeFinder(tree)
-  sys.meta_path.insert(0, finder)
-  try:
-    modules = {name: importlib.import_module(f'specdec_jax.{name}')
-               for name in ('decode', 'logits', 'app.family', 'app.generate', 'configs.generate')}
-    outside = [m.__file__ for name, m in sys.modules.items()
-               if name.startswith('specdec_jax') and getattr(m, '__file__', None)
-               and not os.path.abspath(m.__file__).startswith(tree + os.sep)]
-  finally:
-    sys.meta_path.remove(finder)
-  if outside:
-    raise RuntimeError(f'modules imported from outside {tree}: {outside[:3]}')
-  return modules
-
-
-def _commit(tree: str) -> dict:
-  run = lambda *args: subprocess.run(['git', '-C', tree, *args], capture_output=True,
-                                     text=True, check=False).stdout.strip()
-  return dict(commit=run('rev-parse', 'HEAD'), local_changes=bool(run('status', '--porcelain')))
 
 
 def _decode(decode, family, cond, key, kwargs):
@@ -101,7 +55,8 @@ def main(argv):
     raise ValueError(f'--labels: {len(_LABELS.value)} labels for {len(trees)} trees.')
   calls, classes = {}, None
   for tree in trees:
-    m = _import_tree(tree)
+    m = trees_lib.import_tree(tree, ('decode', 'logits', 'app.family', 'app.generate',
+                                     'configs.generate'))
     config = m['configs.generate'].get_config()
     if classes is None:  # the same images for every tree: the first tree's classes
       classes = tuple(int(c) for c in config.latency_classes)
@@ -140,7 +95,8 @@ def main(argv):
     for name in METHODS:
       seconds = mean(tree, name, best)
       label = _LABELS.value[trees.index(tree)] if _LABELS.value else ''
-      row = dict(tree=tree, label=label, **_commit(tree), method=name, latency_s=seconds,
+      row = dict(tree=tree, label=label, **trees_lib.commit_of(tree), method=name,
+                 latency_s=seconds,
                  speedup=vanilla_s / seconds,
                  tokens_per_forward=mean(tree, name, tokens_per_forward))
       rows.append(row)

@@ -33,6 +33,9 @@ FREE_OPCODES = frozenset({'parameter', 'constant', 'get-tuple-element', 'tuple',
 FORWARD_SCOPES = ('target_forward',)
 # A drafter's forwards run inside the 'draft' scope under the drafter's module name.
 DRAFTER_MODULES = ('DrafterModule', 'GPTModule', '_TinyLM', 'ChameleonLM', 'JanusGenLM')
+# Code without the named scopes (before they were added): a target module
+# right after 'while/body/' is the target forward, an EAGLE head the drafter's.
+TARGET_MODULES = ('GPTModule', 'ChameleonLM', 'JanusGenLM', '_TinyLM')
 _CONTROL = re.compile(r'\b(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)')
 
 
@@ -57,6 +60,10 @@ def scope_of(op_name: str) -> str:
   scope = rest.split('/', 1)[0]
   if scope == 'draft' and any(m in rest for m in DRAFTER_MODULES):
     return 'draft/forward'
+  if scope == 'DrafterModule':
+    return 'draft/forward'
+  if scope in TARGET_MODULES:
+    return 'target_forward'
   return scope or 'unattributed'
 
 

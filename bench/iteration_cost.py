@@ -65,9 +65,12 @@ def main(argv):
   target, eagle = family.target, family.eagle
   cond = target.cfg_cond(family.target_params, jnp.array([3]))
   num_tokens, repeats = 196, _REPEATS.value
+  # One image's two CFG rows share a length: the decode writes their caches with one
+  # dynamic_update_slice per layer (KVCache.shared_length), and so do these forwards.
   cache = target.prefill(family.target_params, target.init_cache(2, 220), cond).cache
-  cache = kv.set_lengths(cache, jnp.array([100, 100]))
-  eagle_cache = kv.set_lengths(eagle.init_cache(2, 220), jnp.array([100, 100]))
+  cache = kv.set_lengths(cache, jnp.array([100, 100])).replace(shared_length=True)
+  eagle_cache = kv.set_lengths(eagle.init_cache(2, 220), jnp.array([100, 100])).replace(
+      shared_length=True)
   width = family.target.config.dim
   sampling = logits.Sampling(cfg_scale=2.0)
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top

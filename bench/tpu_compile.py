@@ -42,7 +42,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import tpu_compile_hlo as hlo  # pylint: disable=g-import-not-at-top
+import hlo_kernels  # pylint: disable=g-import-not-at-top
+import tpu_compile_hlo as hlo
 import tpu_compile_lib as lib
 from specdec_jax import decode
 from specdec_jax import logits
@@ -188,8 +189,10 @@ def measure(config: Config) -> dict:
   compiled, lower_s, compile_s = lib.compile_decode(program, loop=True)
   memory = lib.memory(compiled)
   full = lib.cost(compiled)
-  report = hlo.loop_report(compiled.as_text())
-  del compiled
+  text = compiled.as_text()
+  report = hlo.loop_report(text)
+  kernels = hlo_kernels.summary_row(hlo_kernels.loop_kernels(text))
+  del compiled, text
   prefill, _, prefill_compile_s = lib.compile_decode(program, loop=False)
   before_loop = lib.cost(prefill)
   del prefill
@@ -221,6 +224,7 @@ def measure(config: Config) -> dict:
       'host_transfers_in_loop': report.host_transfers,
       'host_transfers_anywhere': report.host_transfers_anywhere,
       'loop_found': report.found_loop, 'nested_loops_unknown_trips': report.unknown_trip_counts,
+      'kernels': kernels,
   }
 
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU check of the decode engine, in one run of at most 8 minutes (not a test).
+#
+# What it runs, with random bf16 weights at the real models' shapes:
+#   1. bench/engine.py --preset=llamagen-xl  (forward latency at T = 1 and k + 1 against the
+#      weight-read floor, SD iterations, vanilla whole-image latency, compile times);
+#   2. bench/engine.py --preset=lumina-7b;
+#   3. bench/methods_at_scale.py: every method of the main command at LlamaGen-XL shapes
+#      (ms per image, per iteration and per token against vanilla's ms per token).
+# Each stage has its own time limit; a stage that runs out leaves what it wrote.
+# JSON goes to $OUT when set (the device tool's result folder), else to
+# bench/results/accelerator/; commit it under bench/results/accelerator/.
+#
+# On the lent GPU machine (jax with CUDA preinstalled, no package registry), from the
+# repository root, carrying the ml_collections wheel the image lacks:
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl ml_collections
+#   device run: carry=['.whl'], command='bash bench/accelerator_check.sh', timeout_s=540
+# The package is not installed there: bench/with_tree.py maps specdec_jax (and its models,
+# converters, configs) to this checkout.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-bench/results/accelerator}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+
+if ! "$python" -c 'import ml_collections' 2>/dev/null; then
+  "$python" -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collections*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
+    || echo 'warning: ml_collections is missing and no wheel was carried; stage 3 will fail'
+fi
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
+  "$python" -c 'import jax; print("jax", jax.__version__, jax.devices())'
+} > "$out/environment.txt" 2>&1
+
+stage() {  # stage SECONDS NAME SCRIPT ARGS...: one bench script under a time limit
+  local seconds=$1 name=$2
+  shift 2
+  echo "== $name (limit ${seconds}s)" | tee -a "$out/log.txt"
+  timeout "$seconds" "$python" bench/with_tree.py . "$@" 2>&1 | tail -n 60 >> "$out/log.txt"
+  echo "== $name exit ${PIPESTATUS[0]}" | tee -a "$out/log.txt"
+}
+
+if [ "${SMOKE:-0}" = 1 ]; then  # SMOKE=1: tiny shapes, to check this script on a CPU
+  stage 300 engine-tiny bench/engine.py --preset=tiny --out="$out/engine_tiny.json"
+  stage 600 methods-tiny bench/methods_at_scale.py --preset=tiny --budget_s=60 \
+    --out="$out/methods_tiny.json"
+else
+  stage 140 engine-llamagen-xl bench/engine.py --preset=llamagen-xl \
+    --out="$out/engine_llamagen_xl.json"
+  stage 140 engine-lumina-7b bench/engine.py --preset=lumina-7b --out="$out/engine_lumina_7b.json"
+  stage 190 methods-xl bench/methods_at_scale.py --budget_s=150 --out="$out/methods_xl.json"
+fi
+ls -l "$out"

@@ -1,0 +1,36 @@
+"""Runs a bench script on another checkout's library code (not a test).
+
+  git worktree add /tmp/before fa11e1f
+  python bench/with_tree.py /tmp/before bench/tpu_compile.py --out before.json
+
+The script itself is this checkout's; every `specdec_jax` import it makes
+(models, converters and configs included) resolves to the given checkout
+(`bench/trees.py`), so one script measures the code before and after a change.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import trees  # pylint: disable=g-import-not-at-top  (bench/trees.py)
+
+
+def main() -> None:
+  if len(sys.argv) < 3:
+    raise SystemExit('usage: python bench/with_tree.py CHECKOUT SCRIPT [ARGS...]')
+  tree, script = os.path.abspath(sys.argv[1]), sys.argv[2]
+  if not os.path.isdir(os.path.join(tree, 'specdec_jax')):
+    raise SystemExit(f'{tree} is not a checkout of this repository (no specdec_jax/ folder).')
+  trees.forget_package()
+  sys.meta_path.insert(0, trees.TreeFinder(tree))
+  sys.argv = [script] + sys.argv[3:]
+  sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+  runpy.run_path(script, run_name='__main__')
+
+
+if __name__ == '__main__':
+  main()
