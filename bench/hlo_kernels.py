@@ -3,10 +3,13 @@
 A kernel here is what a backend runs as one step of the loop body: every
 instruction of the decode loop's body (and of the computations it calls as
 control flow: nested loops, conditionals, calls) except the free ones
-(parameters, constants, tuples, bitcasts). A fusion is one kernel, however many
-ops it fused; a nested `while` is counted as a loop and its body's kernels
-are counted its trip count times (once if XLA does not know the trip count:
-`unknown_trip_counts`).
+(parameters, constants, tuples, bitcasts, the `-done` halves of async ops). A
+fusion is one kernel, however many ops it fused; a nested `while` is counted
+as a loop and its body's kernels are counted its trip count times (once if
+XLA does not know the trip count: `unknown_trip_counts`). Asynchronous data
+moves that TPU programs start between kernels (`slice-start`, `copy-start`:
+weights and cache slices prefetched into faster memory) are counted apart,
+as `async_moves`, not as kernels.
 
 Each kernel is attributed to the piece of the loop that emitted it: the first
 op-name scope after the decode loop's `while/body/` (`decode._decode` names
@@ -26,9 +29,10 @@ import re
 import tpu_compile_hlo as hlo  # bench/tpu_compile_hlo.py
 
 FREE_OPCODES = frozenset({'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast',
-                          'after-all', 'partition-id', 'replica-id', 'opt-barrier',
-                          'copy-done', 'all-gather-done', 'all-reduce-done',
-                          'collective-permute-done', 'async-done', 'send-done', 'recv-done'})
+                          'after-all', 'partition-id', 'replica-id', 'opt-barrier'})
+ASYNC_MOVES = frozenset({'slice-start', 'copy-start'})
+# TPU custom calls that only reinterpret a buffer's layout (no kernel of their own).
+FREE_CUSTOM_CALLS = ('custom_call_target="ConcatBitcast"',)
 # Scopes that hold the model forwards (the rest is the loop's own work).
 FORWARD_SCOPES = ('target_forward',)
 # A drafter's forwards run inside the 'draft' scope under the drafter's module name.
@@ -91,6 +95,7 @@ def loop_kernels(hlo_text: str) -> dict:
   if loop is None:
     return {'found_loop': False}
   by_scope = collections.defaultdict(collections.Counter)
+  moves = collections.Counter()
   nested, names = [], {}
   unknown = 0
 
@@ -108,9 +113,15 @@ def loop_kernels(hlo_text: str) -> dict:
                      if local.get(o, 'unattributed') != 'unattributed']
         scope = inherited[0] if inherited else outer_scope
       local[instruction.name] = scope
-      if instruction.opcode in FREE_OPCODES:
+      if instruction.opcode in FREE_OPCODES or instruction.opcode.endswith('-done'):
+        continue
+      if instruction.opcode == 'custom-call' and any(
+          target in instruction.attributes for target in FREE_CUSTOM_CALLS):
         continue
       names[instruction.name] = scope
+      if instruction.opcode in ASYNC_MOVES:
+        moves[scope] += times
+        continue
       if instruction.opcode in ('call',):
         for callee in _control_callees(instruction):
           walk(callee, times, scope, depth + 1)
@@ -138,7 +149,7 @@ def loop_kernels(hlo_text: str) -> dict:
   return {'found_loop': True, 'total': total, 'outside_forwards': total - forwards,
           'by_scope': {s: dict(c) for s, c in sorted(by_scope.items())},
           'by_kind': dict(by_kind), 'nested_loops': nested, 'unknown_trip_counts': unknown,
-          'instructions': names}
+          'async_moves': sum(moves.values()), 'instructions': names}
 
 
 def summary_row(counts: dict) -> dict:
@@ -159,4 +170,8 @@ def summary_row(counts: dict) -> dict:
       'nested_loops': len(counts['nested_loops']),
       'by_scope': {s: sum(k.values()) for s, k in counts['by_scope'].items()},
       'unknown_trip_counts': counts['unknown_trip_counts'],
+      'async_moves': counts['async_moves'],
+      # Nested loops by what emitted them: XLA's own loops around partitioned
+      # matmuls (collective/windowed einsums), or anything else (per-row writes...).
+      'nested_matmul_loops': sum(1 for _, op, _ in counts['nested_loops'] if 'dot_general' in op),
   }

@@ -67,6 +67,8 @@ _SCAN = flags.DEFINE_bool('scan_layers', False, "Build the targets with scan_lay
 _TOPK_BLOCKS = flags.DEFINE_integer(
     'topk_blocks', None, "Sampling.topk_blocks (1: one sort of V). Default: generate's own "
     "choice, the mesh's 'model' size when it divides the vocabulary.")
+_HLO_DIR = flags.DEFINE_string('hlo_dir', None, 'Write each compiled program\'s optimized HLO '
+                                'text here (one file per configuration).')
 _COMPARE = flags.DEFINE_list('compare', None, 'BEFORE.json,AFTER.json: print a markdown table '
                              'of their differences (configurations in both) and exit.')
 
@@ -190,6 +192,11 @@ def measure(config: Config) -> dict:
   memory = lib.memory(compiled)
   full = lib.cost(compiled)
   text = compiled.as_text()
+  if _HLO_DIR.value:
+    os.makedirs(_HLO_DIR.value, exist_ok=True)
+    name = re.sub(r'[^\w.-]+', '_', config.name) + '.hlo'
+    with open(os.path.join(_HLO_DIR.value, name), 'w') as f:
+      f.write(text)
   report = hlo.loop_report(text)
   kernels = hlo_kernels.summary_row(hlo_kernels.loop_kernels(text))
   del compiled, text
