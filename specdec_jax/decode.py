@@ -137,6 +137,7 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
   buffer = buffer.at[:, 0].set(first)
   num_generated = jnp.ones((num_images,), jnp.int32)
   metrics = metrics_lib.DecodeMetrics.zeros(num_images, mode.slots)
+  metrics = metrics.record_nonfinite(jnp.ones((num_images,), bool), first_probs)
   drafts, forwards = mode.start(plan, draft_params, draft_cond, out, first, num_generated,
                                 _step_keys(row_keys, 0, 1))
   if forwards:
@@ -183,7 +184,8 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
         num_generated=num_generated,
         target_cache=sharding.constrain_cache(cache, mesh, pairs),
         drafts=drafts.replace(cache=sharding.constrain_cache(drafts.cache, mesh, pairs)),
-        metrics=state.metrics.record(active, verdict.num_accepted, forwards))
+        metrics=state.metrics.record(active, verdict.num_accepted, forwards).record_nonfinite(
+            active, target_probs, state.drafts.probs))
 
   state = jax.lax.while_loop(condition, body, state)
   return state.tokens[:, :plan.num_tokens], state.metrics
