@@ -3,7 +3,7 @@ r"""Converts Lumina-mGPT / Chameleon Hugging Face checkpoints to an Orbax checkp
 Usage:
   python -m specdec_jax.converters.chameleon \
     --input_dir ckpts/Lumina-mGPT-7B-768 --output ckpts/lumina_7b_768_jax \
-    [--config 7b|34b|path/to/config.json] [--dtype bfloat16]
+    [--config 7b|34b|path/to/config.json] [--dtype stored|float32|bfloat16]
 
 Reads `model.safetensors.index.json` and its shards (or a single
 `model.safetensors`) one tensor at a time, checks every key and shape against
@@ -196,7 +196,7 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
 
 
 def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
-            config: str | None = None, dtype: str | None = 'bfloat16',
+            config: str | None = None, dtype: str | None = common.STORED,
             overwrite: bool = False, sharding=None) -> pathlib.Path:
   """Validates and converts; returns the output folder.
 
@@ -204,15 +204,16 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
     input_dir: folder with the HF checkpoint.
     output: folder to create (atomically).
     config: preset name, config.json path, or None for `input_dir/config.json`.
-    dtype: 'float32', 'bfloat16', ... or None to keep the stored dtype.
+    dtype: 'stored' (default; None too) keeps the checkpoint's own dtype (one
+      dtype, or float32 for a mix: `common.output_dtype`), so the converted
+      model reproduces the original's logits; 'float32' or 'bfloat16' casts.
     overwrite: replace an existing output folder.
     sharding: optional `(param path, shape) -> jax.sharding.Sharding` placing
       each tensor as it is converted (see `hf_streaming.assemble_params`).
   """
   input_dir, output = pathlib.Path(input_dir), pathlib.Path(output)
-  if output.exists() and not overwrite:
-    raise FileExistsError(f'--output {str(output)!r} already exists; choose another '
-                          'folder or pass --overwrite.')
+  dtype = common.check_output_dtype(dtype)
+  common.check_output_dir(output, overwrite)  # before any tensor is read
   model_config, config_source, hf_config = resolve_config(config, input_dir)
   ckpt = hf_streaming.open_checkpoint(input_dir)
   logging.info('%s; config %s (%s)', ckpt.describe(), config_source,
@@ -226,11 +227,10 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
     logging.warning('No vocabulary_map in the config; the image-token table '
                     '(BPE id = code + 4) is assumed, not checked.')
   rules = conversion_rules(model_config)
-  params = hf_streaming.assemble_params(ckpt, rules, dtype=dtype, sharding=sharding)
-  params_dtype = dtype or hf_streaming.stored_float_dtype(ckpt, rules)
-  if params_dtype is not None:
-    model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
-                                       param_dtype=jnp.dtype(params_dtype))
+  params_dtype = common.output_dtype(dtype, hf_streaming.stored_dtypes(ckpt, rules))
+  params = hf_streaming.assemble_params(ckpt, rules, dtype=params_dtype, sharding=sharding)
+  model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
+                                     param_dtype=jnp.dtype(params_dtype))
   files = ckpt.files + ([input_dir / 'config.json'] if hf_config is not None
                         and (input_dir / 'config.json').is_file() else [])
   return common.write_params_atomic(
@@ -273,15 +273,19 @@ def define_flags() -> None:
   flags.DEFINE_string('output', None, 'Output folder (created atomically).', required=True)
   flags.DEFINE_string('config', None, 'Preset (7b, 34b) or config.json path '
                       '(default: config.json in --input_dir).')
-  flags.DEFINE_string('dtype', 'bfloat16', 'Param dtype: float32, bfloat16, or '
-                      '"stored" to keep the checkpoint dtype.')
+  flags.DEFINE_enum('dtype', common.STORED, list(common.OUTPUT_DTYPES), 'Param dtype: '
+                    'stored (default) keeps the checkpoint\'s own (one dtype, or float32 for '
+                    'a mix), float32 or bfloat16 casts.')
   flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.')
 
 
 def main(argv):
   del argv
-  dtype = None if FLAGS.dtype == 'stored' else FLAGS.dtype
-  convert(FLAGS.input_dir, FLAGS.output, config=FLAGS.config, dtype=dtype,
+  try:
+    common.check_output_dir(FLAGS.output, FLAGS.overwrite)  # before the (slow) conversion
+  except (ValueError, FileExistsError) as e:
+    raise app.UsageError(str(e)) from e
+  convert(FLAGS.input_dir, FLAGS.output, config=FLAGS.config, dtype=FLAGS.dtype,
           overwrite=FLAGS.overwrite)
 
 

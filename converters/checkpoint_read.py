@@ -54,6 +54,16 @@ def _is_legacy_format_error(error: Exception) -> bool:
   return isinstance(error, RuntimeError) and 'mmap' in str(error)
 
 
+def _refused_by_safe_loader(error: Exception) -> bool:
+  """The safe (weights_only) loader refused an object it does not allow, as opposed
+  to failing on bytes that are no pickle at all (a corrupt file, where unpickling
+  everything would not help)."""
+  message = str(error)
+  return isinstance(error, pickle.UnpicklingError) and any(
+      marker in message for marker in ('Unsupported global', 'Unsupported class',
+                                       'not an allowed global'))
+
+
 def load_raw_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False,
                         mmap: bool = False) -> Any:
   """Reads a `.pt/.pth/.bin/.ckpt` or `.safetensors` file as stored.
@@ -116,13 +126,13 @@ def load_raw_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False,
       mmap = False
       return load(True, False)
   except Exception as e:  # pylint: disable=broad-except
-    if isinstance(e, pickle.UnpicklingError) and trust_pickle:
+    refused = _refused_by_safe_loader(e)
+    if refused and trust_pickle:
       logging.warning('Safe loading of %s failed (%s); retrying with full '
                       'unpickling because trust_pickle=True.', path, e)
       return load(False, mmap)
     hint = ('; it holds objects the safe loader refuses: pass trust_pickle=True '
-            '(--trust_pickle) if you trust its source'
-            if isinstance(e, pickle.UnpicklingError) else '')
+            '(--trust_pickle) if you trust its source' if refused else '')
     raise CheckpointReadError(
         f'Could not read {str(path)!r} as a PyTorch checkpoint (expected a '
         f'torch.save zip archive; the file may be truncated or corrupt, size '

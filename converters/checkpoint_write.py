@@ -19,8 +19,9 @@ import json
 import os
 import pathlib
 import shutil
+import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from absl import logging
@@ -74,6 +75,44 @@ def cast_params(params: Any, dtype: Any) -> Any:
   return jax.tree_util.tree_map(cast, params)
 
 
+STORED = 'stored'  # a converter's --dtype default: keep the checkpoint's own dtype
+OUTPUT_DTYPES = (STORED, 'float32', 'bfloat16')
+
+
+def check_output_dtype(dtype: Any) -> str:
+  """dtype (None means STORED) if it is one of OUTPUT_DTYPES, else ValueError."""
+  dtype = STORED if dtype is None else dtype
+  if dtype not in OUTPUT_DTYPES:
+    raise ValueError(f'--dtype must be one of {OUTPUT_DTYPES} ({STORED!r}, the default, keeps '
+                     f'the checkpoint\'s own dtype), got {dtype!r}.')
+  return dtype
+
+
+def lossless_dtype(dtype_names: Iterable[str]) -> str | None:
+  """The floating dtype that holds every value of the named dtypes exactly.
+
+  One floating dtype: that one (a bf16 checkpoint stays bf16, an fp32 one fp32,
+  as Hugging Face's `torch_dtype='auto'`); several: the widest, float32 for a
+  mix of 2-byte ones (float32 holds every bfloat16 and float16 value); None
+  without floating dtypes. Names as numpy gives them ('float32', 'bfloat16').
+  """
+  floats = {str(name).removeprefix('torch.') for name in dtype_names}
+  floats = {name for name in floats if name.startswith(('float', 'bfloat'))}
+  if len(floats) <= 1:
+    return floats.pop() if floats else None
+  widest = max(floats, key=lambda name: jnp.dtype(name).itemsize)
+  return 'float32' if jnp.dtype(widest).itemsize < 4 else widest
+
+
+def output_dtype(requested: Any, dtype_names: Iterable[str]) -> str:
+  """The dtype a converter writes: `lossless_dtype` of the checkpoint's tensors for
+  STORED (float32 if it holds no floats), else the requested one."""
+  requested = check_output_dtype(requested)
+  if requested != STORED:
+    return requested
+  return lossless_dtype(dtype_names) or 'float32'
+
+
 def params_dtype(params: Any) -> str:
   """Name of the floating dtype(s) in a param tree, e.g. 'float32'."""
   dtypes = sorted({str(jnp.result_type(x)) for x in jax.tree_util.tree_leaves(params)
@@ -103,6 +142,36 @@ def _jsonable(config: Any) -> Any:
   if hasattr(config, 'to_dict'):  # ml_collections.ConfigDict
     config = config.to_dict()
   return json.loads(json.dumps(config, default=str))
+
+
+def check_output_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> pathlib.Path:
+  """The absolute output folder, after checking it can be written (before any
+  conversion work): it must not exist unless `overwrite`, and its nearest
+  existing parent must be a folder we can create entries in (probed with a
+  temporary folder, removed again).
+
+  Raises:
+    FileExistsError: it exists and `overwrite` is False.
+    ValueError: it cannot be written (the message names the folder in the way).
+  """
+  out_dir = pathlib.Path(out_dir).absolute()
+  if out_dir.exists() and not overwrite:
+    raise FileExistsError(
+        f'Output folder {str(out_dir)!r} already exists. Choose another '
+        '--output or pass --overwrite.')
+  if out_dir.exists() and not out_dir.is_dir():
+    raise ValueError(f'--output {str(out_dir)!r} is a file, not a folder; choose a folder.')
+  parent = out_dir.parent
+  while not parent.exists():
+    parent = parent.parent
+  try:
+    if not parent.is_dir():
+      raise NotADirectoryError(f'{str(parent)!r} is a file')
+    os.rmdir(tempfile.mkdtemp(prefix='.specdec-write-probe-', dir=parent))
+  except OSError as e:
+    raise ValueError(f'--output {str(out_dir)!r} cannot be written: no folder can be created '
+                     f'in {str(parent)!r} ({e}). Choose a writable --output.') from e
+  return out_dir
 
 
 def write_params_atomic(
@@ -144,11 +213,7 @@ def write_params_atomic(
   """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
-  out_dir = pathlib.Path(out_dir).absolute()
-  if out_dir.exists() and not overwrite:
-    raise FileExistsError(
-        f'Output folder {str(out_dir)!r} already exists. Choose another '
-        '--output or pass --overwrite.')
+  out_dir = check_output_dir(out_dir, overwrite)
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp_dir = out_dir.parent / f'.{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}'
   try:

@@ -294,11 +294,10 @@ def sharding_from_rules(mesh: jax.sharding.Mesh, rules=None):
   return place
 
 
-def stored_float_dtype(ckpt: ShardedCheckpoint, names: Iterable[str]) -> str | None:
-  """The one floating dtype the named tensors are stored in, or None if mixed."""
-  dtypes = {ckpt.tensors[n].dtype for n in names if n in ckpt.tensors}
-  dtypes = {d for d in dtypes if d.startswith(('float', 'bfloat'))}
-  return dtypes.pop() if len(dtypes) == 1 else None
+def stored_dtypes(ckpt: ShardedCheckpoint, names: Iterable[str]) -> set[str]:
+  """The dtype names ('float32', 'bfloat16', ...) the named tensors are stored in
+  (read from the headers; `common.output_dtype` picks the lossless one)."""
+  return {ckpt.tensors[n].dtype for n in names if n in ckpt.tensors}
 
 
 def transpose(array: np.ndarray) -> np.ndarray:

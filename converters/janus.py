@@ -3,7 +3,7 @@ r"""Converts the Janus-Pro generation path (original DeepSeek layout) to an Orba
 Usage:
   python -m specdec_jax.converters.janus \
     --input_dir ckpts/Janus-Pro-7B --output ckpts/janus_pro_7b_jax \
-    [--config pro-7b|pro-1b|path/to/config.json] [--dtype bfloat16]
+    [--config pro-7b|pro-1b|path/to/config.json] [--dtype stored|float32|bfloat16]
 
 Reads `pytorch_model.bin.index.json` + `pytorch_model-*.bin` shards (the
 released format, memory-mapped one shard at a time) or safetensors
@@ -256,24 +256,22 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
 
 
 def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
-            config: str | None = None, dtype: str | None = 'bfloat16',
+            config: str | None = None, dtype: str | None = common.STORED,
             overwrite: bool = False, sharding=None) -> pathlib.Path:
   """Validates and converts; returns the output folder (see chameleon.convert)."""
   input_dir, output = pathlib.Path(input_dir), pathlib.Path(output)
-  if output.exists() and not overwrite:
-    raise FileExistsError(f'--output {str(output)!r} already exists; choose another '
-                          'folder or pass --overwrite.')
+  dtype = common.check_output_dtype(dtype)
+  common.check_output_dir(output, overwrite)  # before any tensor is read
   model_config, config_source = resolve_config(config, input_dir)
   ckpt = hf_streaming.open_checkpoint(input_dir)
   logging.info('%s; config %s (%s)', ckpt.describe(), config_source,
                config_summary(model_config))
   validate_checkpoint(ckpt.shapes(), model_config, config_source=config_source)
   rules = conversion_rules(model_config)
-  params = hf_streaming.assemble_params(ckpt, rules, dtype=dtype, sharding=sharding)
-  params_dtype = dtype or hf_streaming.stored_float_dtype(ckpt, rules)
-  if params_dtype is not None:
-    model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
-                                       param_dtype=jnp.dtype(params_dtype))
+  params_dtype = common.output_dtype(dtype, hf_streaming.stored_dtypes(ckpt, rules))
+  params = hf_streaming.assemble_params(ckpt, rules, dtype=params_dtype, sharding=sharding)
+  model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
+                                     param_dtype=jnp.dtype(params_dtype))
   files = ckpt.files + ([input_dir / 'config.json'] if config is None else [])
   return common.write_params_atomic(
       output, params, config=chameleon_converter.config_to_dict(model_config),
@@ -306,15 +304,19 @@ def define_flags() -> None:
   flags.DEFINE_string('output', None, 'Output folder (created atomically).', required=True)
   flags.DEFINE_string('config', None, 'Preset (pro-7b, pro-1b) or config.json path '
                       '(default: config.json in --input_dir).')
-  flags.DEFINE_string('dtype', 'bfloat16', 'Param dtype: float32, bfloat16, or '
-                      '"stored" to keep the checkpoint dtype.')
+  flags.DEFINE_enum('dtype', common.STORED, list(common.OUTPUT_DTYPES), 'Param dtype: '
+                    'stored (default) keeps the checkpoint\'s own (one dtype, or float32 for '
+                    'a mix), float32 or bfloat16 casts.')
   flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.')
 
 
 def main(argv):
   del argv
-  dtype = None if FLAGS.dtype == 'stored' else FLAGS.dtype
-  convert(FLAGS.input_dir, FLAGS.output, config=FLAGS.config, dtype=dtype,
+  try:
+    common.check_output_dir(FLAGS.output, FLAGS.overwrite)  # before the (slow) conversion
+  except (ValueError, FileExistsError) as e:
+    raise app.UsageError(str(e)) from e
+  convert(FLAGS.input_dir, FLAGS.output, config=FLAGS.config, dtype=FLAGS.dtype,
           overwrite=FLAGS.overwrite)
 
 

@@ -3,7 +3,7 @@ r"""Converts LANTERN / EAGLE-1 drafter folders to a specdec Orbax checkpoint.
 Usage:
   python -m specdec_jax.converters.lantern_drafter --input llamagen_drafter/ \
       --output ckpts/llamagen_t2i_drafter [--kind auto|llamagen|lumina] \
-      [--dtype float32]    # default bfloat16
+      [--dtype stored|float32|bfloat16]    # default stored: the weights' own dtype
 
 A drafter folder holds `config.json` (the base model's config with
 `num_hidden_layers: 1`, optional `bias`, and for LlamaGen `input_type` in
@@ -52,6 +52,10 @@ KINDS = ('llamagen', 'lumina')
 def read_drafter_dir(path: str | os.PathLike) -> tuple[dict[str, Any], pathlib.Path]:
   """Returns (config.json contents, weight file path) of a drafter folder."""
   path = pathlib.Path(path)
+  if path.is_file():
+    raise common.CheckpointReadError(
+        f'--input {str(path)!r} is a file; pass the drafter folder holding config.json and '
+        f'pytorch_model.bin (or model.safetensors), e.g. {str(path.parent)!r}.')
   if not path.is_dir():
     raise common.CheckpointReadError(
         f'Drafter folder {str(path)!r} does not exist. Pass the folder holding '
@@ -201,13 +205,21 @@ def convert_drafter(state_dict: MutableMapping[str, Any], config: eagle.DrafterC
 
 
 def convert_dir(input_dir: str | os.PathLike, output_dir: str | os.PathLike, *,
-                kind: str = 'auto', dtype: str = 'bfloat16',
+                kind: str = 'auto', dtype: str = common.STORED,
                 overwrite: bool = False) -> str:
-  """Reads, validates, converts and writes one drafter folder; returns the output."""
+  """Reads, validates, converts and writes one drafter folder; returns the output.
+
+  dtype: 'stored' (default) keeps the weights' own dtype (`common.output_dtype`);
+  'float32' or 'bfloat16' casts. The output folder is checked first.
+  """
+  common.check_output_dtype(dtype)
+  common.check_output_dir(output_dir, overwrite)
   config_json, weights = read_drafter_dir(input_dir)
-  config = drafter_config_from_json(config_json, kind, dtype)
-  logging.info('converting %s as %s', weights, describe(config))
+  drafter_config_from_json(config_json, kind)  # config errors before the weights are read
   state = common.load_state_dict(weights, upcast_bf16=False)
+  written = common.output_dtype(dtype, (value.dtype for value in state.values()))
+  config = drafter_config_from_json(config_json, kind, written)
+  logging.info('converting %s as %s (%s)', weights, describe(config), written)
   params = convert_drafter(state, config, consume=True)
   out = common.write_params_atomic(
       output_dir, params, config=dataclasses.asdict(config),
@@ -248,7 +260,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string('input', None, 'Drafter folder (config.json + weights).', **fv)
   flags.DEFINE_string('output', None, 'Output folder (must not exist).', **fv)
   flags.DEFINE_enum('kind', 'auto', ['auto', *KINDS], 'Drafter flavour.', **fv)
-  flags.DEFINE_enum('dtype', 'bfloat16', ['float32', 'bfloat16'], 'Output param dtype.', **fv)
+  flags.DEFINE_enum('dtype', common.STORED, list(common.OUTPUT_DTYPES), 'Output param dtype '
+                    '(stored, the default: the weights\' own).', **fv)
   flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.', **fv)
 
 
@@ -257,6 +270,11 @@ def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
   fv = flag_values
   if not fv.input or not fv.output:
     raise app.UsageError('--input and --output are required.')
+  try:
+    common.check_output_dir(fv.output, fv.overwrite)
+    read_drafter_dir(fv.input)
+  except (ValueError, FileExistsError) as e:  # a message, not a traceback
+    raise app.UsageError(str(e)) from e
   print(convert_dir(fv.input, fv.output, kind=fv.kind, dtype=fv.dtype,
                     overwrite=fv.overwrite))
 

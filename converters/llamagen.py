@@ -3,7 +3,12 @@ r"""Converts LlamaGen GPT checkpoints (c2i, t2i) to a specdec Orbax checkpoint.
 Usage:
   python -m specdec_jax.converters.llamagen --input c2i_B_256.pt \
       --output ckpts/llamagen_c2i_B_256 --config GPT-B --model_type c2i \
-      [--image_size 256] [--dtype float32]    # default bfloat16
+      [--image_size 256] [--dtype stored|float32|bfloat16]
+
+`--dtype` defaults to `stored`: the checkpoint's own dtype (fp32 stays fp32,
+as Hugging Face's `torch_dtype='auto'`), so the converted model computes the
+original's logits; casting to bfloat16 is a load-time choice
+(`load_llamagen(dtype='auto')` picks it on accelerators) or `--dtype bfloat16`.
 
 `--image_size` (the training resolution) fixes the 2D RoPE grid and the
 number of image tokens, and nothing in the weights reveals it, so a wrong
@@ -73,12 +78,18 @@ def infer_image_size(path: str | os.PathLike, downsample: int = 16) -> int | Non
   return size if size >= downsample and size % downsample == 0 else None
 
 
-def resolve_image_size(path: str | os.PathLike, image_size: int | None) -> int:
+def resolve_image_size(path: str | os.PathLike, image_size: int | None,
+                       downsample: int = 16) -> int:
   """--image_size, or the size the file name states (logged); an error if neither.
 
   Raises:
-    ValueError: no --image_size and the file name states none.
+    ValueError: no --image_size and the file name states none, or it is not a
+      positive multiple of the VQ downsampling.
   """
+  if image_size is not None and (image_size < downsample or image_size % downsample):
+    raise ValueError(f'--image_size: image_size {image_size} must be a multiple of the VQ '
+                     f'downsampling {downsample} and at least {downsample} (256, 384 or 512 '
+                     'for the released models).')
   inferred = infer_image_size(path)
   if image_size is None:
     if inferred is None:
@@ -237,15 +248,24 @@ def convert_file(
     use_ema: bool = False,
     overwrite: bool = False,
     trust_pickle: bool = False,
+    dtype: str = common.STORED,
 ) -> str:
   """Reads, validates, converts and writes one checkpoint; returns the output dir.
 
-  Nothing is written if reading or validation fails, and a failure while
+  dtype: 'stored' (default) writes the checkpoint's own dtype (`common.
+  output_dtype`), 'float32' or 'bfloat16' casts; the written config's dtype is
+  the params' (config.dtype is replaced). Nothing is written if reading or
+  validation fails (the output folder is checked first), and a failure while
   writing leaves no partial output folder.
   """
-  state = common.load_state_dict(
+  common.check_output_dtype(dtype)
+  common.check_output_dir(output_dir, overwrite)
+  state = prepare_state_dict(common.load_state_dict(
       input_path, use_ema=use_ema, trust_pickle=trust_pickle,
-      upcast_bf16=False)  # bf16 stays bf16 until the one cast to config.dtype
+      upcast_bf16=False))  # bf16 stays bf16 unless cast once to the output dtype
+  written = common.output_dtype(dtype, (value.dtype for value in state.values()))
+  config = dataclasses.replace(config, dtype=written)
+  logging.info('writing %s params (--dtype %s)', written, dtype)
   params = convert_llamagen_gpt(state, config, consume=True)
   out = common.write_params_atomic(
       output_dir, params, config=dataclasses.asdict(config), source_files=[input_path],
@@ -318,8 +338,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer('image_size', None, 'Training resolution (sets the 2D RoPE '
                        'grid: (image_size/16)^2 tokens). Required unless the file name '
                        'states it (c2i_XL_384.pt -> 384).', **fv)
-  flags.DEFINE_enum('dtype', 'bfloat16', ['float32', 'bfloat16'], 'Output param dtype '
-                    '(bfloat16 halves the size; float32 keeps fp32 checkpoints exact).', **fv)
+  flags.DEFINE_enum('dtype', common.STORED, list(common.OUTPUT_DTYPES), 'Output param '
+                    'dtype: stored (default) keeps the checkpoint\'s own, so the original '
+                    'logits are reproduced; bfloat16 halves an fp32 checkpoint\'s size.', **fv)
   flags.DEFINE_bool('use_ema', False, 'Convert the "ema" weights.', **fv)
   flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.', **fv)
   flags.DEFINE_bool('trust_pickle', False, 'Allow full unpickling of files the safe '
@@ -336,13 +357,13 @@ def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
   try:
     image_size = resolve_image_size(fv.input, fv.image_size)
     config = llamagen.gpt_config(
-        fv.config, image_size=image_size, model_type=fv.model_type, dtype=fv.dtype,
-        **parse_overrides(fv.set))
-  except (TypeError, ValueError) as e:  # config errors: a message, not a traceback
+        fv.config, image_size=image_size, model_type=fv.model_type, **parse_overrides(fv.set))
+    common.check_output_dir(fv.output, fv.overwrite)  # before the (slow) conversion
+  except (TypeError, ValueError, FileExistsError) as e:  # a message, not a traceback
     raise app.UsageError(str(e)) from e
   logging.info('converting %s as %s', fv.input, describe(config))
   out = convert_file(fv.input, fv.output, config, use_ema=fv.use_ema,
-                     overwrite=fv.overwrite, trust_pickle=fv.trust_pickle)
+                     overwrite=fv.overwrite, trust_pickle=fv.trust_pickle, dtype=fv.dtype)
   print(out)
 
 

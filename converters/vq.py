@@ -234,10 +234,7 @@ def convert(
   paths = [str(inputs)] if isinstance(inputs, (str, pathlib.Path)) else [str(p) for p in inputs]
   if not paths:
     raise ValueError('--input: give at least one checkpoint file.')
-  output = pathlib.Path(output)
-  if output.exists() and not overwrite:  # fail before the (slow) read
-    raise FileExistsError(f'Output folder {str(output)!r} already exists. Choose '
-                          'another --output or pass --overwrite.')
+  output = common.check_output_dir(output, overwrite)  # fail before the (slow) read
   config = preset_config(kind, config_overrides)
   state, prefix, files = read_tokenizer_state(paths, kind, use_ema=use_ema,
                                               trust_pickle=trust_pickle)
@@ -309,6 +306,10 @@ def main(argv: Sequence[str]) -> None:
     preset_config(values.kind, overrides)  # config errors before any file is read
   except ValueError as e:
     raise app.UsageError(f'--config_json: {e}') from e
+  try:
+    common.check_output_dir(values.output, values.overwrite)
+  except (ValueError, FileExistsError) as e:
+    raise app.UsageError(str(e)) from e
   out = convert(values.input, values.output, values.kind, dtype=values.dtype,
                 config_overrides=overrides, use_ema=values.use_ema,
                 overwrite=values.overwrite, trust_pickle=values.trust_pickle)

@@ -239,6 +239,10 @@ class ChameleonModel:
   def prefix_length(self, cond: ChameleonPrompt) -> int:
     return int(cond.tokens.shape[1])
 
+  def check_cond(self, cond: ChameleonPrompt) -> None:
+    """Checks a concrete prompt's ids and padding too (`specdec_jax.checks`)."""
+    check_prompt(cond.tokens, cond.mask, vocab_size=self.vocab_size, what='generate: cond')
+
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     c = self.config
     return kv.init_cache(num_layers=c.num_layers, batch_size=batch_size,

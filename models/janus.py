@@ -224,6 +224,11 @@ class JanusModel:
   def prefix_length(self, cond: JanusPrompt) -> int:
     return int(cond.tokens.shape[1])
 
+  def check_cond(self, cond: JanusPrompt) -> None:
+    """Checks a concrete prompt's ids and padding too (`specdec_jax.checks`)."""
+    chameleon.check_prompt(cond.tokens, cond.mask, vocab_size=self.config.text_vocab_size,
+                           what='generate: cond')
+
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     c = self.config
     return kv.init_cache(num_layers=c.num_layers, batch_size=batch_size,

@@ -75,6 +75,16 @@ class LlamaGenGPT:
   def hidden_size(self) -> int:
     return self.config.dim
 
+  @property
+  def max_image_tokens(self) -> int:
+    """N: the image grid's tokens (2D RoPE has no position past it)."""
+    return self.config.block_size
+
+  def check_cond(self, cond: Any) -> None:
+    """Checks a concrete condition's values too (`specdec_jax.checks`)."""
+    rows = jax.tree.leaves(cond)[0].shape[0] if jax.tree.leaves(cond) else 0
+    self._check_cond(cond, rows, 'generate: cond')
+
   def prefix_length(self, cond: Any) -> int:
     del cond
     return self.config.cls_token_num

@@ -87,9 +87,9 @@ class GPTConfig:
       raise ValueError(f'GPTConfig: head_dim {self.head_dim} must be a multiple of '
                        '4 (2D RoPE splits the rotation pairs between rows and '
                        'columns).')
-    if math.isqrt(self.block_size) ** 2 != self.block_size:
-      raise ValueError(f'GPTConfig: block_size {self.block_size} must be a '
-                       'square number (grid^2 = (image_size/16)^2).')
+    if self.block_size < 1 or math.isqrt(self.block_size) ** 2 != self.block_size:
+      raise ValueError(f'GPTConfig: block_size {self.block_size} must be a square '
+                       'number >= 1 (grid^2 = (image_size/16)^2).')
     if self.cls_token_num < 1:
       raise ValueError(f'GPTConfig: cls_token_num must be >= 1, got '
                        f'{self.cls_token_num}.')
@@ -129,8 +129,8 @@ def gpt_config(name: str, *, image_size: int | None = None, downsample: int = 16
   if overrides.get('model_type') == 't2i':
     fields['cls_token_num'] = T2I_CAPTION_TOKENS
   if image_size is not None:
-    if image_size % downsample:
-      raise ValueError(f'image_size {image_size} must be a multiple of the VQ '
+    if image_size < downsample or image_size % downsample:
+      raise ValueError(f'image_size {image_size} must be a positive multiple of the VQ '
                        f'downsampling {downsample}.')
     fields['block_size'] = (image_size // downsample) ** 2
   fields.update(overrides)

@@ -97,6 +97,10 @@ class TinyTransformer:
     del cond
     return 1
 
+  def check_cond(self, cond) -> None:
+    """Checks concrete class ids too (`specdec_jax.checks`)."""
+    check_class_ids(cond, self.config.num_classes, 'generate: cond', allow_null=True)
+
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     c = self.config
     return kv.init_cache(num_layers=c.num_layers, batch_size=batch_size, capacity=capacity,

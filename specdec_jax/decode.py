@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import categorical
+from specdec_jax import checks
 from specdec_jax import drafting
 from specdec_jax import kv_cache as kv
 from specdec_jax import logits as logits_lib
@@ -139,6 +140,7 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
   buffer = buffer.at[:, 0].set(first)
   num_generated = jnp.ones((num_images,), jnp.int32)
   metrics = metrics_lib.DecodeMetrics.zeros(num_images, mode.slots)
+  metrics = metrics.record_nonfinite(jnp.ones((num_images,), bool), first_probs)
   drafts, forwards = mode.start(plan, draft_params, draft_cond, out, first, num_generated,
                                 start_uniforms)
   if forwards:
@@ -192,6 +194,7 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
       drafts, forwards = mode.advance(plan, draft_params, state.drafts, step, draft_uniforms)
     with jax.named_scope('metrics'):
       metrics = state.metrics.record(active, verdict.num_accepted, emitted, forwards)
+      metrics = metrics.record_nonfinite(active, target_probs, state.drafts.probs)
     return LoopState(
         step=state.step + 1,
         tokens=sharding.constrain_batch(tokens, mesh),
@@ -283,7 +286,7 @@ def plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule,
                                   draft_cond, num_tokens, key, draft_params)
   prefix = int(target.prefix_length(cond))
   needed = required_capacity(prefix, num_tokens, mode)
-  capacity = needed if capacity is None else int(capacity)
+  capacity = needed if checks.check_capacity(capacity) is None else int(capacity)
   kv.check_capacity(capacity, needed, 'generate: target cache')
   draft_capacity = mode.draft_capacity(
       draft=draft, cond=cond if draft_cond is None else draft_cond, prefix=prefix,
@@ -374,21 +377,25 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
       batch-1 decoding on CPU.
   Returns:
     DecodeResult(tokens int32[B, n], metrics, compile_seconds, run_seconds);
-    compile_seconds (validation plus compilation) is 0.0 when the call reused
-    a prepared program: a call with the same models, mode, shapes, dtypes,
-    shardings, rule structure and sampling structure as an earlier one skips
-    validation, tracing and compilation (host overhead about a millisecond; README
-    "The decoding engine").
+    compile_seconds (validation plus compilation) is 0.0 when a call with the
+    same models, mode, shapes, dtypes, shardings, mesh, partition rules, rule and
+    sampling structure ran before: only the conditioning's values are checked
+    then (host overhead about a millisecond; README "The decoding engine").
+  Raises:
+    ValueError (naming a bad argument, before any compilation), or
+    metrics.NonFiniteProbabilitiesError (NaN/inf target probabilities; drafts warn).
   """
-  options = tuple(sorted((compiler_options or {}).items()))
-  sampling = vocab_parallel_sampling(sampling, target, mesh)  # static: in the signature
-  # A repeated call (same models, mode, shapes, rule and sampling structure)
-  # skips validation and compilation: its cheap signature finds the program.
-  # Rule hyperparameters and the sampling's cfg_scale, temperature and top_p
-  # are leaves, so new values reuse it.
-  call_signature = (target, draft, mode, int(num_tokens), capacity, mesh, options,
-                    _signature((target_params, draft_params, cond, draft_cond, key, rule,
-                                sampling)))
+  num_tokens = checks.check_num_tokens(num_tokens)  # before it keys the cache
+  options = checks.compiler_options_key(compiler_options)
+  checks.check_mesh(mesh, target_rules, draft_rules)
+  if isinstance(sampling, logits_lib.Sampling):  # static: in the signature
+    sampling = vocab_parallel_sampling(sampling, target, mesh)
+  # A repeated call skips validation and compilation: its cheap signature finds the program
+  # (new values of rule hyperparameters, cfg_scale, temperature and top_p reuse it).
+  call_signature = checks.call_signature(lambda: (
+      target, draft, mode, num_tokens, capacity, mesh, options,
+      checks.rules_key(mesh, target_rules, draft_rules),
+      _signature((target_params, draft_params, cond, draft_cond, key, rule, sampling))))
   prepared = _PREPARED.get(call_signature)
   compile_seconds = 0.0
   if prepared is None:
@@ -400,10 +407,11 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     _PREPARED[call_signature] = (plan, compiled)
   else:
     plan, compiled = prepared
+    checks.check_values(target, draft, mode, cond, draft_cond)  # values: every call
     args = _arguments(plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                       target_rules, draft_rules)
   start = time.perf_counter()
-  tokens, metrics = compiled(*args)
-  tokens = jax.block_until_ready(tokens)
-  return DecodeResult(tokens=tokens, metrics=metrics, compile_seconds=compile_seconds,
-                      run_seconds=time.perf_counter() - start)
+  tokens, metrics = jax.block_until_ready(compiled(*args))
+  return metrics_lib.report_nonfinite(DecodeResult(
+      tokens=tokens, metrics=metrics, compile_seconds=compile_seconds,
+      run_seconds=time.perf_counter() - start))

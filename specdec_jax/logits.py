@@ -84,6 +84,25 @@ SAMPLING_PRESETS: dict[str, dict] = {
 }
 
 
+def _check_number(name: str, value, ok, requirement: str) -> None:
+  """Raises unless `value` is one finite number meeting `ok` (a Python or NumPy
+  scalar, or a 0-d array)."""
+  number = None
+  if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+    number = float(value)
+  elif isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0 and not isinstance(
+      value, jax.core.Tracer) and jnp.issubdtype(jnp.result_type(value), jnp.number):
+    number = float(value)
+  if number is None or not (np.isfinite(number) and ok(number)):
+    raise ValueError(f'Sampling.{name} must be a finite number {requirement}, got {value!r}.')
+
+
+def _check_int(name: str, value, least: int, requirement: str) -> None:
+  """Raises unless `value` is a Python or NumPy int >= least (not a bool or float)."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+    raise ValueError(f'Sampling.{name} must be an int {requirement}, got {value!r}.')
+
+
 # The float fields of `Sampling` that are pytree children (traced under jit,
 # so sweeping them reuses one compiled decode). Everything else, and the
 # structural flags derived from these values, is static (pytree aux data).
@@ -110,16 +129,16 @@ class Sampling:
   Attributes:
     cfg_scale: classifier-free guidance scale. As LlamaGen's `generate`, CFG
       is used only when cfg_scale > 1.0 (then the cache holds a conditional
-      and an unconditional row per image); any scale <= 1.0 decodes the
-      conditional rows alone.
+      and an unconditional row per image); any scale in [0, 1] decodes the
+      conditional rows alone. A finite number >= 0.
     cfg_interval: LlamaGen's interval; -1 (default) guides every token. For
       cfg_interval = c >= 0 the tokens with 0-based index 0..c+1 are guided
       and the rest use the conditional logits alone: LlamaGen guides the token
       its prefill samples (index 0) and decode-loop step i (which samples token
       i + 1) while i <= c (`decode_n_tokens` in autoregressive/models/
       generate.py).
-    temperature: > 0, or 0 for greedy.
-    top_k: 0 disables.
+    temperature: finite, > 0, or 0 for greedy.
+    top_k: an int; 0 disables.
     top_p: 1.0 disables.
     topk_method: 'exact' or 'approx' (`jax.lax.approx_max_k`, for TPU;
       see `filter_logits`).
@@ -153,21 +172,17 @@ class Sampling:
   topk_blocks: int = 1
 
   def __post_init__(self):
-    if not self.temperature >= 0:
-      raise ValueError(f'Sampling.temperature must be >= 0, got {self.temperature}.')
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f'Sampling.top_p must be in (0, 1], got {self.top_p}.')
-    if self.top_k < 0:
-      raise ValueError(f'Sampling.top_k must be >= 0 (0 disables), got {self.top_k}.')
-    if self.cfg_interval < -1:
-      raise ValueError(f'Sampling.cfg_interval must be >= -1, got {self.cfg_interval}.')
+    _check_number('cfg_scale', self.cfg_scale, lambda v: v >= 0,
+                  '>= 0 (CFG is on above 1.0; 1.0 or less decodes the conditional rows alone)')
+    _check_number('temperature', self.temperature, lambda v: v >= 0, '>= 0 (0: greedy)')
+    _check_number('top_p', self.top_p, lambda v: 0 < v <= 1, 'in (0, 1] (1.0 disables)')
+    _check_int('top_k', self.top_k, 0, '>= 0 (0 disables)')
+    _check_int('cfg_interval', self.cfg_interval, -1, '>= -1 (-1 guides every token)')
+    _check_int('topk_blocks', self.topk_blocks, 1, '>= 1')
     if self.topk_method not in TOPK_METHODS:
       raise ValueError(f'Sampling.topk_method must be one of {TOPK_METHODS}, got '
                        f'{self.topk_method!r}.')
-    if not (isinstance(self.topk_blocks, (int, np.integer)) and self.topk_blocks >= 1):
-      raise ValueError(f'Sampling.topk_blocks must be an int >= 1, got {self.topk_blocks!r}.')
-    if not 0 < self.topk_recall <= 1:
-      raise ValueError(f'Sampling.topk_recall must be in (0, 1], got {self.topk_recall}.')
+    _check_number('topk_recall', self.topk_recall, lambda v: 0 < v <= 1, 'in (0, 1]')
     for name in TRACED_FIELDS:  # one dtype per field: an int scale must not retrace
       value = getattr(self, name)
       if isinstance(value, (int, float, np.number)):

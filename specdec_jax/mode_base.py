@@ -31,6 +31,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import checks
 from specdec_jax import drafting
 from specdec_jax import kv_cache as kv
 from specdec_jax import logits as logits_lib
@@ -239,6 +240,7 @@ class DrafterMode(Mode):
       raise ValueError(f"generate: drafter must be 'eagle' or 'model', got {self.drafter!r}.")
     if draft is None or draft_params is None:
       raise ValueError(f'generate: mode {self!r} needs draft= and draft_params=.')
+    checks.check_drafter_kind(self.drafter, draft)
     if draft.vocab_size != target.vocab_size:
       raise ValueError(f'generate: draft vocab_size {draft.vocab_size} != target vocab_size '
                        f'{target.vocab_size}; speculative decoding needs one vocabulary.')

@@ -12,6 +12,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from specdec_jax import categorical
+from specdec_jax import checks
 from specdec_jax import drafting
 from specdec_jax import mode_base
 from specdec_jax import protocol
@@ -60,6 +61,7 @@ class ChainDraft(mode_base.DrafterMode):
     return self.k
 
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
+    checks.check_int_field(self, 'k')
     if not 1 <= self.k < num_tokens:
       raise ValueError(f'generate: ChainDraft.k must be in [1, num_tokens={num_tokens}), got '
                        f'{self.k}.')
@@ -99,6 +101,7 @@ class Jacobi(mode_base.Mode):
 
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     del draft, draft_params, cond
+    checks.check_int_field(self, 'window')
     if not 2 <= self.window <= num_tokens:
       raise ValueError(f'generate: Jacobi.window must be in [2, num_tokens={num_tokens}] '
                        f'(1 pending token + window-1 drafts), got {self.window}.')

@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import checks
 from specdec_jax import logits as logits_lib
 from specdec_jax import mode_base
 from specdec_jax import mode_chain
@@ -67,8 +68,11 @@ def validate(target, target_params, draft, mode, sampling, rule, cond, draft_con
   if not isinstance(sampling, logits_lib.Sampling):
     raise ValueError(f'generate: sampling must be a specdec_jax.logits.Sampling, got '
                      f'{sampling!r}.')
-  if int(num_tokens) < 1:
-    raise ValueError(f'generate: num_tokens must be >= 1, got {num_tokens}.')
+  num_tokens = checks.check_num_tokens(num_tokens)
+  checks.check_max_tokens(target, num_tokens, 'the target')
+  if getattr(mode, 'drafter', None) == 'model' and draft is not None:
+    checks.check_max_tokens(draft, num_tokens, 'the draft model')
+  checks.check_rule(rule)
   mode_name = rule_mode(mode)
   if mode_name is not None:
     if rule is None:
@@ -79,6 +83,7 @@ def validate(target, target_params, draft, mode, sampling, rule, cond, draft_con
       raise ValueError(
           f'generate: rule {type(rule).__name__} does not support {mode_name!r} decoding '
           f'(it supports {sorted(supported)}); pick another mode or rule.')
+    rule.check_vocab(int(target.vocab_size))
   rows = _leading_dim(cond, 'cond')
   if sampling.uses_cfg and rows % 2:
     raise ValueError(f'generate: with CFG (cfg_scale={sampling.cfg_scale}) cond holds '
@@ -93,10 +98,10 @@ def validate(target, target_params, draft, mode, sampling, rule, cond, draft_con
   jax.eval_shape(target.prefill, target_params, cache, cond)
   # The mode's own checks (its sizes, its drafter and the drafter's conditioning).
   mode.check(target=target, draft=draft, draft_params=draft_params,
-             cond=cond if draft_cond is None else draft_cond, num_tokens=int(num_tokens))
-  if not is_single_key(key) and jnp.shape(key)[0] != num_images:
-    raise ValueError(f'generate: per-image keys must have {num_images} rows, got shape '
-                     f'{jnp.shape(key)}.')
+             cond=cond if draft_cond is None else draft_cond, num_tokens=num_tokens)
+  # Values last: the checks above made sure the conditioning has the right structure.
+  checks.check_values(target, draft, mode, cond, draft_cond)
+  checks.check_key(key, num_images)
   return num_images
 
 

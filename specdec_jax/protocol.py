@@ -56,6 +56,9 @@ class DecodeModel(Protocol):
   # token ids that are image tokens (what Jacobi decoding's random drafts are
   # drawn from). Models without it use the whole vocabulary (0, V); see
   # `image_token_range` below.
+  # Optional: `check_cond(cond)`, checks of a concrete condition's values (class
+  # ids in range, left padding), and `max_image_tokens`, the most tokens one
+  # decode may generate (LlamaGen: its grid); `specdec_jax.checks` calls them.
 
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     """An empty cache for B rows and S slots, in the model's compute dtype."""

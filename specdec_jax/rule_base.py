@@ -30,20 +30,39 @@ def _concrete(value) -> float | None:
 
 
 def _check(rule: str, name: str, value, ok, requirement: str) -> None:
+  """Raises unless a concrete hyperparameter is one finite number meeting `ok`.
+
+  Tracers and the placeholder leaves pytree transformations build are skipped;
+  a string or a concrete array with more than one entry (a hyperparameter is
+  one number per rule) is refused.
+  """
+  if isinstance(value, str) or (isinstance(value, (np.ndarray, jax.Array))
+                                and not isinstance(value, jax.core.Tracer)
+                                and np.ndim(value) > 0):
+    raise ValueError(f'{rule}: {name} must be one number ({requirement}), got {value!r}.')
   number = _concrete(value)
   if number is not None and not (math.isfinite(number) and ok(number)):
     raise ValueError(f'{rule}: {name} must be {requirement}, got {value!r}.')
 
 
+def reject_nonfinite(accept_probs, draft_probs, target_probs) -> jax.Array:
+  """f with 0 wherever d, t or f itself is NaN or infinite: a broken distribution
+  never accepts (and `metrics.DecodeMetrics.nonfinite_steps` reports it)."""
+  finite = jnp.isfinite(draft_probs) & jnp.isfinite(target_probs) & ~jnp.isnan(accept_probs)
+  return jnp.where(finite, accept_probs, 0.0)
+
+
 def ratio_accept(draft_probs: jax.Array, target_probs: jax.Array, weight=1.0) -> jax.Array:
-  """min(1, weight * t / d), with f = 1 where d = 0 (such x is never drafted).
+  """min(1, weight * t / d), with f = 1 where d = 0 (such x is never drafted) and
+  f = 0 where d or t is not finite (`reject_nonfinite`).
 
   Guarding d = 0 keeps d * f finite and equal to 0 there, so output laws and
   G* stay exact for one-hot (SJD random-init) drafts.
   """
   positive = draft_probs > 0
   safe_draft = jnp.where(positive, draft_probs, 1.0)
-  return jnp.where(positive, jnp.minimum(1.0, weight * target_probs / safe_draft), 1.0)
+  accept = jnp.where(positive, jnp.minimum(1.0, weight * target_probs / safe_draft), 1.0)
+  return reject_nonfinite(accept, draft_probs, target_probs)
 
 
 class Rule:
@@ -71,4 +90,9 @@ class Rule:
   def for_window(self, window: int) -> 'Rule':
     del window
     return self
+
+  def check_vocab(self, vocab_size: int) -> None:
+    """Raises ValueError if the rule's tables do not fit a vocabulary of V tokens
+    (`decode.generate` calls it before compiling; rules without tables pass)."""
+    del vocab_size
 

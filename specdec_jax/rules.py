@@ -39,7 +39,7 @@ from specdec_jax import resampling
 from specdec_jax import schedules
 # The base and the LANTERN / GSD rules live in their own modules; re-exported here.
 from specdec_jax.rule_base import (ALL_MODES, CHAIN, JACOBI, TREE, Rule, _check, _concrete,
-                                   ratio_accept)
+                                   ratio_accept, reject_nonfinite)
 from specdec_jax.rules_grouped import Grouped
 from specdec_jax.rules_neighbor import (_LANTERN_RESIDUALS, NO_NEIGHBOR, Lantern, LanternPP,
                                         _neighbor_mass_bound_check, _NeighborRelaxed)
@@ -113,6 +113,8 @@ class CoolSD(Rule):
   def __post_init__(self):
     _check('CoolSD', 'delta', self.delta, lambda v: v > 0, '> 0')
     _check('CoolSD', 'nu', self.nu, lambda v: v >= 0, '>= 0')
+    if self.mu is not None:
+      _check('CoolSD', 'mu', self.mu, lambda v: True, 'a finite number or None')
     if self.window is not None and self.window < 1:
       raise ValueError(f'CoolSD: window must be >= 1, got {self.window}.')
     if not isinstance(self.floor_at_one, (bool, np.bool_)):
@@ -216,7 +218,7 @@ class ContentAware(Rule):
     relaxed = jnp.clip(ratio + self.relaxation(draft_probs, target_probs), 0.0, 1.0)
     if self.keep_target_support:
       relaxed = jnp.where(target_probs > 0, relaxed, 0.0)
-    return jnp.where(positive, relaxed, 1.0)
+    return reject_nonfinite(jnp.where(positive, relaxed, 1.0), draft_probs, target_probs)
 
   def residual(self, draft_probs, target_probs, position=1, rejected_token=None):
     if self.residual_mode == 'standard':

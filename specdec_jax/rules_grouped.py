@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import resampling
-from specdec_jax.rule_base import CHAIN, JACOBI, Rule, _check, ratio_accept
+from specdec_jax.rule_base import CHAIN, JACOBI, Rule, _check, ratio_accept, reject_nonfinite
 
 @flax.struct.dataclass
 class Grouped(Rule):
@@ -48,9 +48,17 @@ class Grouped(Rule):
       raise ValueError(f'Grouped: residual_mode must be standard|optimal, '
                        f'got {self.residual_mode!r}.')
 
+  def check_vocab(self, vocab_size: int) -> None:
+    """The embedding table needs one row per token id (row x = token x)."""
+    rows = getattr(self.embeddings, 'shape', (vocab_size,))[0]
+    if rows != vocab_size:
+      raise ValueError(f'Grouped: embeddings has {rows} rows but the vocabulary has '
+                       f'V={vocab_size} tokens; pass one embedding row per token id [V, C].')
+
   def _group_ratio(self, draft_probs, target_probs, tokens):
     """min(1, t(A)/d(A)) for tokens int32[...]."""
     vocab = target_probs.shape[-1]
+    self.check_vocab(vocab)
     order = jnp.argsort(target_probs, stable=True)  # ascending rank -> token
     rank = jnp.zeros_like(order).at[order].set(jnp.arange(vocab))  # token -> rank
     offsets = jnp.arange(-self.below, self.above + 1)
@@ -71,13 +79,16 @@ class Grouped(Rule):
     group_draft = jnp.sum(jnp.where(keep, draft_probs[members], 0.0), axis=-1)
     grouped = ratio_accept(group_draft, group_target)
     lossless = ratio_accept(draft_probs[tokens], target_probs[tokens])
-    return jnp.where(has_below, grouped, lossless)
+    # A NaN target empties the group (every comparison fails), which alone would accept.
+    return reject_nonfinite(jnp.where(has_below, grouped, lossless), draft_probs[tokens],
+                            target_probs[tokens])
 
   def _group_ratio_one(self, draft_probs, target_probs, token):
     """Same as `_group_ratio` for one token in O(V) (no sort): the members
     below are the `below` lexicographically largest (prob, id) pairs under x's,
     the members above the `above` smallest pairs over it."""
     vocab = target_probs.shape[-1]
+    self.check_vocab(vocab)
     ids = jnp.arange(vocab)
     value = target_probs[token]
     is_below = (target_probs < value) | ((target_probs == value) & (ids < token))

@@ -77,6 +77,9 @@ class _NeighborRelaxed(Rule):
           f'vocab_size={vocab}).')
     return self.neighbors
 
+  def check_vocab(self, vocab_size: int) -> None:
+    self._table(vocab_size)
+
   def _bound(self, target_probs, tokens):
     raise NotImplementedError
 

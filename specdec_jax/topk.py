@@ -101,7 +101,24 @@ def _index_order_count(tied: jax.Array, blocks: int) -> jax.Array:
   return (within + before[..., None]).reshape(tied.shape)
 
 
-def _nucleus_keep(logits, candidates, candidate_probs, top_p, complete: bool,
+def _ties_past_candidates(cumulative, candidate_probs, top_p, survivors) -> jax.Array:
+  """How many sorted positions past the C candidates one sort's nucleus keeps, [..., 1].
+
+  Past the candidates one descending sort holds the E = survivors - C other
+  top-k survivors, all tied with the k-th value (each of probability p = the
+  last candidate's), so its cumulative mass there is c + m p (c = the
+  candidates' total, m = 0..E-1) and position C + m is kept iff c + m p <=
+  top_p: the count is the number of such m, found without the sort.
+  """
+  extra = (survivors - cumulative.shape[-1]).astype(jnp.float32)  # E
+  room = top_p - cumulative[..., -1:]  # top_p - c
+  tie_prob = candidate_probs[..., -1:]  # p
+  steps = jnp.floor(room / jnp.where(tie_prob > 0, tie_prob, 1.0)) + 1
+  count = jnp.where(tie_prob > 0, jnp.clip(steps, 0, extra), extra)
+  return jnp.where(room < 0, 0, count).astype(jnp.int32)
+
+
+def _nucleus_keep(logits, candidates, candidate_probs, top_p, survivors=None,
                   blocks: int = 1) -> jax.Array:
   """Hugging Face's nucleus as a mask over the unsorted logits, without an inverse
   permutation.
@@ -110,7 +127,9 @@ def _nucleus_keep(logits, candidates, candidate_probs, top_p, complete: bool,
     logits: [..., V].
     candidates: [..., C] logits sorted descending (-inf past a top-k cut).
     candidate_probs: [..., C] their probabilities after the top-k cut.
-    complete: the candidates are all V logits (else the top-k ones only).
+    survivors: None when the candidates are all V logits; else int32[..., 1],
+      the top-k survivors (the C = k candidates and every other tie with the
+      k-th value), which the nucleus may run on into (`_ties_past_candidates`).
     blocks: count ties per vocabulary block (`_index_order_count`).
   Returns:
     bool[..., V]: sorted position i is kept iff i == 0 or the mass before it
@@ -120,14 +139,15 @@ def _nucleus_keep(logits, candidates, candidate_probs, top_p, complete: bool,
   """
   cumulative = jnp.cumsum(candidate_probs, axis=-1)
   kept = 1 + jnp.sum(cumulative[..., :-1] <= top_p, axis=-1, keepdims=True)  # [..., 1]
-  threshold = jnp.take_along_axis(candidates, kept - 1, axis=-1)
+  if survivors is not None:
+    kept = kept + _ties_past_candidates(cumulative, candidate_probs, top_p, survivors)
+  last = jnp.minimum(kept, candidates.shape[-1]) - 1  # past C: the k-th value
+  threshold = jnp.take_along_axis(candidates, last, axis=-1)
   # Counted on the logits before the top-k cut: equal whenever the threshold is
   # a kept value; if it is -inf the cut tokens are -inf whatever this says.
   above = logits > threshold
   tied = logits == threshold
   ties_kept = kept - jnp.sum(above, axis=-1, keepdims=True)
-  if not complete:  # the nucleus ran past the k candidates: keep every tie with the k-th
-    ties_kept = jnp.where(kept == candidates.shape[-1], logits.shape[-1], ties_kept)
   return above | (tied & (_index_order_count(tied, blocks) <= ties_kept))
 
 
@@ -146,18 +166,25 @@ def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool
                   topk_blocks: int = 1) -> jax.Array:
   """Top-k (ties with the k-th kept), then top-p on what is left; -inf where dropped.
 
-  Exact: one descending sort of V (the k-th value and the nucleus threshold
-  are read off it and compared with the unsorted logits, so there is no
-  inverse permutation, and a batch split over a mesh stays split).
+  The law of every path is LlamaGen's `top_k_top_p_filtering` with a stable
+  sort: top-k drops the logits below the k-th largest (ties with it stay),
+  then the nucleus keeps the smallest prefix, in descending order with ties
+  in index order, whose mass reaches top_p.
+
+  Exact: one descending sort of V (the k candidates, or without top-k the
+  nucleus threshold, are read off it and compared with the unsorted logits,
+  so there is no inverse permutation, and a batch split over a mesh stays
+  split).
   topk_method 'approx' takes the k candidates from `jax.lax.approx_max_k`
   (recall target topk_recall) and runs the nucleus on them, with no sort of
-  V at all; if the nucleus reaches the k-th value it keeps every token tied
-  with it (the exact path keeps ties in index order).
+  V at all (the same tokens as one sort whenever the candidates are the true
+  top k: always on CPU).
   topk_blocks = n > 1 (exact method, top-k on; n must divide V) takes the k
   candidates from `block_candidates` (n sorts of V/n and one of n * k, no
   sort of V) and runs the nucleus on them as 'approx' does: the same tokens
-  as one sort of V, except that a nucleus reaching the k-th value keeps every
-  tie with it. Without top-k, top-p still sorts all of V.
+  as one sort of V. A nucleus that reaches the k-th value continues into the
+  other ties with it, in index order, as one sort does
+  (`_ties_past_candidates`). Without top-k, top-p still sorts all of V.
 
   Args:
     logits: float32 [..., V] (after temperature).
@@ -168,21 +195,18 @@ def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool
   blocks = topk_blocks if use_top_k and topk_method == 'exact' else 1
   if not nucleus:
     return top_k_mask(logits, top_k, topk_method, topk_recall, blocks)
-  if use_top_k and (topk_method == 'approx' or blocks > 1):
+  if use_top_k:
+    # Every top-k path runs the nucleus on the same k candidates with the same
+    # arithmetic, so one sort, n blocks and (exact) approx_max_k agree bit for
+    # bit, at a cumulative mass equal to top_p too.
     candidates = top_k_candidates(logits, top_k, topk_method, topk_recall, blocks)  # [..., k]
     keep_k = logits >= candidates[..., -1:]
     # Normalised over every top-k survivor (ties past the k candidates included).
     shifted = jnp.where(keep_k, jnp.exp(logits - candidates[..., :1]), 0.0)
     probs = jnp.exp(candidates - candidates[..., :1]) / jnp.sum(shifted, -1, keepdims=True)
-    keep = keep_k & _nucleus_keep(logits, candidates, probs, top_p, complete=False,
-                                  blocks=blocks)
+    survivors = jnp.sum(keep_k, axis=-1, keepdims=True, dtype=jnp.int32)
+    keep = keep_k & _nucleus_keep(logits, candidates, probs, top_p, survivors, blocks)
     return jnp.where(keep, logits, _NEG_INF)
   candidates = jnp.sort(logits, axis=-1, descending=True)  # [..., V]
-  keep = jnp.ones(logits.shape, bool)
-  if use_top_k:
-    kth = candidates[..., top_k - 1:top_k]
-    keep = logits >= kth
-    candidates = jnp.where(candidates < kth, _NEG_INF, candidates)
   probs = jax.nn.softmax(candidates, axis=-1)
-  keep &= _nucleus_keep(logits, candidates, probs, top_p, complete=True)
-  return jnp.where(keep, logits, _NEG_INF)
+  return jnp.where(_nucleus_keep(logits, candidates, probs, top_p), logits, _NEG_INF)

@@ -125,6 +125,10 @@ class MarkovToy:
     del cond
     return 2
 
+  def check_cond(self, cond) -> None:
+    """Checks concrete class ids too (`specdec_jax.checks`)."""
+    check_class_ids(cond, self.num_classes, 'generate: cond', allow_null=True)
+
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     return _token_cache(batch_size, capacity)
 
@@ -224,6 +228,10 @@ class ToyEagle:
     hidden = jnp.concatenate([jax.nn.one_hot(previous, alphabet),
                               jax.nn.one_hot(tokens, alphabet)], axis=-1)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
+
+  def check_cond(self, cond) -> None:
+    """Checks concrete class ids too (`specdec_jax.checks`)."""
+    check_class_ids(cond, self.num_classes, 'generate: draft_cond', allow_null=True)
 
   def prefix_pairs(self, cond, target_hidden):
     """EAGLE pairing of the prefix: token t+1 with target feature t (Pd = P - 1)."""

@@ -120,8 +120,9 @@ def convert_hf(test, hf, state, config_json=None):
   """Writes, converts and loads a checkpoint; config_json: the config.json to write."""
   src, out = _tempdir(test) / 'hf', _tempdir(test) / 'jax'
   write_hf_checkpoint(src, state, config_json or hf)
-  converter.convert(src, out, dtype='float32')
+  converter.convert(src, out)  # the defaults: lossless (fp32 stays fp32)
   meta = common.read_meta(out)
+  test.assertEqual(meta['dtype'], 'float32')
   test.assertLen(meta['source_files'], 4)  # 2 shards, index, config.json
   test.assertEqual(meta['image_token_offset'], 4)
   return converter.load_converted(out)

@@ -45,6 +45,10 @@ def _torch_state():
   return {k: ref.as_torch(v) for k, v in _tiny_state().items()}
 
 
+class _Unlisted:
+  """A class the safe torch loader does not allow."""
+
+
 class LoadStateDictTest(absltest.TestCase):
 
   def setUp(self):
@@ -106,6 +110,27 @@ class LoadStateDictTest(absltest.TestCase):
     with self.assertRaisesRegex(common.CheckpointReadError,
                                 r"trunc\.pt.*torch\.save zip archive.*truncated"):
       common.load_state_dict(path)
+
+  @ref.requires_torch
+  def test_corrupt_torch_file_is_not_answered_with_trust_pickle(self):
+    """Random bytes are no pickle the full unpickler could read: the error says the
+    file is corrupt and does not advise --trust_pickle (nor retries with it)."""
+    path = self.dir / 'corrupt.pt'
+    path.write_bytes(np.random.default_rng(0).bytes(2000))
+    for trust_pickle in (False, True):
+      with self.assertRaises(common.CheckpointReadError) as raised:
+        common.load_state_dict(path, trust_pickle=trust_pickle)
+      self.assertRegex(str(raised.exception), r'corrupt\.pt.*truncated or corrupt')
+      self.assertNotIn('trust_pickle', str(raised.exception))
+
+  @ref.requires_torch
+  def test_refused_objects_are_answered_with_trust_pickle(self):
+    path = self.dir / 'objects.pt'
+    ref.torch.save({'model': _torch_state(), 'extra': _Unlisted()}, path)
+    with self.assertRaisesRegex(common.CheckpointReadError, 'pass trust_pickle=True'):
+      common.load_state_dict(path)
+    self.assertEqual(sorted(common.load_state_dict(path, trust_pickle=True)),
+                     sorted(_tiny_state()))
 
   def test_truncated_safetensors_file(self):
     path = self.dir / 'trunc.safetensors'
@@ -243,6 +268,18 @@ class WriteParamsTest(absltest.TestCase):
                                    source_files=[self.source])
     self.assertEqual(sorted(os.listdir(self.dir)), ['src.bin'])
 
+  def test_unwritable_output_is_refused_before_writing(self):
+    (self.dir / 'a_file').write_text('x')
+    for out in (self.dir / 'a_file' / 'out', self.dir / 'a_file' / 'deeper' / 'out'):
+      with self.assertRaisesRegex(ValueError, r'cannot be written: no folder can be created in '
+                                              r".*a_file'"):
+        common.check_output_dir(out)
+    with self.assertRaisesRegex(ValueError, 'is a file, not a folder'):
+      common.check_output_dir(self.dir / 'a_file', overwrite=True)
+    self.assertEqual(common.check_output_dir(self.dir / 'new' / 'out'),
+                     self.dir / 'new' / 'out')
+    self.assertEqual(sorted(os.listdir(self.dir)), ['a_file', 'src.bin'])  # no probe left
+
   def test_missing_meta_is_a_clear_error(self):
     with self.assertRaisesRegex(common.CheckpointReadError, 'specdec_meta.json'):
       common.load_params(self.dir)
@@ -264,6 +301,19 @@ class HelpersTest(absltest.TestCase):
     messages = [call.args[0] % call.args[1:] for call in info.call_args_list]
     self.assertIn('converting 88/88 tensors (t87)', messages)
     self.assertIn('converting 22/88 tensors (t21)', messages)
+
+  def test_lossless_output_dtype(self):
+    """'stored' keeps one dtype as it is and widens a mix (float32 holds every bf16 and
+    f16 value); explicit dtypes are kept; anything else is refused by name."""
+    self.assertEqual(common.output_dtype('stored', ['bfloat16', 'int64']), 'bfloat16')
+    self.assertEqual(common.output_dtype(None, ['float32']), 'float32')
+    self.assertEqual(common.output_dtype('stored', ['bfloat16', 'float32']), 'float32')
+    self.assertEqual(common.output_dtype('stored', ['bfloat16', 'float16']), 'float32')
+    self.assertEqual(common.output_dtype('stored', ['torch.float64', 'float32']), 'float64')
+    self.assertEqual(common.output_dtype('stored', ['int32']), 'float32')
+    self.assertEqual(common.output_dtype('bfloat16', ['float32']), 'bfloat16')
+    with self.assertRaisesRegex(ValueError, "--dtype must be one of .*'stored'.*got 'fp8'"):
+      common.output_dtype('fp8', ['float32'])
 
   def test_drop_keys(self):
     state = {'a': 1, 'freqs_cis': 2, 'layers.0.attention.kv_cache.k_cache': 3}

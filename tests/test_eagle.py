@@ -161,7 +161,7 @@ class ParityTest(parameterized.TestCase):
     config, state, head, tokens, hidden = fixture(kind)
     folder = write_drafter_dir(_tempdir(self) / 'drafter', kind, state,
                                weights='pytorch_model.bin')
-    out = convert.convert_dir(folder, folder.parent / 'converted', dtype='float32')
+    out = convert.convert_dir(folder, folder.parent / 'converted')  # defaults: lossless
     model, params = convert.load_drafter(out, head.T)
     self.assertEqual(model.config, config)
     expected_logits, expected_features = ref_eagle.drafter_forward(
@@ -278,6 +278,11 @@ class ConverterTest(absltest.TestCase):
       convert.convert_dir(self.dir / 'missing', self.dir / 'out')
     folder = self.dir / 'drafter'
     folder.mkdir()
+    (folder / 'pytorch_model.bin').write_bytes(b'x')  # a file where the folder belongs
+    with self.assertRaisesRegex(common.CheckpointReadError,
+                                r"pytorch_model.bin' is a file; pass the drafter folder"):
+      convert.convert_dir(folder / 'pytorch_model.bin', self.dir / 'out')
+    (folder / 'pytorch_model.bin').unlink()
     (folder / 'config.json').write_text(json.dumps(config_json('llamagen')))
     with self.assertRaisesRegex(common.CheckpointReadError, 'pytorch_model.bin'):
       convert.convert_dir(folder, self.dir / 'out')

@@ -143,7 +143,7 @@ class JanusTest(parameterized.TestCase):
     cls.tmp = tempfile.TemporaryDirectory()
     root = pathlib.Path(cls.tmp.name)
     write_checkpoint(root / 'st', cls.state, 'safetensors')
-    converter.convert(root / 'st', root / 'jax', dtype='float32')
+    converter.convert(root / 'st', root / 'jax')  # the defaults: lossless (fp32 stays fp32)
     cls.model, cls.params = converter.load_converted(root / 'jax')
     cls.root = root
 
@@ -163,7 +163,7 @@ class JanusTest(parameterized.TestCase):
   @ref.requires_torch
   def test_released_bin_shards_convert_to_the_same_params(self):
     write_checkpoint(self.root / 'bin', self.state, 'bin')
-    converter.convert(self.root / 'bin', self.root / 'jax_bin', dtype='float32')
+    converter.convert(self.root / 'bin', self.root / 'jax_bin')
     _, params = converter.load_converted(self.root / 'jax_bin')
     jax.tree_util.tree_map(np.testing.assert_array_equal, params, self.params)
 

@@ -17,7 +17,9 @@ from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import llamagen as convert
 from specdec_jax.models import layers
+from specdec_jax.models import llamagen
 from tests import torch_reference as ref
+from tests import torch_reference_llamagen as ref_llamagen
 from tests.llamagen_support import tiny_config
 from tests.llamagen_support import torch_state
 from tests.llamagen_support import rel_err
@@ -25,6 +27,9 @@ from tests.llamagen_support import fixture
 from tests.llamagen_support import jit_forward
 from tests.llamagen_support import capacity
 from tests.llamagen_support import _tempdir
+from tests.llamagen_support import example_cond
+from tests.llamagen_support import image_tokens
+from tests.llamagen_support import RTOL
 
 
 class ConverterTest(parameterized.TestCase):
@@ -142,13 +147,13 @@ class ConverterTest(parameterized.TestCase):
     convert.main(argv, flag_values)
 
   def test_command_line(self):
-    # The command line writes bfloat16 unless told --dtype=float32.
-    self._main(f'--input={self._save(self.state)}', '--model_type=c2i', '--image_size=64')
+    # The command line keeps the stored dtype (fp32 here) unless told --dtype=bfloat16.
+    self._main(f'--input={self._save(self.state)}', '--model_type=c2i', '--image_size=64',
+               '--dtype=bfloat16')
     model, params = convert.load_llamagen(self.dir / 'out')
     self.assertEqual(model.config, dataclasses.replace(self.config, dtype='bfloat16'))
     self.assertEqual(params['output']['kernel'].dtype, jnp.bfloat16)
-    self._main(f'--input={self._save(self.state)}', '--image_size=64', '--dtype=float32',
-               '--overwrite')
+    self._main(f'--input={self._save(self.state)}', '--image_size=64', '--overwrite')
     model, params = convert.load_llamagen(self.dir / 'out')
     self.assertEqual(model.config, self.config)
     self.assertEqual(params['output']['kernel'].dtype, jnp.float32)
@@ -157,6 +162,40 @@ class ConverterTest(parameterized.TestCase):
     self.assertTrue(model.config.scan_layers)
     chex.assert_trees_all_equal(stacked, layers.stack_layer_params(params))
     self.assertEqual(stacked['layers']['mlp']['down']['kernel'].shape[0], self.config.n_layer)
+
+  @ref.requires_torch
+  @parameterized.parameters('c2i', 't2i')
+  def test_command_line_defaults_reproduce_the_original_logits(self, model_type):
+    """No --dtype: an fp32 checkpoint converts losslessly, so the converted model's
+    logits equal the original PyTorch GPT's at fp32 tolerance (bfloat16, the old
+    default, was 3.6% / 5.4% off)."""
+    config, state, _ = fixture(model_type)
+    extra = ['--model_type=t2i', f'--set=cls_token_num={config.cls_token_num}'] * (
+        model_type == 't2i')
+    self._main(f'--input={self._save(state, "ckpt_64.safetensors")}', *extra)
+    model, params = convert.load_llamagen(self.dir / 'out')
+    self.assertEqual(model.config, config)
+    idx = image_tokens(config)
+    cond_ref, mask, cond_jax = example_cond(config)
+    expected = ref_llamagen.gpt_forward(state, config, cond_ref, idx, mask).numpy()
+    actual = llamagen.forward_logits(params, model.config, cond_jax, jnp.asarray(idx, jnp.int32))
+    self.assertLess(rel_err(actual, expected), RTOL)
+
+  def test_default_keeps_a_bfloat16_checkpoint_bfloat16(self):
+    """Lossless is not a blanket float32: bf16 weights stay bf16, bit for bit; a
+    checkpoint mixing bf16 and fp32 tensors is written in fp32."""
+    bf16 = {k: v.astype(jnp.bfloat16) for k, v in self.state.items()}
+    self._main(f'--input={self._save(bf16, "ckpt_64.safetensors")}')
+    model, params = convert.load_llamagen(self.dir / 'out')
+    self.assertEqual(model.config.dtype, 'bfloat16')
+    np.testing.assert_array_equal(params['output']['kernel'], bf16['output.weight'].T)
+    mixed = dict(bf16, **{'norm.weight': self.state['norm.weight']})
+    self._main(f'--input={self._save(mixed, "ckpt_64.safetensors")}', '--overwrite')
+    model, params = convert.load_llamagen(self.dir / 'out')
+    self.assertEqual(model.config.dtype, 'float32')
+    self.assertEqual(common.read_meta(self.dir / 'out')['dtype'], 'float32')
+    np.testing.assert_array_equal(params['output']['kernel'],
+                                  bf16['output.weight'].T.astype(np.float32))
 
   @parameterized.named_parameters(
       ('c2i_xl_384', 'c2i_XL_384.pt', 384),
@@ -190,12 +229,29 @@ class ConverterTest(parameterized.TestCase):
       ('unknown_field', '--set=width=3', "--set 'width=3'.*field one of"),
       ('bad_preset', '--config=GPT-Q', 'Unknown LlamaGen config'),
       ('not_a_grid', '--image_size=72', 'image_size 72 must be a multiple'),
+      ('zero_image_size', '--image_size=0', 'image_size 0 must be a multiple of the VQ '
+                                            'downsampling 16 and at least 16'),
+      ('negative_image_size', '--image_size=-256', 'image_size -256 must be'),
   )
   def test_config_errors_are_usage_errors(self, flag, message):
     path = self._save(self.state, 'c2i_tiny_64.safetensors')
     with self.assertRaisesRegex(app.UsageError, message):
       self._main(f'--input={path}', flag)
     self._assert_no_output()
+
+  def test_unwritable_output_fails_before_converting(self):
+    """An --output under a file cannot be created: refused before any tensor is read."""
+    (self.dir / 'a_file').write_text('x')
+    path = self._save(self.state, 'c2i_tiny_64.safetensors')
+    argv = [f'--input={path}', f'--output={self.dir / "a_file" / "out"}']
+    with mock.patch.object(convert, 'convert_llamagen_gpt') as converted, \
+        mock.patch.object(common, 'load_state_dict') as read:
+      with self.assertRaisesRegex(app.UsageError, r'a_file/out.* cannot be written.*is a file'):
+        self._main(*argv)
+      with self.assertRaisesRegex(ValueError, 'cannot be written'):
+        convert.convert_file(path, self.dir / 'a_file' / 'out', self.config)
+    converted.assert_not_called()
+    read.assert_not_called()
 
 
 if __name__ == '__main__':

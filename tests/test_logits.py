@@ -245,6 +245,24 @@ def _tied_logits(seed: int, vocab: int = 256) -> jax.Array:
   return jnp.asarray(x)
 
 
+def _stable_sort_law(row, top_k: int, top_p: float):
+  """LlamaGen's `top_k_top_p_filtering` with a stable sort, in float64, on one row [V].
+
+  Returns (the filtered row, whether a cumulative mass lies within 1e-6 of top_p,
+  where float32 rounding decides).
+  """
+  row = np.asarray(row, np.float64)
+  if 0 < top_k < row.size:
+    row = np.where(row < np.sort(row)[::-1][top_k - 1], -np.inf, row)
+  order = np.argsort(-row, kind='stable')
+  cumulative = np.cumsum(np.exp(row[order] - row[order[0]]))
+  cumulative /= cumulative[-1]
+  removed = np.concatenate([[False], cumulative[:-1] > top_p])
+  filtered = row.copy()
+  filtered[order[removed]] = -np.inf
+  return filtered, bool(np.any(np.abs(cumulative[:-1] - top_p) < 1e-6))
+
+
 class BlockedTopKTest(parameterized.TestCase):
   """topk_blocks = n: the same k-th value from n vocabulary blocks, ties included."""
 
@@ -260,26 +278,46 @@ class BlockedTopKTest(parameterized.TestCase):
 
   @parameterized.product(blocks=[2, 4, 8], top_k=[1, 7, 50, 128, 250],
                          top_p=[0.07, 0.37, 0.83, 0.999], seed=[0, 1])
-  def test_top_p_equals_the_single_sort_until_the_kth_value(self, blocks, top_k, top_p, seed):
-    """Rows whose single-sort nucleus keeps < k tokens are identical; a nucleus that
-    reaches the k-th position keeps every top-k survivor (all ties with the k-th)."""
+  def test_top_p_equals_the_single_sort(self, blocks, top_k, top_p, seed):
+    """Also where the nucleus reaches the k-th value and runs on into its ties."""
     x = _tied_logits(seed)
     single = np.asarray(logits.filter_logits(x, top_k=top_k, top_p=top_p))
     blocked = np.asarray(logits.filter_logits(x, top_k=top_k, top_p=top_p, topk_blocks=blocks))
-    top_k_only = np.asarray(logits.filter_logits(x, top_k=top_k, nucleus=False))
-    reached = np.isfinite(single).sum(-1, keepdims=True) >= top_k
-    np.testing.assert_array_equal(blocked, np.where(reached, top_k_only, single))
+    np.testing.assert_array_equal(blocked, single)
+
+  def test_every_path_equals_the_single_sort_on_integer_logits(self):
+    """Many small rows of integer logits (ties everywhere, masses often exactly equal
+    to top_p): blocks and approx_max_k (exact on CPU) give the single sort's masks bit
+    for bit, and the single sort follows the law away from exact boundary masses."""
+    rng = np.random.default_rng(7)
+    checked = 0
+    for vocab in (8, 16, 48):
+      x = rng.integers(-3, 3, size=(40, vocab)).astype(np.float32)
+      x[::5, ::4] = -np.inf
+      for top_k in (1, 2, 3, 5, vocab // 2, vocab - 1):
+        for top_p in (0.1, 0.3, 0.5, 0.7, 0.9, 0.99):
+          single = np.asarray(logits.filter_logits(jnp.asarray(x), top_k=top_k, top_p=top_p))
+          for kwargs in [dict(topk_blocks=b) for b in (2, 4, 8)] + [dict(topk_method='approx')]:
+            other = logits.filter_logits(jnp.asarray(x), top_k=top_k, top_p=top_p, **kwargs)
+            np.testing.assert_array_equal(np.asarray(other), single,
+                                          err_msg=f'{kwargs} k={top_k} p={top_p}')
+          for row, got in zip(x, single):
+            expected, on_boundary = _stable_sort_law(row, top_k, top_p)
+            if not on_boundary:
+              checked += 1
+              np.testing.assert_array_equal(got, expected, err_msg=f'k={top_k} p={top_p}')
+    self.assertGreater(checked, 3000)
 
   def test_documented_tie_case(self):
-    """k = 2 over [3, 1, 1, 1, 0, 0, 0, 0]: top-k keeps the three tied 1s. With top_p
-    0.75 the nucleus stops at the k-th value: one sort keeps the first tie (index
-    order), the blocked path keeps all three."""
-    x = jnp.array([3.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    single = np.isfinite(np.asarray(logits.filter_logits(x, top_k=2, top_p=0.75)))
-    blocked = np.isfinite(np.asarray(
-        logits.filter_logits(x, top_k=2, top_p=0.75, topk_blocks=2)))
-    np.testing.assert_array_equal(single, [1, 1, 0, 0, 0, 0, 0, 0])
-    np.testing.assert_array_equal(blocked, [1, 1, 1, 1, 0, 0, 0, 0])
+    """Logits [4, 3, 2, 2, 2, 0, -1, -2], k = 3, top_p = 0.8: top-k keeps the three
+    tied 2s; the nucleus stops at the first of them (index order), on every path."""
+    x = jnp.array([4.0, 3, 2, 2, 2, 0, -1, -2])
+    expected = jax.nn.softmax(jnp.array([4.0, 3, 2]))
+    for kwargs in (dict(), dict(topk_blocks=2), dict(topk_blocks=4),
+                   dict(topk_method='approx')):
+      probs = logits.process_logits(x, top_k=3, top_p=0.8, **kwargs)
+      np.testing.assert_allclose(probs[:3], expected, rtol=1e-6, err_msg=str(kwargs))
+      np.testing.assert_array_equal(probs[3:], 0.0)
 
   def test_sampling_probs_and_errors(self):
     x = jax.random.normal(jax.random.key(4), (2, 3, 240))

@@ -121,6 +121,51 @@ class RelaxedExactTest(parameterized.TestCase):
           atol=ATOL)
 
 
+def _all_rules(vocab):
+  return dict(relaxed_rules(vocab), lossless=rules.Lossless(),
+              csd_literal=rules.ContentAware(lam=0.3, tv_threshold=1.0,
+                                             keep_target_support=False))
+
+
+class NonFiniteTest(parameterized.TestCase):
+  """NaN or inf probabilities never accept, whatever the rule (a NaN draft used to
+  count as d = 0, hence f = 1: a NaN-parameter drafter got every draft accepted)."""
+
+  @parameterized.product(name=sorted(_all_rules(8)), broken=['draft', 'target'],
+                         value=[np.nan, np.inf])
+  def test_never_accepts(self, name, broken, value):
+    rule = _all_rules(8)[name]
+    draft, target = dirichlet_pair(3, 8)
+    bad = jnp.full((8,), value, jnp.float32)
+    draft, target = (bad, target) if broken == 'draft' else (draft, bad)
+    np.testing.assert_array_equal(np.asarray(rule.accept_prob(draft, target, 1)), 0.0)
+    for token in (0, 5):
+      self.assertEqual(float(rule.accept_prob_at(draft, target, 1, token)), 0.0)
+
+  @parameterized.parameters(sorted(_all_rules(8)))
+  def test_one_nan_entry_rejects_only_that_token(self, name):
+    rule = _all_rules(8)[name]
+    draft, target = dirichlet_pair(4, 8)
+    reference = np.asarray(rule.accept_prob(draft, target, 1))
+    accept = np.asarray(rule.accept_prob(draft.at[2].set(jnp.nan), target, 1))
+    self.assertEqual(accept[2], 0.0)
+    if name in ('lossless', 'uniform', 'coolsd'):  # token-wise rules: the others unchanged
+      np.testing.assert_array_equal(np.delete(accept, 2), np.delete(reference, 2))
+
+  def test_lossless_chain_with_nan_drafts_keeps_the_target_law(self):
+    """Every draft is rejected and the residual falls back to the target, so the
+    emitted token is still a draw from t (the decode warns that drafts were broken)."""
+    _, target = dirichlet_pair(5, 8)
+    keys = jax.random.split(jax.random.key(0), 4096)
+    run = jax.jit(jax.vmap(lambda key, draft_probs: verify.verify_chain(
+        rules.Lossless(), key, jnp.array([1, 2]), draft_probs, jnp.stack([target] * 3)),
+                           in_axes=(0, None)))  # traced: the probabilities are not checked
+    num_accepted, tokens = run(keys, jnp.full((2, 8), jnp.nan))
+    np.testing.assert_array_equal(np.asarray(num_accepted), 0)
+    counts = np.bincount(np.asarray(tokens), minlength=8) / keys.shape[0]
+    np.testing.assert_allclose(counts, np.asarray(target), atol=0.03)
+
+
 class ValidationTest(parameterized.TestCase):
 
   @parameterized.parameters(
@@ -143,10 +188,22 @@ class ValidationTest(parameterized.TestCase):
       (lambda: rules.ContentAware(tv_threshold=2.0), 'tv_threshold'),
       (lambda: rules.ContentAware(transform='log'), 'transform'),
       (lambda: rules.Grouped(prob_threshold=0.0), 'prob_threshold'),
+      (lambda: rules.CoolSD(delta=2.0, mu=float('nan')), 'mu'),
+      (lambda: rules.CoolSD(delta=np.array([1.0, 2.0])), 'delta must be one number'),
+      (lambda: rules.ContentAware(lam='0.1'), 'lam must be one number'),
   )
   def test_bad_hyperparameters_raise_naming_the_argument(self, make, name):
     with self.assertRaisesRegex(ValueError, name):
       make()
+
+  def test_grouped_embeddings_need_one_row_per_token(self):
+    draft, target = dirichlet_pair(0, 8)
+    rule = rules.Grouped(embeddings=jnp.zeros((7, 3)))
+    with self.assertRaisesRegex(ValueError, 'embeddings has 7 rows but the vocabulary has V=8'):
+      rule.accept_prob(draft, target, 1)
+    with self.assertRaisesRegex(ValueError, 'embeddings has 7 rows'):
+      rule.check_vocab(8)
+    rules.Grouped(embeddings=jnp.zeros((8, 3))).check_vocab(8)
 
   def test_coolsd_mean_normalised_needs_window(self):
     draft, target = dirichlet_pair(0, 8)

@@ -46,6 +46,15 @@ _SHARDED_RUN = textwrap.dedent("""
     np.testing.assert_array_equal(np.asarray(single.metrics.accepted_tokens),
                                   np.asarray(sharded.metrics.accepted_tokens))
     print('accepted', np.asarray(sharded.metrics.accepted_tokens).tolist())
+    # Other partition rules, same shapes: a new program (the rules are in the cache
+    # key), not the old one called with parameters it was not compiled for.
+    replicated = ((r'.*', jax.sharding.PartitionSpec()),)
+    other = decode.generate(target, target_params, cond, mesh=mesh, target_rules=replicated,
+                            **kwargs)
+    assert other.compile_seconds > 0, 'reused the program of other partition rules'
+    np.testing.assert_array_equal(np.asarray(single.tokens), np.asarray(other.tokens))
+    again = decode.generate(target, target_params, cond, mesh=mesh, **kwargs)
+    assert again.compile_seconds == 0, 'the first rules lost their program'
     print('SHARDED_EQUAL')
 """)
 
@@ -93,7 +102,8 @@ class PartitionRulesTest(absltest.TestCase):
 class ShardedDecodeTest(absltest.TestCase):
 
   def test_sharded_run_equals_single_device(self):
-    """8 simulated CPU devices, mesh data=2 x model=4: same tokens as one device."""
+    """8 simulated CPU devices, mesh data=2 x model=4: same tokens as one device, also
+    with other partition rules on a repeated call."""
     result = fresh_process.run_cpu_script(_SHARDED_RUN, timeout=600)
     self.assertEqual(result.returncode, 0, result.stderr[-4000:])
     self.assertIn('SHARDED_EQUAL', result.stdout)

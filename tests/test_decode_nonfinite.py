@@ -1,0 +1,102 @@
+"""Decodes that meet NaN probabilities: drafts never accept, and generate says so.
+
+A drafter with NaN parameters used to get every draft accepted (tokens per
+forward k + 1, most tokens 0), and a NaN target gave all-zero tokens without a
+word. Needs the loop to record `DecodeMetrics.record_nonfinite`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from specdec_jax import decode
+from specdec_jax import logits
+from specdec_jax import metrics
+from specdec_jax import rules
+from tests.decode_support import DRAFT
+from tests.decode_support import EAGLE
+from tests.decode_support import FAST
+from tests.decode_support import NUM_TOKENS
+from tests.decode_support import P_THRESHOLD
+from tests.decode_support import TARGET
+from tests.decode_support import TREE
+from tests.decode_support import VOCAB
+from tests.decode_support import _chi_square_pvalue
+from tests.decode_support import _params
+
+
+def _nan(params):
+  return jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), params)
+
+
+class NanDrafterTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('chain_model', decode.ChainDraft(2, 'model'), rules.Lossless()),
+      ('chain_eagle_coolsd', decode.ChainDraft(2, 'eagle'), rules.CoolSD(delta=3.0)),
+      ('tree_eagle', decode.TreeDraft(TREE, 'eagle'), rules.Lossless()))
+  def test_no_draft_is_accepted_and_the_decode_warns(self, mode, rule):
+    target_params, draft_params, eagle_params = _params()
+    draft, params = (EAGLE, eagle_params) if mode.drafter == 'eagle' else (DRAFT, draft_params)
+    with self.assertWarnsRegex(RuntimeWarning, 'draft probabilities held NaN or inf for 64 '
+                                               'image'):
+      result = decode.generate(
+          TARGET, target_params, jnp.zeros((64,), jnp.int32), num_tokens=NUM_TOKENS,
+          key=jax.random.key(0), mode=mode, rule=rule, draft=draft, draft_params=_nan(params),
+          compiler_options=FAST)
+    np.testing.assert_array_equal(result.metrics.accepted_tokens, 0)
+    np.testing.assert_array_equal(result.metrics.tokens_per_target_forward, 1.0)
+    np.testing.assert_array_equal(result.metrics.nonfinite_target_steps, 0)
+    self.assertTrue(np.all(np.asarray(result.metrics.nonfinite_draft_steps) > 0))
+
+  def test_tokens_keep_the_target_law(self):
+    """Every draft rejected, every residual the target: plain sampling's law."""
+    sampling = logits.Sampling()
+    target_params, draft_params, _ = _params()
+    with self.assertWarns(RuntimeWarning):
+      result = decode.generate(
+          TARGET, target_params, jnp.zeros((2 ** 14,), jnp.int32), num_tokens=NUM_TOKENS,
+          key=jax.random.key(3), mode=decode.ChainDraft(2, 'model'), rule=rules.Lossless(),
+          draft=DRAFT, draft_params=_nan(draft_params), compiler_options=FAST)
+    law = TARGET.joint_law(target_params, 0, NUM_TOKENS, sampling)
+    self.assertGreater(_chi_square_pvalue(np.asarray(result.tokens), law), P_THRESHOLD)
+
+
+class NanTargetTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('vanilla', decode.Vanilla()), ('chain', decode.ChainDraft(2, 'model')),
+      ('jacobi', decode.Jacobi(3)))
+  def test_raises_with_the_result(self, mode):
+    target_params, draft_params, _ = _params()
+    with self.assertRaisesRegex(metrics.NonFiniteProbabilitiesError,
+                                r'target probabilities held NaN or inf for 4 image\(s\) '
+                                r'\[0, 1, 2, 3\]') as raised:
+      decode.generate(TARGET, _nan(target_params), jnp.zeros((4,), jnp.int32),
+                      num_tokens=NUM_TOKENS, key=jax.random.key(0), mode=mode,
+                      rule=rules.Lossless(), draft=DRAFT, draft_params=draft_params,
+                      compiler_options=FAST)
+    result = raised.exception.result
+    self.assertEqual(result.tokens.shape, (4, NUM_TOKENS))
+    self.assertTrue(np.all(np.asarray(result.metrics.nonfinite_target_steps) > 0))
+
+  def test_only_the_images_that_met_nan_are_named(self):
+    """NaN logits after class 1's prefix only: class-0 images decode soundly."""
+    target_params, _, _ = _params()
+    table = target_params['table'].at[:, VOCAB + 1].set(jnp.nan)
+    cond = jnp.array([0, 1, 0, 1], jnp.int32)
+    with self.assertRaisesRegex(metrics.NonFiniteProbabilitiesError,
+                                r'for 2 image\(s\) \[1, 3\]') as raised:
+      decode.generate(TARGET, {'table': table}, cond, num_tokens=NUM_TOKENS,
+                      key=jax.random.key(0), compiler_options=FAST)
+    np.testing.assert_array_equal(raised.exception.images, [1, 3])
+    steps = np.asarray(raised.exception.result.metrics.nonfinite_target_steps)
+    np.testing.assert_array_equal(steps > 0, [False, True, False, True])
+
+
+if __name__ == '__main__':
+  absltest.main()

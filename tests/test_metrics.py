@@ -1,0 +1,56 @@
+"""Tests of specdec_jax.metrics: the non-finite counters and how generate reports them."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+
+from specdec_jax import metrics
+
+
+@dataclasses.dataclass
+class _Result:
+  metrics: metrics.DecodeMetrics
+
+
+class NonFiniteTest(absltest.TestCase):
+
+  def test_record_counts_active_images_with_a_nan_or_inf_anywhere(self):
+    target = jnp.full((4, 3, 5), 0.2).at[1, 2, 4].set(jnp.nan).at[3, 0, 0].set(jnp.inf)
+    draft = jnp.full((4, 2, 5), 0.2).at[0, 1, 1].set(jnp.nan).at[2, 0, 0].set(jnp.nan)
+    active = jnp.array([True, True, False, True])
+    counters = metrics.DecodeMetrics.zeros(4, 2).record_nonfinite(active, target, draft)
+    counters = counters.record_nonfinite(active, target)  # no drafts (e.g. the first token)
+    np.testing.assert_array_equal(counters.nonfinite_target_steps, [0, 2, 0, 2])
+    np.testing.assert_array_equal(counters.nonfinite_draft_steps, [1, 0, 0, 0])  # 2: inactive
+    # Other counters are untouched; Vanilla's empty draft window [B, 0, V] counts nothing.
+    empty = metrics.DecodeMetrics.zeros(4, 0).record_nonfinite(
+        active, jnp.full((4, 1, 5), 0.2), jnp.zeros((4, 0, 5)))
+    np.testing.assert_array_equal(empty.nonfinite_draft_steps, 0)
+    np.testing.assert_array_equal(counters.verify_steps, 0)
+
+  def test_target_raises_with_the_result_and_drafts_warn(self):
+    clean = metrics.DecodeMetrics.zeros(3, 2)
+    with warnings.catch_warnings():
+      warnings.simplefilter('error')
+      self.assertIsInstance(metrics.report_nonfinite(_Result(clean)), _Result)
+    broken = _Result(clean.replace(nonfinite_target_steps=jnp.array([0, 3, 1], jnp.int32)))
+    with self.assertRaisesRegex(metrics.NonFiniteProbabilitiesError,
+                                r'target probabilities held NaN or inf for 2 image\(s\) '
+                                r'\[1, 2\] \(in 3 step\(s\) at most\)') as raised:
+      metrics.report_nonfinite(broken)
+    self.assertIs(raised.exception.result, broken)
+    np.testing.assert_array_equal(raised.exception.images, [1, 2])
+    self.assertIsInstance(raised.exception, FloatingPointError)
+    drafts = _Result(clean.replace(nonfinite_draft_steps=jnp.array([2, 0, 0], jnp.int32)))
+    with self.assertWarnsRegex(RuntimeWarning, r'draft probabilities held NaN or inf for 1 '
+                                               r'image\(s\) \[0\]; those drafts were all rejected'):
+      self.assertIs(metrics.report_nonfinite(drafts), drafts)
+
+
+if __name__ == '__main__':
+  absltest.main()
