@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import os
 import re
 import sys
 from typing import Any, Callable
@@ -150,8 +149,7 @@ def check_overrides(argv: list[str], default_config_file: str, name: str = 'conf
 
 def exit_with(error: BaseException) -> None:
   """Prints `error`'s message alone (no traceback) and exits with EXIT_CONFIG_ERROR."""
-  program = os.path.basename(sys.argv[0]) if sys.argv else 'specdec_jax'
-  print(f'{program}: error: {error}', file=sys.stderr, flush=True)
+  print(f'error: {error}', file=sys.stderr, flush=True)
   sys.exit(EXIT_CONFIG_ERROR)
 
 
