@@ -64,6 +64,8 @@ def heads_major_attention(queries, keys, values, mask):
 def main(argv):
   del argv
   generate_app.use_single_thread_xla()
+  from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top

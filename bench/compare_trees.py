@@ -47,6 +47,8 @@ def main(argv):
   del argv
   from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
   generate_app.use_single_thread_xla()  # before JAX starts; each tree is imported afresh below
+  from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 

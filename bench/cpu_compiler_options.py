@@ -42,6 +42,8 @@ METHODS = ('vanilla', 'uniform', 'coolsd')
 def main(argv):
   del argv
   generate_app.use_single_thread_xla()
+  from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import decode, logits  # pylint: disable=g-import-not-at-top

@@ -37,6 +37,8 @@ _METHODS = flags.DEFINE_list('methods', ['eagle', 'uniform', 'coolsd'],
 def main(argv):
   del argv
   generate_app.use_single_thread_xla()
+  from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
   from specdec_jax import logits  # pylint: disable=g-import-not-at-top

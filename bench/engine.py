@@ -41,6 +41,7 @@ from specdec_jax import decode  # pylint: disable=g-import-not-at-top
 from specdec_jax import kv_cache as kv
 from specdec_jax import logits
 from specdec_jax import rules
+from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
 from specdec_jax.models import tiny as toy
 
 _PRESET = flags.DEFINE_enum('preset', 'tiny', ['tiny', 'llamagen-xl', 'lumina-7b'],
@@ -147,6 +148,7 @@ def forward_ms(model, params, cond, width: int, capacity: int, iters: int, repea
 
 def main(argv):
   del argv
+  compile_cache.enable(compile_cache.OFF)  # its compile times are measurements
   target, draft, make_cond, preset = build(_PRESET.value)
   k, repeats = _K.value, _REPEATS.value
   key = jax.random.key(0)

@@ -56,6 +56,8 @@ def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int,
 def main(argv):
   del argv
   generate_app.use_single_thread_xla()
+  from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from specdec_jax import decode, kv_cache as kv, logits, rules  # pylint: disable=g-import-not-at-top

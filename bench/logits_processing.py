@@ -37,6 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specdec_jax import logits  # pylint: disable=g-import-not-at-top
+from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
 from tests import logits_reference  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', None, 'Where to write the JSON results.')
@@ -86,6 +87,7 @@ def time_ms(fn, x, iters: int, repeats: int) -> float:
 
 def main(argv):
   del argv
+  compile_cache.enable()
   settings = (('top-k', _TOP_K.value, 1.0), ('top-p', 0, _TOP_P.value),
               ('top-k + top-p', _TOP_K.value, _TOP_P.value))
   results = {'device': str(jax.devices()[0]), 'batch': _BATCH.value, 'window': _WINDOW.value,

@@ -33,6 +33,8 @@ METHODS = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model')
 
 def main(argv):
   del argv
+  from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import logits  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import evaluation  # pylint: disable=g-import-not-at-top

@@ -32,6 +32,7 @@ import numpy as np
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
+from specdec_jax.app import compile_cache
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
 from specdec_jax.configs import generate as generate_config
@@ -108,6 +109,7 @@ def plot(rows: list, path: str) -> None:
 
 
 def main(argv=None) -> dict:
+  compile_cache.enable()
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--out', default='bench/results/pareto')
   parser.add_argument('--bundle_dir', default='')

@@ -51,7 +51,8 @@ def measure(num_processes: int, out_dir: str) -> dict:
              f'--config.method={FLAGS.method}', f'--config.num_images={FLAGS.num_images}',
              f'--config.batch_per_device={FLAGS.batch_per_device}',
              f'--config.chunk_size={FLAGS.chunk_size}', '--config.write_png=False',
-             f'--config.out_dir={out_dir}']
+             # Every setting compiles afresh, so job wall times compare like with like.
+             '--config.compilation_cache=off', f'--config.out_dir={out_dir}']
   if num_processes > 1:
     command += [f'--coordinator_address=127.0.0.1:{_free_port()}',
                 f'--num_processes={num_processes}']

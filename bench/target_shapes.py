@@ -57,6 +57,8 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 def main(argv):
   del argv
   generate_app.use_single_thread_xla()
+  from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
+  compile_cache.enable()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from specdec_jax import decode, logits, rules  # pylint: disable=g-import-not-at-top

@@ -50,6 +50,7 @@ from specdec_jax import logits
 from specdec_jax import rules
 from specdec_jax import sharding
 from specdec_jax import verify
+from specdec_jax.app import compile_cache
 from specdec_jax.models import chameleon
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
@@ -313,6 +314,7 @@ def _commit() -> str:
 
 def main(argv):
   del argv
+  compile_cache.enable(compile_cache.OFF)  # compile times are its measurements
   if _COMPARE.value:
     before, after = (json.load(open(path))['results'] for path in _COMPARE.value)
     print(comparison(before, after))

@@ -24,6 +24,7 @@ from specdec_jax import kv_cache as kv
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
 from specdec_jax import verify
+from specdec_jax.app import compile_cache
 from specdec_jax.models import layers
 
 FLAGS = flags.DEFINE_string('out', 'results/verify_overhead.json', 'Where to write JSON.')
@@ -83,6 +84,7 @@ def transformer_forward_ms(batch, num_new, repeats):
 
 def main(argv):
   del argv
+  compile_cache.enable()
   vocab, repeats = _VOCAB.value, _REPEATS.value
   key = jax.random.key(0)
   all_rules = make_rules(vocab, key)

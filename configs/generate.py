@@ -31,6 +31,9 @@ def get_config():
   # reduce per reduction instead of XLA:CPU's reduce-window + reduce rewrite
   # (bench/cpu_compiler_options.py: vanilla faster at batch 1, SD at batch 100).
   config.xla_cpu_plain_reductions = True
+  # Persistent compilation cache: '' = $XDG_CACHE_HOME/specdec_jax (~/.cache/specdec_jax),
+  # 'off' = none, or a folder (specdec_jax.app.compile_cache).
+  config.compilation_cache = ''
 
   config.sampling = ml_collections.ConfigDict(dict(
       cfg_scale=2.0, cfg_interval=-1, temperature=1.0, top_k=0, top_p=1.0))

@@ -44,7 +44,16 @@ def get_config():
   config.seed = 0
   config.out_dir = 'samples/fashion'
   config.chunk_size = 100  # images per committed chunk; best a multiple of the local batch
-  config.write_png = True
+  config.write_png = True  # switched on at a restart: the missing PNGs are written from the .npz
+  # A restart refuses a folder written by another version of specdec_jax or JAX
+  # (config.json's fingerprint 'code'); True continues it (the change is logged).
+  config.allow_code_change = False
+  # Take over the folder's lock (job.lock) left by a job that is gone (its host crashed);
+  # a dead holder on this host is detected without it (docs/sampling.md, "Restarts").
+  config.break_lock = False
+  # Persistent compilation cache: '' = $XDG_CACHE_HOME/specdec_jax (~/.cache/specdec_jax),
+  # 'off' = none, or a folder (specdec_jax.app.compile_cache).
+  config.compilation_cache = ''
   # XLA:CPU only: one thread per op (README, "The main command"); does not change images.
   config.xla_cpu_single_thread = False
   config.fast_compile = False  # tests: cheaper XLA:CPU compilation (decode.FAST_COMPILE)

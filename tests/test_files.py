@@ -1,9 +1,15 @@
 """app.files: atomic writes and file hashes."""
 
 import hashlib
+import json
 import os
 import pathlib
+import socket
+import stat
+import subprocess
+import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -31,6 +37,75 @@ class FilesTest(absltest.TestCase):
           raise RuntimeError('killed mid-write')
       self.assertEqual(path.read_bytes(), b'first')
       self.assertEqual(os.listdir(path.parent), ['out.bin'])  # no temporary file left
+
+  def test_data_and_rename_are_on_disk_before_the_write_returns(self):
+    """fsync of the file before its rename, then of the folder after it: a host
+    crash cannot leave the new name without its data."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+      events.append(('fsync', 'folder' if stat.S_ISDIR(os.fstat(fd).st_mode) else 'file'))
+      real_fsync(fd)
+
+    def replace(src, dst):
+      events.append(('replace', pathlib.Path(dst).name))
+      real_replace(src, dst)
+
+    with tempfile.TemporaryDirectory() as tmp, mock.patch('os.fsync', fsync), \
+        mock.patch('os.replace', replace):
+      files.write_atomic(pathlib.Path(tmp, 'new', 'out.bin'), b'data')
+    self.assertEqual(events, [('fsync', 'folder'),  # the new folder, in its parent
+                              ('fsync', 'file'), ('replace', 'out.bin'), ('fsync', 'folder')])
+
+
+class FolderLockTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    self.folder = tmp.name
+
+  def test_one_holder_at_a_time_and_the_refusal_names_it(self):
+    first, second = files.FolderLock(self.folder), files.FolderLock(self.folder)
+    self.assertIsNone(first.acquire())
+    holder = json.loads(first.path.read_text())
+    self.assertEqual(set(holder), {'host', 'pid', 'started', 'token'})
+    self.assertEqual((holder['host'], holder['pid']), (socket.gethostname(), os.getpid()))
+    with self.assertRaises(files.FolderLockedError) as caught:
+      second.acquire()  # this process is alive: the lock is not stale
+    message = str(caught.exception)
+    self.assertIn(str(first.path), message)
+    self.assertIn(f'pid {os.getpid()} on host {socket.gethostname()}', message)
+    self.assertIn('--config.break_lock=True', message)
+    second.release()  # not its lock: nothing happens
+    self.assertTrue(first.path.exists())
+    first.release()
+    self.assertFalse(first.path.exists())
+    self.assertIsNone(second.acquire())
+    self.assertEqual(os.listdir(self.folder), ['job.lock'])  # no temporary file left
+
+  def test_a_dead_holder_on_this_host_is_taken_over(self):
+    gone = subprocess.Popen([sys.executable, '-c', 'pass'])
+    gone.wait()
+    lock = files.FolderLock(self.folder)
+    lock.path.write_text(json.dumps(dict(host=socket.gethostname(), pid=gone.pid,
+                                         started='2024-01-01T00:00:00')))
+    self.assertIn(f'pid {gone.pid}', lock.acquire())
+    self.assertEqual(json.loads(lock.path.read_text()), lock.holder)
+
+  def test_a_holder_on_another_host_needs_break_lock(self):
+    lock = files.FolderLock(self.folder)
+    stale = dict(host='node-7', pid=123, started='2024-01-01T00:00:00')
+    lock.path.write_text(json.dumps(stale))
+    with self.assertRaisesRegex(files.FolderLockedError,
+                                'check that process 123 on node-7 no longer runs'):
+      lock.acquire()
+    self.assertEqual(json.loads(lock.path.read_text()), stale)  # untouched
+    self.assertIn('break_lock is set (the holder was pid 123 on host node-7',
+                  lock.acquire(break_lock=True))
+    self.assertEqual(json.loads(lock.path.read_text()), lock.holder)
 
 
 if __name__ == '__main__':

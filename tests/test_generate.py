@@ -2,15 +2,19 @@
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import decode
+from specdec_jax.app import cli
 from specdec_jax.app import demo
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
@@ -214,6 +218,59 @@ class GenerateTest(absltest.TestCase):
       history_u.append(token)
     self.assertAlmostEqual(demo.exact_nll(target, params, labels, tokens, sampling), total / 3,
                            places=5)
+
+
+class MainCommandConfigTest(parameterized.TestCase):
+  """Values no run can use stop the main command before any compilation."""
+
+  def test_the_default_config_passes(self):
+    generate.check_config(generate_config.get_config())
+
+  @parameterized.parameters('images_per_class', 'timing_repeats')
+  def test_zero_is_refused(self, field):
+    config = generate_config.get_config()
+    config[field] = 0
+    with self.assertRaisesRegex(cli.ConfigError, f'config.{field}=0: must be an integer >= 1'):
+      generate.check_config(config)
+
+  def test_bad_draft_length_stops_before_the_vanilla_pass(self):
+    config = generate_config.get_config()
+    config.draft_length = 0
+    with self.assertRaisesRegex(cli.ConfigError, r'config.draft_length=0: must be an integer '
+                                r'>= 1 \(and below the tokens per image\)'):
+      generate.check_config(config)
+    config.draft_length = 256  # valid alone, not for 256-token images
+    with tempfile.TemporaryDirectory() as tmp:
+      family = family_lib.load(tiny_bundle(os.path.join(tmp, 'bundle')))
+      with mock.patch.object(generate, 'quality_pass') as quality_pass:
+        with self.assertRaisesRegex(cli.ConfigError, 'config.draft_length=256: must be below '
+                                    'the 256 tokens per image'):
+          generate.evaluate(config, family, os.path.join(tmp, 'out'))
+      quality_pass.assert_not_called()
+      self.assertFalse(os.path.exists(os.path.join(tmp, 'out')))
+
+  def test_unguided_main_command_runs_with_the_cache_off(self):
+    """cfg_scale = 1.0 runs (one row per image, the draft model's too) and
+    compilation_cache=off writes no cache."""
+    with tempfile.TemporaryDirectory() as tmp:
+      bundle = tiny_bundle(os.path.join(tmp, 'bundle'))
+      out = os.path.join(tmp, 'out')
+      env = dict(os.environ, JAX_PLATFORMS='cpu', XDG_CACHE_HOME=os.path.join(tmp, 'cache'))
+      env.pop('JAX_COMPILATION_CACHE_DIR', None)
+      result = subprocess.run(
+          [sys.executable, '-m', 'specdec_jax.generate', f'--config.bundle_dir={bundle}',
+           '--config.images_per_class=1', '--config.side_by_side_per_class=1',
+           '--config.latency_classes=(3,)', '--config.timing_repeats=1',
+           "--config.methods=('vanilla','draft_model')", '--config.sampling.cfg_scale=1.0',
+           '--config.compilation_cache=off', f'--out={out}'],
+          env=env, capture_output=True, text=True, timeout=600)
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+      saved = json.load(open(os.path.join(out, 'results.json')))
+      self.assertEqual(saved['sampling']['cfg_scale'], 1.0)
+      self.assertEqual(saved['method_order'], ['vanilla', 'draft_model'])
+      self.assertGreaterEqual(saved['methods']['draft_model']['tokens_per_forward'], 1.0)
+      self.assertIn('persistent compilation cache: off', result.stderr)
+      self.assertFalse(os.path.exists(os.path.join(tmp, 'cache')))
 
 
 if __name__ == '__main__':

@@ -9,17 +9,23 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
+from unittest import mock
 
 from absl.testing import absltest
 import jax
 import numpy as np
 
+import specdec_jax
 from specdec_jax import decode
 from specdec_jax import logits
+from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import sample
 from specdec_jax.app import sample_model
@@ -35,11 +41,15 @@ NUM_IMAGES, CHUNK = 12, 4
 _TMP = tempfile.TemporaryDirectory()
 BUNDLE = os.path.join(_TMP.name, 'bundle')
 REFERENCE = os.path.join(_TMP.name, 'one_process')
+CACHE_HOME = os.path.join(_TMP.name, 'xdg_cache')
+
+
+REFERENCE_LOG = []
 
 
 def setUpModule():
   tiny_bundle(BUNDLE)
-  run_job(REFERENCE, num_processes=1)
+  REFERENCE_LOG.extend(run_job(REFERENCE, num_processes=1))
 
 
 def tearDownModule():
@@ -52,17 +62,29 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def job_env(**changes) -> dict:
+  """A job's environment: CPU, 2 devices, the compilation cache in this module's
+  temporary folder (never the user's)."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XDG_CACHE_HOME=CACHE_HOME,
+             XLA_FLAGS='--xla_force_host_platform_device_count=2', **changes)
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)
+  return env
+
+
+def job_command(out_dir: str, *extra: str) -> list[str]:
+  return [sys.executable, '-m', 'specdec_jax.sample',
+          '--config', str(REPO / 'configs' / 'sample_fashion.py'),
+          f'--config.model.bundle_dir={BUNDLE}', f'--config.num_images={NUM_IMAGES}',
+          '--config.batch_per_device=2', f'--config.chunk_size={CHUNK}',
+          '--config.method=vanilla', '--config.fast_compile=True',
+          f'--config.out_dir={out_dir}', *extra]
+
+
 def run_job(out_dir: str, num_processes: int, *extra: str) -> list[str]:
   """Runs the job as `num_processes` local processes of 2 CPU devices each; returns
   their logs (fails the test on a nonzero exit)."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=2')
-  command = [sys.executable, '-m', 'specdec_jax.sample',
-             '--config', str(REPO / 'configs' / 'sample_fashion.py'),
-             f'--config.model.bundle_dir={BUNDLE}', f'--config.num_images={NUM_IMAGES}',
-             '--config.batch_per_device=2', f'--config.chunk_size={CHUNK}',
-             '--config.method=vanilla', '--config.fast_compile=True',
-             f'--config.out_dir={out_dir}', *extra]
+  env = job_env()
+  command = job_command(out_dir, *extra)
   if num_processes > 1:
     command += [f'--coordinator_address=127.0.0.1:{free_port()}',
                 f'--num_processes={num_processes}']
@@ -135,6 +157,65 @@ class SampleJobTest(absltest.TestCase):
     self.assert_same_set(out_dir)
 
 
+  def test_damaged_chunks_are_redone_and_missing_pngs_rewritten(self):
+    """A committed chunk whose .npz vanished or whose manifest was cut short is
+    redone (logged), a whole chunk's lost PNG is rewritten from its .npz, and the
+    set is the same, byte for byte."""
+    out_dir = os.path.join(_TMP.name, 'damaged')
+    shutil.copytree(REFERENCE, out_dir)
+    chunks = pathlib.Path(out_dir, 'chunks')
+    (chunks / 'chunk_00001.npz').unlink()
+    manifest = chunks / 'chunk_00002.json'
+    manifest.write_bytes(manifest.read_bytes()[:40])
+    pathlib.Path(out_dir, 'images', '000001.png').unlink()  # of chunk 0, which is whole
+    for name in (sample_output.SAMPLES, sample_output.METRICS):
+      pathlib.Path(out_dir, name).unlink()
+    log = run_job(out_dir, 1)[0]
+    self.assertIn('chunk 1 (images 4..7) will be redone: chunk_00001.npz is missing', log)
+    self.assertIn('chunk 2 (images 8..11) will be redone: its manifest chunk_00002.json is '
+                  'damaged (JSONDecodeError', log)
+    self.assertIn('(2 to do)', log)
+    self.assertIn('wrote 1 missing or damaged PNGs', log)
+    self.assert_same_set(out_dir)
+    for name in ('000001.png', '000005.png'):
+      self.assertEqual(pathlib.Path(out_dir, 'images', name).read_bytes(),
+                       pathlib.Path(REFERENCE, 'images', name).read_bytes())
+
+  def test_second_job_on_a_busy_folder_is_refused_at_once(self):
+    """The second job (a requeue while the first runs) stops within seconds, naming
+    the lock and its holder, and touches nothing; the first job's set is whole."""
+    out_dir = os.path.join(_TMP.name, 'busy')
+    lock = pathlib.Path(out_dir, 'job.lock')
+    first = subprocess.Popen(job_command(out_dir), cwd=REPO, env=job_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+      while not lock.exists():
+        self.assertIsNone(first.poll(), 'the first job ended before taking the lock')
+        time.sleep(0.02)
+      os.kill(first.pid, signal.SIGSTOP)  # busy for sure while the second job starts
+      started = time.perf_counter()
+      second = subprocess.run(job_command(out_dir), cwd=REPO, env=job_env(),
+                              capture_output=True, text=True, timeout=120)
+      seconds = time.perf_counter() - started
+    finally:
+      os.kill(first.pid, signal.SIGCONT)
+    log = first.communicate(timeout=300)[0]
+    self.assertEqual(first.returncode, 0, log[-3000:])
+    self.assertEqual(second.returncode, cli.EXIT_CONFIG_ERROR, second.stderr[-3000:])
+    self.assertIn(f'{lock} is held by pid {first.pid} on host {socket.gethostname()}',
+                  second.stderr)
+    self.assertIn('--config.break_lock=True', second.stderr)
+    self.assertNotIn('Traceback', second.stderr)
+    self.assertLess(seconds, 60)  # start-up only: it stops before loading the model
+    self.assert_same_set(out_dir)
+    self.assertFalse(lock.exists())  # released when the first job ended
+
+  def test_reference_run_used_the_compilation_cache_in_xdg_cache_home(self):
+    folder = pathlib.Path(CACHE_HOME, 'specdec_jax')
+    self.assertIn(f'persistent compilation cache: {folder}', REFERENCE_LOG[0])
+    self.assertNotEmpty(list(folder.iterdir()))
+
+
 class SampleErrorsTest(absltest.TestCase):
   """Configurations no run can use are refused early, saying what to change."""
 
@@ -161,6 +242,61 @@ class SampleErrorsTest(absltest.TestCase):
     with np.load(os.path.join(config.out_dir, sample_output.SAMPLES)) as samples:
       np.testing.assert_array_equal(samples['arr_0'][..., :1], family.decode(result.tokens))
 
+  def test_unguided_sampling_writes_the_engine_images(self):
+    """cfg_scale = 1.0 (FID's no-guidance setting) decodes one row per image: image i
+    is the engine's unguided decode with key i."""
+    config = self.config(num_images=4, batch_per_device=4, seed=7,
+                         out_dir=os.path.join(_TMP.name, 'unguided'))
+    config.sampling.cfg_scale = 1.0
+    self.assertEqual(sample.run(config)['num_images'], 4)
+    family = family_lib.load(BUNDLE)
+    result = decode.generate(
+        family.target, family.target_params, np.arange(4, dtype=np.int32),
+        num_tokens=family.num_tokens, key=jax.random.key(7),
+        sampling=logits.Sampling(**config.sampling.to_dict()))
+    with np.load(os.path.join(config.out_dir, sample_output.SAMPLES)) as samples:
+      np.testing.assert_array_equal(samples['arr_0'][..., :1], family.decode(result.tokens))
+
+  def test_a_restart_with_other_code_is_refused_unless_allowed(self):
+    out_dir = os.path.join(_TMP.name, 'upgraded')
+    shutil.copytree(REFERENCE, out_dir)
+    config = self.config(out_dir=out_dir, fast_compile=True)  # the reference's settings
+    upgraded = dict(sample_output.code_identity(), specdec_jax='9.9.9')
+    with mock.patch.object(sample_output, 'code_identity', return_value=upgraded):
+      with self.assertRaisesRegex(sample_output.FolderMismatchError,
+                                  rf"code.specdec_jax: '{specdec_jax.__version__}' \(folder\) "
+                                  r"-> '9.9.9' \(now\)"):
+        sample.run(config)
+      config.allow_code_change = True
+      self.assertEqual(sample.run(config)['code']['specdec_jax'], '9.9.9')
+    stored = json.loads(pathlib.Path(out_dir, sample_output.CONFIG).read_text())
+    self.assertEqual(stored['fingerprint']['code']['specdec_jax'], specdec_jax.__version__)
+    self.assertLen(stored['accepted_changes'], 1)
+    self.assertEqual(pathlib.Path(out_dir, sample_output.SAMPLES).read_bytes(),
+                     pathlib.Path(REFERENCE, sample_output.SAMPLES).read_bytes())
+
+  def test_every_preset_passes_and_every_field_is_checked(self):
+    for preset in (sample_fashion, sample_llamagen_c2i):
+      cli.check_fields(preset.get_config(), sample.CONFIG_CHECKS)
+    config = self.config()
+    config.hparams.draft_length = 0
+    with self.assertRaisesRegex(cli.ConfigError,
+                                'config.hparams.draft_length=0: must be an integer >= 1'):
+      sample.check_config(config)
+    config = self.config()
+    config.sampling.top_p = 1.5
+    with self.assertRaisesRegex(cli.ConfigError, r'config.sampling.top_p=1.5: must be .*<= 1.0'):
+      sample.check_config(config)
+
+  def test_a_draft_length_beyond_the_image_stops_before_decoding(self):
+    config = self.config(method='eagle', out_dir=os.path.join(_TMP.name, 'long_drafts'))
+    config.hparams.draft_length = 256
+    with mock.patch.object(decode, 'generate') as generate:
+      with self.assertRaisesRegex(cli.ConfigError, 'config.hparams.draft_length=256: must be '
+                                  'below the 256 tokens per image'):
+        sample.run(config)
+    generate.assert_not_called()
+
   def test_folder_written_by_another_configuration(self):
     with self.assertRaises(sample_output.FolderMismatchError) as caught:
       sample.run(self.config(out_dir=REFERENCE, method='sjd', seed=3))
@@ -170,10 +306,12 @@ class SampleErrorsTest(absltest.TestCase):
     self.assertIn('--config.out_dir', message)
 
   def test_unknown_method_and_bad_sizes(self):
-    with self.assertRaisesRegex(ValueError, "method='medusa' is unknown; known: .*'coolsd'"):
+    with self.assertRaisesRegex(cli.ConfigError,
+                                r"config.method='medusa': must be one of \(.*'coolsd'"):
       sample.check_config(self.config(method='medusa'))
     for field in ('num_images', 'batch_per_device', 'chunk_size'):
-      with self.assertRaisesRegex(ValueError, f'config.{field} must be >= 1, got 0'):
+      with self.assertRaisesRegex(cli.ConfigError,
+                                  f'config.{field}=0: must be an integer >= 1'):
         sample.check_config(self.config(**{field: 0}))
 
   def test_drafting_method_without_its_drafter(self):
@@ -189,12 +327,12 @@ class SampleErrorsTest(absltest.TestCase):
 
   def test_llamagen_preset_without_converted_checkpoints(self):
     config = sample_llamagen_c2i.get_config()
-    with self.assertRaisesRegex(FileNotFoundError,
+    with self.assertRaisesRegex(cli.ConfigError,
                                 "model.checkpoint='ckpts/gpt_xl_c2i'.*does not exist"):
       sample.check_config(config)
     config.model.checkpoint = os.path.join(BUNDLE, 'target')
     config.model.vq = os.path.join(_TMP.name, 'nowhere')
-    with self.assertRaisesRegex(FileNotFoundError, 'config.model.vq='):
+    with self.assertRaisesRegex(cli.ConfigError, 'config.model.vq='):
       sample.check_config(config)
 
   def test_prompts_for_a_class_conditional_model(self):

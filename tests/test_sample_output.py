@@ -10,9 +10,12 @@ from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
 import numpy as np
 
+import specdec_jax
 from specdec_jax.app import files
+from specdec_jax.app import images as images_lib
 from specdec_jax.app import sample_output
 from specdec_jax.app import sample_plan
 
@@ -130,11 +133,57 @@ class OutputTest(absltest.TestCase):
     self.assertEqual([r['index'] for r in records], [0, 1, 2, 3, 4])
     with np.load(os.path.join(self.out, sample_output.SAMPLES)) as loaded:
       np.testing.assert_array_equal(loaded['arr_0'][:, 0, 0, 0], [0, 0, 0, 1, 1])
-    pathlib.Path(self.out, 'chunks', 'chunk_00001.npz').write_bytes(b'corrupt')
-    with self.assertRaisesRegex(ValueError, 'chunk_00001.*npz_sha256.*rerun'):
+    npz = pathlib.Path(self.out, 'chunks', 'chunk_00001.npz')
+    data = bytearray(npz.read_bytes())
+    data[-1] ^= 1  # same size, other bytes
+    npz.write_bytes(bytes(data))
+    with self.assertRaisesRegex(ValueError, "chunk_00001.npz does not match its manifest's "
+                                'SHA-256; rerun the same command'):
       sample_output.merge(self.out, [range(0, 3), range(3, 5)])
-    with self.assertRaisesRegex(ValueError, 'expected range'):
+    with self.assertRaisesRegex(ValueError, r'covers images 0..2, not 0..3'):
       sample_output.read_chunk(self.out, 0, range(0, 4))
+
+  def test_a_committed_chunk_is_one_whose_files_match_its_manifest(self):
+    """A missing or emptied data file or a truncated manifest uncommits the chunk,
+    saying why; a chunk never written says NOT_WRITTEN."""
+    chunks = pathlib.Path(self.out, 'chunks')
+    self.assertEqual(sample_output.chunk_problem(self.out, 0, range(0, 3)),
+                     sample_output.NOT_WRITTEN)
+    for chunk in range(4):
+      self.commit(chunk, 3 * chunk, 3)
+    (chunks / 'chunk_00000.npz').unlink()
+    (chunks / 'chunk_00001.jsonl').write_bytes(b'')
+    manifest = (chunks / 'chunk_00002.json').read_bytes()
+    (chunks / 'chunk_00002.json').write_bytes(manifest[:len(manifest) // 2])
+    problems = [sample_output.chunk_problem(self.out, c, range(3 * c, 3 * c + 3))
+                for c in range(4)]
+    self.assertEqual(problems[0], 'chunk_00000.npz is missing')
+    self.assertRegex(problems[1], r'chunk_00001.jsonl has 0 bytes, its manifest says \d+')
+    self.assertRegex(problems[2], r'manifest chunk_00002.json is damaged \(JSONDecodeError')
+    self.assertIsNone(problems[3])
+    self.assertEqual([sample_output.committed(self.out, c, range(3 * c, 3 * c + 3))
+                      for c in range(4)], [False, False, False, True])
+
+  def test_missing_or_damaged_pngs_are_written_from_the_chunk(self):
+    """A chunk committed without PNGs (write_png off) gets them, the bytes its
+    images encode to, and its manifest records them; damaged ones are rewritten."""
+    index = np.arange(3, 6)
+    images = np.random.default_rng(0).integers(0, 256, (3, 4, 4, 3), dtype=np.uint8)
+    sample_output.commit_chunk(self.out, 1, index, images, [dict(index=int(i)) for i in index],
+                               process=0, write_png=False)
+    self.assertFalse(pathlib.Path(self.out, 'images').exists())
+    self.assertEqual(sample_output.repair_pngs(self.out, 1), 3)
+    for i, image in zip(index, images):
+      self.assertEqual(sample_output.png_path(self.out, i).read_bytes(),
+                       images_lib.encode_png(image))
+    self.assertEqual(sample_output.repair_pngs(self.out, 1), 0)  # all there now
+    self.assertLen(sample_output.read_manifest(self.out, 1)['pngs'], 3)
+    sample_output.png_path(self.out, 3).unlink()
+    sample_output.png_path(self.out, 5).write_bytes(b'\x89PNG truncated')
+    self.assertEqual(sample_output.repair_pngs(self.out, 1), 2)
+    self.assertEqual(sample_output.png_path(self.out, 5).read_bytes(),
+                     images_lib.encode_png(images[2]))
+    self.assertTrue(sample_output.committed(self.out, 1, range(3, 6)))
 
   def test_folder_of_another_configuration_is_refused_with_what_differs(self):
     fingerprint = dict(method='eagle', seed=0, hparams=dict(draft_length=4), classes=(1, 2))
@@ -152,6 +201,34 @@ class OutputTest(absltest.TestCase):
     self.assertIn('new --config.out_dir', message)
     self.assertEqual(json.loads(pathlib.Path(self.out, 'config.json').read_text())[
         'fingerprint']['method'], 'eagle')
+
+  def test_other_code_is_refused_unless_tolerated_and_then_recorded(self):
+    fingerprint = dict(method='eagle', code=dict(specdec_jax='0.1.0', jax='0.10.2'))
+    sample_output.write_json(os.path.join(self.out, sample_output.CONFIG),
+                             dict(fingerprint=fingerprint))
+    upgraded = dict(fingerprint, code=dict(specdec_jax='0.2.0', jax='0.10.2'))
+    with self.assertRaisesRegex(sample_output.FolderMismatchError,
+                                r"code.specdec_jax: '0.1.0' \(folder\) -> '0.2.0' \(now\)"):
+      sample_output.check_folder(self.out, upgraded)
+    with self.assertRaisesRegex(sample_output.FolderMismatchError, 'method'):  # only 'code'
+      sample_output.check_folder(self.out, dict(upgraded, method='sjd'), tolerated=('code',))
+    self.assertTrue(sample_output.check_folder(self.out, upgraded, ('code',), record=True))
+    stored = json.loads(pathlib.Path(self.out, sample_output.CONFIG).read_text())
+    self.assertEqual(stored['fingerprint'], fingerprint)  # the folder's first code
+    self.assertEqual(stored['accepted_changes'],
+                     [["code.specdec_jax: '0.1.0' (folder) -> '0.2.0' (now)"]])
+
+  def test_code_identity_names_this_package_and_jax(self):
+    identity = sample_output.code_identity()
+    self.assertEqual(identity['specdec_jax'], specdec_jax.__version__)
+    self.assertEqual(identity['jax'], jax.__version__)
+    if (pathlib.Path(specdec_jax.__file__).parents[1] / '.git').exists():  # a checkout
+      self.assertRegex(identity['git_commit'], r'^[0-9a-f]{40}\+?$')
+
+  def test_unreadable_config_json_is_refused(self):
+    pathlib.Path(self.out, sample_output.CONFIG).write_text('{"fingerp')
+    with self.assertRaisesRegex(sample_output.FolderMismatchError, 'config.json is unreadable'):
+      sample_output.check_folder(self.out, dict(method='eagle'))
 
 
 if __name__ == '__main__':

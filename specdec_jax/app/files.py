@@ -1,34 +1,61 @@
-"""Files written whole or not at all (a temporary file in the target's folder, then a
-rename), and file hashes.
+"""Files written whole or not at all, durably (a temporary file in the target's folder,
+fsynced, then a rename and an fsync of the folder), file hashes, and a folder's lock.
 
 A killed writer leaves either the previous file (or none) or a `*.tmp` file
 beside it, never a half-written target (`os.replace` is atomic on one file
-system).
+system); after a host crash a renamed file holds its data, since the data was
+on disk before the rename and the rename before the call returned.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
+import json
 import os
 import pathlib
+import secrets
+import socket
 import tempfile
 
 TEMP_SUFFIX = '.tmp'
 
 
+def fsync_folder(folder: str | os.PathLike) -> None:
+  """Makes a folder's entries (a rename, a new file) durable."""
+  fd = os.open(folder, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def make_folder(folder: str | os.PathLike) -> pathlib.Path:
+  """mkdir -p, with each folder it creates made durable in its parent."""
+  folder = pathlib.Path(folder)
+  if not folder.is_dir():
+    make_folder(folder.parent)
+    folder.mkdir(exist_ok=True)
+    fsync_folder(folder.parent)
+  return folder
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike):
   """A binary file object for `path`; written to a temporary file in the same
-  folder (`.<name>.<random>.tmp`) and renamed when the block ends (removed if it
-  raises). Creates the folder."""
+  folder (`.<name>.<random>.tmp`), fsynced and renamed when the block ends
+  (removed if it raises). Creates the folder."""
   path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
+  make_folder(path.parent)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=TEMP_SUFFIX)
   try:
     with os.fdopen(fd, 'wb') as f:
       yield f
+      f.flush()
+      os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_folder(path.parent)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -48,3 +75,104 @@ def sha256(path: str | os.PathLike) -> str:
     for block in iter(lambda: f.read(1 << 20), b''):
       digest.update(block)
   return digest.hexdigest()
+
+
+class FolderLockedError(RuntimeError):
+  """Another job holds the folder's lock."""
+
+
+def _read_holder(path: pathlib.Path) -> dict:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError):  # removed meanwhile, or not ours
+    return {}
+
+
+def _pid_is_dead(pid) -> bool:
+  """Whether no process `pid` runs on this host (an unknown pid counts as alive)."""
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return True
+  except (PermissionError, TypeError, ValueError, OverflowError):
+    return False
+  return False
+
+
+class FolderLock:
+  """An exclusive lock on a folder: a file holding its holder's host, pid and start time.
+
+  The file is written whole under a temporary name and hard-linked to its
+  name, which fails when the name exists (atomic, also on NFS), so of two
+  jobs exactly one gets it. A lock left by a killed job is taken over when its
+  holder ran on this host and its pid is gone; else, once you have checked
+  that the holder no longer runs, `acquire(break_lock=True)` takes it over (or
+  delete the file by hand).
+  """
+
+  def __init__(self, folder: str | os.PathLike, name: str = 'job.lock'):
+    self.path = pathlib.Path(folder) / name
+    # token: tells this lock from another one of the same process and second
+    self.holder = dict(host=socket.gethostname(), pid=os.getpid(),
+                       started=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+                       token=secrets.token_hex(8))
+
+  def acquire(self, break_lock: bool = False) -> str | None:
+    """Takes the lock; returns why an earlier holder's lock was taken over (None if
+    there was none). Raises FolderLockedError naming the holder if it may still run."""
+    make_folder(self.path.parent)
+    taken_over = None
+    for _ in range(3):  # another job may take or break the lock meanwhile
+      fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f'.{self.path.name}.',
+                                 suffix=TEMP_SUFFIX)
+      try:
+        with os.fdopen(fd, 'w') as f:
+          json.dump(self.holder, f)
+          f.flush()
+          os.fsync(f.fileno())
+        os.link(tmp, self.path)
+        fsync_folder(self.path.parent)
+        return taken_over
+      except FileNotFoundError:  # the holder's start removed our temporary file
+        continue
+      except FileExistsError:
+        old = _read_holder(self.path)
+        if old == self.holder:  # made by a retried link (NFS)
+          return taken_over
+        taken_over = self._stale(old, break_lock)
+        if _read_holder(self.path) == old:
+          self.path.unlink(missing_ok=True)
+      finally:
+        if os.path.exists(tmp):
+          os.remove(tmp)
+    raise FolderLockedError(f'{self.path}: other jobs keep taking the lock; rerun when they '
+                            'are done.')
+
+  def _stale(self, old: dict, break_lock: bool) -> str:
+    """Why the lock `old` may be taken over; raises FolderLockedError if it may not."""
+    same_host = old.get('host') == self.holder['host']
+    if same_host and _pid_is_dead(old.get('pid')):
+      return f'its holder, {self.describe(old)}, is no longer running'
+    if break_lock:
+      return f'break_lock is set (the holder was {self.describe(old)})'
+    if same_host:
+      gone = (f'process {old.get("pid")} still runs on this host; if it is not that job (a '
+              'reused pid)')
+    else:
+      gone = (f'if that job is gone (check that process {old.get("pid")} on {old.get("host")} '
+              'no longer runs, e.g. its host crashed)')
+    raise FolderLockedError(
+        f'{self.path.parent} is in use by another job: {self.path} is held by '
+        f'{self.describe(old)}. Wait for that job to end or write to another folder; {gone}, '
+        f'rerun with --config.break_lock=True or delete {self.path}.')
+
+  def release(self) -> None:
+    """Removes the lock file if this lock still holds it."""
+    if _read_holder(self.path) == self.holder:
+      self.path.unlink(missing_ok=True)
+      fsync_folder(self.path.parent)
+
+  @staticmethod
+  def describe(holder: dict) -> str:
+    return (f'pid {holder.get("pid", "?")} on host {holder.get("host", "?")} '
+            f'(started {holder.get("started", "?")})')

@@ -30,7 +30,6 @@ import os
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -41,6 +40,9 @@ import numpy as np
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
+from specdec_jax.app import cli
+from specdec_jax.app import compile_cache
+from specdec_jax.app import config_checks
 from specdec_jax.app import demo
 from specdec_jax.app import evaluation
 from specdec_jax.app import family as family_lib
@@ -63,6 +65,22 @@ class Method:
 
 METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp', 'uniform',
                 'coolsd', 'sjd', 'gsd', 'csd')
+
+
+def check_config(config, family: family_lib.Family | None = None) -> None:
+  """Raises cli.ConfigError on a value no run can use, naming it and what it may be;
+  with the family, also the bounds that depend on it (before any compilation)."""
+  cli.check_fields(config, config_checks.main_command(METHOD_NAMES))
+  config_checks.check_bundle_dir(config.bundle_dir, 'config.bundle_dir')
+  if family is not None:
+    config_checks.check_for_family(config, family, 'config')
+    config_checks.check_classes(config.latency_classes, family, 'config.latency_classes')
+
+
+def cond_rows(model, params, cond, sampling: logits_lib.Sampling):
+  """The decode's conditioning rows: [cond; uncond] when sampling guides (cfg_scale >
+  1, the layout `decode.generate` expects then), else cond itself, one row per image."""
+  return model.cfg_cond(params, cond) if sampling.uses_cfg else cond
 
 
 def build_methods(config, family: family_lib.Family) -> list[Method]:
@@ -140,8 +158,8 @@ def decode_kwargs(method: Method, family: family_lib.Family, labels, sampling,
     kwargs.update(draft=family.eagle, draft_params=family.eagle_params)
   elif method.drafter == 'draft_model':
     kwargs.update(draft=family.draft_gpt, draft_params=family.draft_gpt_params,
-                  draft_cond=family.draft_gpt.cfg_cond(family.draft_gpt_params,
-                                                       jnp.asarray(labels)))
+                  draft_cond=cond_rows(family.draft_gpt, family.draft_gpt_params,
+                                       jnp.asarray(labels), sampling))
   return kwargs
 
 
@@ -152,7 +170,7 @@ def quality_pass(method: Method, family: family_lib.Family, labels: np.ndarray, 
   One key for the batch: the engine folds it with each image's index, so image
   i's tokens depend only on (seed, i) and the method.
   """
-  target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
+  target_cond = cond_rows(family.target, family.target_params, jnp.asarray(labels), sampling)
   result = decode.generate(family.target, family.target_params, target_cond,
                            key=jax.random.key(seed + 1000 * method.seed_offset),
                            **decode_kwargs(method, family, labels, sampling, options))
@@ -177,7 +195,7 @@ def _timed_call(method: Method, family: family_lib.Family, label: int, sampling,
                 options: dict | None = None):
   """A function running one batch-1 decode of `label` (compiling on its first call)."""
   labels = np.asarray([label], np.int32)
-  target_cond = family.target.cfg_cond(family.target_params, jnp.asarray(labels))
+  target_cond = cond_rows(family.target, family.target_params, jnp.asarray(labels), sampling)
   kwargs = decode_kwargs(method, family, labels, sampling, options)
   keys = jax.random.key(seed + 7919 * (label + 1) + 1000 * method.seed_offset)
 
@@ -264,6 +282,7 @@ def side_by_side(grids: dict, gap: int = 6) -> np.ndarray:
 
 def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   """Runs every method (quality and latency passes); writes PNG grids and results.json."""
+  check_config(config, family)
   os.makedirs(out_dir, exist_ok=True)
   sampling = logits_lib.Sampling(**config.sampling.to_dict())
   labels = np.repeat(np.arange(family.num_classes), config.images_per_class).astype(np.int32)
@@ -271,9 +290,10 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   methods = build_methods(config, family)
   options = compiler_options(config)
   grids, quality = {}, {}
-  logging.info('quality pass: %d images (%d tokens each); latency pass: 1 image with CFG, '
+  logging.info('quality pass: %d images (%d tokens each); latency pass: 1 image%s, '
                'classes %s, best of %d interleaved rounds; %d methods', len(labels),
-               family.num_tokens, latency_classes, config.timing_repeats, len(methods))
+               family.num_tokens, ' with CFG' * sampling.uses_cfg, latency_classes,
+               config.timing_repeats, len(methods))
   for index, method in enumerate(methods):
     started = time.perf_counter()
     tokens, summary, compile_s = quality_pass(method, family, labels, sampling, config.seed,
@@ -395,8 +415,10 @@ def use_single_thread_xla() -> bool:
 def main(argv):
   del argv
   config, out_dir = flags.FLAGS.config, flags.FLAGS.out
+  check_config(config)
   if config.xla_cpu_single_thread and not use_single_thread_xla():
     logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
+  compile_cache.enable(config.compilation_cache)
   if not config.bundle_dir and not family_lib.bundle_available():
     logging.warning('The bundled Fashion-MNIST model family is not part of this build yet '
                     '(see README, "Bundled model"); running the core demo on toy Markov '
@@ -409,8 +431,7 @@ def main(argv):
 
 def run():
   """Console-script entry point (`specdec-generate`)."""
-  define_flags()
-  app.run(main)
+  cli.run_command(main, define_flags, os.path.abspath(default_config.__file__))
 
 
 if __name__ == '__main__':

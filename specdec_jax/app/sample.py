@@ -24,7 +24,6 @@ import json
 import os
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -37,6 +36,9 @@ import numpy as np
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
 from specdec_jax import sharding
+from specdec_jax.app import cli
+from specdec_jax.app import compile_cache
+from specdec_jax.app import config_checks
 from specdec_jax.app import files
 from specdec_jax.app import generate
 from specdec_jax.app import sample_model
@@ -45,19 +47,26 @@ from specdec_jax.app import sample_plan
 from specdec_jax.configs import sample_fashion
 
 # Fields that never change an image: they stay out of the folder's fingerprint.
-NOT_IN_FINGERPRINT = ('out_dir', 'write_png', 'xla_cpu_single_thread', 'stop_after_chunks')
+NOT_IN_FINGERPRINT = ('out_dir', 'write_png', 'xla_cpu_single_thread', 'stop_after_chunks',
+                      'break_lock', 'allow_code_change', 'compilation_cache')
+
+CONFIG_CHECKS = dict(
+    model=dict(kind=cli.one_of(*sample_model.KINDS), bundle_dir=cli.STRING,
+               checkpoint=cli.STRING, vq=cli.STRING, eagle=cli.STRING, draft_model=cli.STRING,
+               dtype=cli.one_of('auto', 'float32', 'bfloat16', 'float16'),
+               scan_layers=cli.BOOL),
+    method=cli.one_of(*sample_model.METHODS), hparams=config_checks.HYPERPARAMETERS,
+    sampling=config_checks.SAMPLING, classes=cli.integers(0), prompts=cli.STRING,
+    num_images=cli.integer(1), batch_per_device=cli.integer(1),
+    model_parallel=cli.integer(1), seed=cli.integer(0), out_dir=cli.NONEMPTY_STRING,
+    chunk_size=cli.integer(1), write_png=cli.BOOL, xla_cpu_single_thread=cli.BOOL,
+    fast_compile=cli.BOOL, stop_after_chunks=cli.integer(0), break_lock=cli.BOOL,
+    allow_code_change=cli.BOOL, compilation_cache=cli.STRING)
 
 
 def check_config(config) -> None:
-  """Raises on values no run can use, before JAX starts."""
-  for field in ('num_images', 'batch_per_device', 'chunk_size', 'model_parallel'):
-    if int(config[field]) <= 0:
-      raise ValueError(f'config.{field} must be >= 1, got {config[field]}.')
-  if config.method not in sample_model.METHODS:
-    raise ValueError(f'config.method={config.method!r} is unknown; known: '
-                     f'{sample_model.METHODS}.')
-  if not config.out_dir:
-    raise ValueError('config.out_dir is empty: name the folder for the images.')
+  """Raises cli.ConfigError on values no run can use, before JAX starts."""
+  cli.check_fields(config, CONFIG_CHECKS)
   sample_model.check_model_config(config.model)
 
 
@@ -68,6 +77,7 @@ def fingerprint(config, identity: dict, conditions: sample_model.Conditions) -> 
   fields['model'] = identity  # checkpoint metadata hashes, not paths
   fields['conditions'] = conditions.identity  # the classes, or the prompt file's hash
   fields['platform'] = jax.default_backend()  # float results differ across backends
+  fields['code'] = sample_output.code_identity()  # another version may give other images
   return json.loads(json.dumps(fields, default=str))
 
 
@@ -130,13 +140,14 @@ class Sampler:
   def __init__(self, config):
     self.config = config
     self.family, identity = sample_model.load(config.model)
+    config_checks.check_for_family(config.hparams, self.family, 'config.hparams')
     self.method = sample_model.build_method(config, self.family)
     self.conditions = sample_model.conditions(config, self.family)
     self.fingerprint = fingerprint(config, identity, self.conditions)
     self.sampling = logits_lib.Sampling(**config.sampling.to_dict())
     if jax.device_count() % config.model_parallel:
-      raise ValueError(f'config.model_parallel={config.model_parallel} does not divide the '
-                       f'{jax.device_count()} devices.')
+      raise cli.ConfigError(f'config.model_parallel={config.model_parallel} does not divide '
+                            f'the {jax.device_count()} devices.')
     data = jax.device_count() // config.model_parallel
     self.mesh = sharding.make_mesh(data=data, model=config.model_parallel)
     self.global_batch = config.batch_per_device * data
@@ -160,7 +171,9 @@ class Sampler:
     if 'draft_cond' in kwargs:
       kwargs['draft_cond'] = jax.tree.map(np.asarray, kwargs['draft_cond'])
     # Host arrays: decode.generate places them on the global mesh.
-    rows = jax.tree.map(np.asarray, self.family.target.cfg_cond(self.family.target_params, cond))
+    rows = jax.tree.map(np.asarray, generate.cond_rows(self.family.target,
+                                                       self.family.target_params, cond,
+                                                       self.sampling))
     result = decode.generate(
         self.family.target, self.family.target_params, rows, mesh=self.mesh,
         key=global_keys(step.key_indices(), self.config.seed, self.row_sharding), **kwargs)
@@ -197,22 +210,63 @@ class Sampler:
 
 
 def prepare_folder(config, fingerprint_: dict) -> list[int]:
-  """Checks/creates the output folder; returns the chunks still to do (all processes
-  get process 0's list)."""
-  out_dir = config.out_dir
-  restart = sample_output.check_folder(out_dir, fingerprint_)  # every process: same error
+  """Checks/creates the output folder (the caller holds its lock); returns the chunks
+  still to do (all processes get process 0's list).
+
+  Process 0 verifies every committed chunk (`sample_output.chunk_problem`):
+  one whose manifest or files are damaged or missing is logged and redone;
+  with write_png, a whole chunk's missing or damaged PNGs are written from
+  its .npz.
+  """
+  out_dir, first = config.out_dir, jax.process_index() == 0
+  tolerated = ('code',) if config.allow_code_change else ()
+  restart = sample_output.check_folder(out_dir, fingerprint_, tolerated,
+                                       record=first)  # every process: same error
   multihost_utils.sync_global_devices('sample: folder checked')
   ranges = chunk_ranges(config)
-  if jax.process_index() == 0:
+  done = np.zeros((len(ranges),), bool)
+  if first:
     removed = sample_output.remove_temporaries(out_dir)
     if removed:
       logging.info('removed %d temporary files of an interrupted run', removed)
     if not restart:
       sample_output.write_json(os.path.join(out_dir, sample_output.CONFIG), dict(
           fingerprint=fingerprint_, config=config.to_dict(), jax_version=jax.__version__))
-  done = np.asarray([sample_output.committed(out_dir, c, r) for c, r in enumerate(ranges)])
+    pngs = 0
+    for chunk, expected in enumerate(ranges):
+      problem = sample_output.chunk_problem(out_dir, chunk, expected)
+      if problem not in (None, sample_output.NOT_WRITTEN):
+        logging.warning('chunk %d (images %d..%d) will be redone: %s', chunk, expected.start,
+                        expected.stop - 1, problem)
+        sample_output.chunk_stem(out_dir, chunk).with_suffix('.json').unlink(missing_ok=True)
+      done[chunk] = problem is None
+      if done[chunk] and config.write_png:
+        pngs += sample_output.repair_pngs(out_dir, chunk)
+    if pngs:
+      logging.info('wrote %d missing or damaged PNGs of committed chunks', pngs)
   done = np.asarray(multihost_utils.broadcast_one_to_all(done))
   return [c for c in range(len(ranges)) if not done[c]]
+
+
+def lock_folder(config) -> files.FolderLock | None:
+  """Process 0 takes the output folder's lock for the whole job (every process
+  raises FolderLockedError if it is held); returns it on process 0."""
+  lock, error = None, None
+  if jax.process_index() == 0:
+    lock = files.FolderLock(config.out_dir)
+    try:
+      taken_over = lock.acquire(config.break_lock)
+      if taken_over:
+        logging.warning('took over the lock %s: %s', lock.path, taken_over)
+    except files.FolderLockedError as e:
+      error = e
+  held = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+  if error is not None:
+    raise error
+  if not held:
+    raise files.FolderLockedError(f'{config.out_dir} is in use by another job: process 0 '
+                                  'could not take its lock (its log names the holder).')
+  return lock
 
 
 def chunk_ranges(config) -> list[range]:
@@ -225,6 +279,15 @@ def run(config) -> dict | None:
   None elsewhere, or when stopped early by config.stop_after_chunks)."""
   started = time.perf_counter()
   check_config(config)
+  lock = lock_folder(config)  # before the model loads: a second job stops at once
+  try:
+    return _run_locked(config, started)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _run_locked(config, started: float) -> dict | None:
   sampler = Sampler(config)
   pending = prepare_folder(config, sampler.fingerprint)
   ranges, process_count = chunk_ranges(config), jax.process_count()
@@ -265,6 +328,7 @@ def run(config) -> dict | None:
         wall_s=time.perf_counter() - started, decode_loop_s=loop_s, compile_s=compile_s,
         processes=process_count, devices=jax.device_count(), backend=jax.default_backend(),
         global_batch=sampler.global_batch, config=config.to_dict(),
+        code=sampler.fingerprint['code'],
         samples_sha256=files.sha256(os.path.join(config.out_dir, sample_output.SAMPLES)))
     sample_output.write_json(os.path.join(config.out_dir, sample_output.SUMMARY), summary)
     logging.info('wrote %s: %d images, %.2f images/s, %.2f tokens per target forward',
@@ -293,11 +357,12 @@ def main(argv):
   check_config(config)  # before the coordinator waits for the other processes
   if config.xla_cpu_single_thread and not generate.use_single_thread_xla():
     logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
+  compile_cache.enable(config.compilation_cache)
   initialize_distributed(values.distributed, values.coordinator_address, values.num_processes,
                          values.process_id)
   run(config)
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  cli.run_command(main, define_flags, os.path.abspath(sample_fashion.__file__),
+                  refusals=(files.FolderLockedError,))

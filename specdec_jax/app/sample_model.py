@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from specdec_jax.app import cli
+from specdec_jax.app import config_checks
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
 from specdec_jax.converters import common
@@ -43,11 +45,12 @@ def _meta_sha256(folder) -> str:
 
 def _require_checkpoint(field: str, path: str) -> pathlib.Path:
   if not path:
-    raise ValueError(f'config.model.{field} is empty: set it to a converted checkpoint folder '
-                     f'(README, "Models and converters"), e.g. --config.model.{field}=ckpts/...')
+    raise cli.ConfigError(f'config.model.{field} is empty: set it to a converted checkpoint '
+                          'folder (README, "Models and converters"), e.g. '
+                          f'--config.model.{field}=ckpts/...')
   folder = pathlib.Path(path)
   if not (folder / common.META_FILENAME).exists():
-    raise FileNotFoundError(
+    raise cli.ConfigError(
         f'config.model.{field}={path!r} is not a converted checkpoint folder (no '
         f'{common.META_FILENAME} there'
         + ('' if folder.exists() else '; the folder does not exist')
@@ -56,15 +59,12 @@ def _require_checkpoint(field: str, path: str) -> pathlib.Path:
 
 
 def check_model_config(model: ml_collections.ConfigDict) -> None:
-  """Raises early (before JAX starts) on an unknown kind or missing checkpoint paths."""
+  """Raises cli.ConfigError early (before JAX starts) on an unknown kind or missing
+  checkpoint paths."""
   if model.kind not in KINDS:
-    raise ValueError(f'config.model.kind={model.kind!r} is unknown; known: {KINDS}.')
+    raise cli.ConfigError(f'config.model.kind={model.kind!r} is unknown; known: {KINDS}.')
   if model.kind == 'fashion':
-    if not family_lib.bundle_available(model.bundle_dir or None):
-      raise FileNotFoundError(
-          f'config.model.bundle_dir={model.bundle_dir!r} is not a complete model bundle '
-          f'(parts {family_lib.PARTS}); leave it empty for the bundled family, or build one '
-          'with `python -m specdec_jax.train.family`.')
+    config_checks.check_bundle_dir(model.bundle_dir, 'config.model.bundle_dir', required=True)
     return
   _require_checkpoint('checkpoint', model.checkpoint)
   _require_checkpoint('vq', model.vq)
@@ -113,18 +113,18 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
 def build_method(config: ml_collections.ConfigDict, family: family_lib.Family) -> generate.Method:
   """The method config.method names, with config.hparams, checked against the family."""
   if config.method not in METHODS:
-    raise ValueError(f'config.method={config.method!r} is unknown; known: {METHODS}.')
+    raise cli.ConfigError(f'config.method={config.method!r} is unknown; known: {METHODS}.')
   named = ml_collections.ConfigDict(dict(config.hparams.to_dict(),
                                          methods=('vanilla', config.method)))
   method = generate.build_methods(named, family)[-1]
   if method.drafter == 'draft_model' and family.target.config.model_type == 't2i':
-    raise ValueError("config.method='draft_model' conditions its draft GPT on class ids "
-                     "(app.generate.decode_kwargs); this model is t2i: choose another method "
-                     "(e.g. 'eagle', 'sjd').")
+    raise cli.ConfigError("config.method='draft_model' conditions its draft GPT on class ids "
+                          "(app.generate.decode_kwargs); this model is t2i: choose another method "
+                          "(e.g. 'eagle', 'sjd').")
   if method.drafter is not None and getattr(
       family, 'eagle' if method.drafter == 'eagle' else 'draft_gpt') is None:
     field = DRAFTER_FIELDS[method.drafter]
-    raise ValueError(
+    raise cli.ConfigError(
         f'config.method={config.method!r} drafts with {method.drafter!r}, which this model '
         f'has none of: set --config.model.{field} to a converted drafter, or choose a method '
         "without a drafter ('vanilla', 'sjd', 'gsd', 'csd').")
@@ -174,13 +174,13 @@ def _read_prompts(path: str, target) -> llamagen.CaptionCond:
     with np.load(path) as loaded:
       features, mask = loaded['features'], loaded['mask']
   except (OSError, KeyError, ValueError) as e:
-    raise ValueError(f'config.prompts={path!r}: expected an .npz with `features` '
-                     f'float[n, {want[0]}, {want[1]}] (FLAN-T5 outputs, valid tokens first) '
-                     f'and `mask` [n, {want[0]}]; reading it failed: {e}') from e
+    raise cli.ConfigError(f'config.prompts={path!r}: expected an .npz with `features` '
+                          f'float[n, {want[0]}, {want[1]}] (FLAN-T5 outputs, valid tokens first) '
+                          f'and `mask` [n, {want[0]}]; reading it failed: {e}') from e
   if features.ndim != 3 or features.shape[1:] != want or mask.shape != features.shape[:2]:
-    raise ValueError(f'config.prompts={path!r}: features {features.shape} and mask '
-                     f'{mask.shape} do not fit this model: want [n, {want[0]}, {want[1]}] '
-                     f'and [n, {want[0]}].')
+    raise cli.ConfigError(f'config.prompts={path!r}: features {features.shape} and mask '
+                          f'{mask.shape} do not fit this model: want [n, {want[0]}, {want[1]}] '
+                          f'and [n, {want[0]}].')
   captions = llamagen.left_pad_captions(jnp.asarray(features, jnp.float32), jnp.asarray(mask))
   return jax.tree.map(np.asarray, captions)
 
@@ -191,19 +191,18 @@ def conditions(config: ml_collections.ConfigDict, family: family_lib.Family) -> 
   model_type = family.target.config.model_type
   if model_type == 't2i':
     if not config.prompts:
-      raise ValueError('this model is text-conditional (t2i): set config.prompts to a prompt '
-                       'file (.npz of FLAN-T5 caption features, docs/sampling.md).')
+      raise cli.ConfigError('this model is text-conditional (t2i): set config.prompts to a prompt '
+                            'file (.npz of FLAN-T5 caption features, docs/sampling.md).')
+    if not pathlib.Path(config.prompts).is_file():
+      raise cli.ConfigError(f'config.prompts={config.prompts!r}: no such file.')
     digest = hashlib.sha256(pathlib.Path(config.prompts).read_bytes()).hexdigest()
     return Conditions('prompt', captions=_read_prompts(config.prompts, family.target),
                       identity=dict(prompts_sha256=digest))
   if config.prompts:
-    raise ValueError(f'config.prompts={config.prompts!r}: this model is class-conditional '
-                     '(c2i) and takes no prompts; set config.classes (empty = every class).')
+    raise cli.ConfigError(f'config.prompts={config.prompts!r}: this model is class-conditional '
+                          '(c2i) and takes no prompts; set config.classes (empty = every class).')
   chosen = tuple(int(c) for c in config.classes) or tuple(range(family.num_classes))
-  bad = [c for c in chosen if not 0 <= c < family.num_classes]
-  if bad:
-    raise ValueError(f'config.classes has {bad}, outside [0, {family.num_classes}) for this '
-                     'model.')
+  config_checks.check_classes(chosen, family, 'config.classes')
   return Conditions('label', classes=np.asarray(chosen, np.int32), identity=list(chosen))
 
 

@@ -6,19 +6,24 @@ Legend: N images, H x W pixels, n images of one chunk.
   images/<index>.png      one PNG per image, named by its global index
   chunks/chunk_<c>.npz    the images of chunk c (uint8[n, H, W, 3], and index int64[n])
   chunks/chunk_<c>.jsonl  per-image metrics of chunk c
-  chunks/chunk_<c>.json   the chunk's manifest, written last: the chunk is
-                          committed once it exists (it holds the other files'
-                          SHA-256)
+  chunks/chunk_<c>.json   the chunk's manifest, written last: the sizes and
+                          SHA-256 of the chunk's files (and of its PNGs)
   samples.npz             uint8[N, H, W, 3] under `arr_0` (the layout the
                           ADM/guided-diffusion evaluator and LlamaGen's FID
                           scripts read), written by the merge
   metrics.jsonl           every image's metrics, in index order
   summary.json            throughput and means of the run
+  job.lock                while a job runs: its host, pid and start time
+                          (`files.FolderLock`, taken by process 0)
 
-Every file is written to a temporary file in its own folder and renamed
-(`os.replace`), so a killed run leaves whole files or `*.tmp` files, which
-`remove_temporaries` deletes on the next start. The folder must be visible to
-every process (a shared file system) for resuming and for the merge.
+Every file is written to a temporary file in its own folder, fsynced and
+renamed (`files.atomic_file`), so a killed run leaves whole files or `*.tmp`
+files, which `remove_temporaries` deletes on the next start. A chunk counts
+as committed when its manifest reads and its files have the manifest's sizes
+and hashes (`chunk_problem`); a restart redoes any other chunk, and rewrites
+from a chunk's .npz any PNG that is missing or damaged (`repair_pngs`). The
+folder must be visible to every process (a shared file system) for resuming
+and for the merge.
 """
 
 from __future__ import annotations
@@ -27,11 +32,16 @@ import hashlib
 import io
 import json
 import pathlib
+import subprocess
 import zipfile
 from typing import Iterable
 
+from absl import logging
+import jax
 import numpy as np
 
+import specdec_jax
+from specdec_jax.app import cli
 from specdec_jax.app import files
 from specdec_jax.app import images as images_lib
 
@@ -41,7 +51,7 @@ METRICS = 'metrics.jsonl'
 SUMMARY = 'summary.json'
 
 
-class FolderMismatchError(ValueError):
+class FolderMismatchError(cli.ConfigError):
   """The output folder was written by a configuration that gives other images."""
 
 
@@ -61,6 +71,29 @@ def remove_temporaries(out_dir) -> int:
   return removed
 
 
+def git_commit() -> str | None:
+  """The commit of the git checkout this package runs from (None if it runs from
+  elsewhere, e.g. an installed wheel); '+' marks uncommitted changes."""
+  root = pathlib.Path(specdec_jax.__file__).resolve().parents[1]
+  git = lambda *args: subprocess.run(['git', '-C', str(root), *args], capture_output=True,
+                                     text=True, timeout=30)
+  try:
+    top = git('rev-parse', '--show-toplevel')
+    if top.returncode or pathlib.Path(top.stdout.strip()).resolve() != root:
+      return None
+    dirty = git('status', '--porcelain', '--untracked-files=no', '--', 'specdec_jax', 'models',
+                'converters', 'configs').stdout.strip()
+    return git('rev-parse', 'HEAD').stdout.strip() + ('+' if dirty else '')
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def code_identity() -> dict:
+  """The code the images come from: this package's version and commit, and JAX's."""
+  return dict(specdec_jax=specdec_jax.__version__, git_commit=git_commit(),
+              jax=jax.__version__, jaxlib=jax.lib.__version__)
+
+
 def differences(old, new, prefix: str = '') -> list[str]:
   """'key: old -> new' for every leaf that differs between two nested dicts."""
   if isinstance(old, dict) and isinstance(new, dict):
@@ -71,24 +104,46 @@ def differences(old, new, prefix: str = '') -> list[str]:
   return [] if old == new else [f'{prefix[:-1]}: {old!r} (folder) -> {new!r} (now)']
 
 
-def check_folder(out_dir, fingerprint: dict) -> bool:
+def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
+                 record: bool = False) -> bool:
   """Raises FolderMismatchError unless the folder is new or has this fingerprint.
 
+  Args:
+    tolerated: top-level fingerprint keys whose differences are logged instead
+      of refused.
+    record: append those differences to config.json's `accepted_changes`
+      (one process does).
   Returns:
     True when the folder already holds a config.json (a restart).
   """
   path = pathlib.Path(out_dir) / CONFIG
   if not path.exists():
     return False
-  stored = json.loads(path.read_text())['fingerprint']
+  try:
+    stored_config = json.loads(path.read_text())
+    stored = stored_config['fingerprint']
+  except (ValueError, KeyError) as e:
+    raise FolderMismatchError(f'{path} is unreadable ({e!r}): this folder was not written by '
+                              'a whole run of this job. Delete it or write to a new '
+                              '--config.out_dir.') from None
   # A JSON round trip turns tuples into lists, so compare like with like.
-  changed = differences(stored, json.loads(json.dumps(fingerprint, default=str)))
+  fingerprint = json.loads(json.dumps(fingerprint, default=str))
+  changed = [d for key in sorted(set(stored) | set(fingerprint)) if key not in tolerated
+             for d in differences({key: stored.get(key)}, {key: fingerprint.get(key)})]
   if changed:
     raise FolderMismatchError(
         f'{out_dir} holds images of another configuration; what differs:\n  '
         + '\n  '.join(changed)
         + '\nWrite to a new --config.out_dir, rerun with the folder\'s values '
         f'(see {path}), or delete the folder to start over.')
+  accepted = differences({k: stored.get(k) for k in tolerated},
+                         {k: fingerprint.get(k) for k in tolerated})
+  if accepted:
+    logging.warning('%s: continuing a set made by other code (%s); its images may differ '
+                    'from what this code gives.', out_dir, '; '.join(accepted))
+    if record:
+      stored_config.setdefault('accepted_changes', []).append(accepted)
+      write_json(path, stored_config)
   return True
 
 
@@ -133,6 +188,10 @@ def write_npz(path, arrays: dict[str, tuple[tuple, np.dtype, Iterable[np.ndarray
     _write_npz_to(f, arrays)
 
 
+def _describe(data: bytes) -> dict:
+  return dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
 def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
                  records: list[dict], process: int, write_png: bool = True) -> None:
   """Writes one chunk (PNGs, images, metrics) and then its manifest.
@@ -143,9 +202,13 @@ def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
     records: n per-image metric dicts, in index order.
     process: the writing process (recorded in the manifest).
   """
+  pngs = None
   if write_png:
+    pngs = []
     for i, image in zip(index, images):
-      images_lib.save_png(str(png_path(out_dir, int(i))), image)
+      data = images_lib.encode_png(image)
+      files.write_atomic(png_path(out_dir, int(i)), data)
+      pngs.append(_describe(data))
   stem = chunk_stem(out_dir, chunk)
   arrays = npz_bytes(dict(images=images, index=np.asarray(index, np.int64)))
   lines = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in records).encode()
@@ -153,31 +216,90 @@ def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
   files.write_atomic(stem.with_suffix('.jsonl'), lines)
   write_json(stem.with_suffix('.json'), dict(
       chunk=chunk, process=process, start=int(index[0]), stop=int(index[-1]) + 1, count=len(index),
-      npz_sha256=hashlib.sha256(arrays).hexdigest(),
-      jsonl_sha256=hashlib.sha256(lines).hexdigest()))
+      npz=_describe(arrays), jsonl=_describe(lines), pngs=pngs))
+
+
+def read_manifest(out_dir, chunk: int) -> dict:
+  """A chunk's manifest; raises FileNotFoundError, or ValueError when it is damaged."""
+  manifest = json.loads(chunk_stem(out_dir, chunk).with_suffix('.json').read_text())
+  if not isinstance(manifest, dict) or not {'start', 'stop', 'npz', 'jsonl'} <= set(manifest):
+    raise ValueError(f'fields {sorted(manifest) if isinstance(manifest, dict) else manifest}')
+  return manifest
+
+
+def _file_problem(path: pathlib.Path, described: dict) -> str | None:
+  """Why a file is not the one the manifest describes (None if it is)."""
+  if not path.is_file():
+    return f'{path.name} is missing'
+  size = path.stat().st_size
+  if size != described['bytes']:
+    return f'{path.name} has {size} bytes, its manifest says {described["bytes"]}'
+  if files.sha256(path) != described['sha256']:
+    return f'{path.name} does not match its manifest\'s SHA-256'
+  return None
+
+
+def chunk_problem(out_dir, chunk: int, expected: range) -> str | None:
+  """Why a chunk is not committed, or None when it is: its manifest reads, covers
+  exactly `expected`, and its .npz and .jsonl have the manifest's sizes and SHA-256.
+
+  Returns NOT_WRITTEN when there is no manifest.
+  """
+  stem = chunk_stem(out_dir, chunk)
+  try:
+    manifest = read_manifest(out_dir, chunk)
+  except FileNotFoundError:
+    return NOT_WRITTEN
+  except (OSError, ValueError) as e:
+    return f'its manifest {stem.name}.json is damaged ({type(e).__name__}: {e})'
+  if (manifest['start'], manifest['stop']) != (expected.start, expected.stop):
+    return (f'its manifest covers images {manifest["start"]}..{manifest["stop"] - 1}, not '
+            f'{expected.start}..{expected.stop - 1}')
+  for suffix in ('npz', 'jsonl'):
+    problem = _file_problem(stem.with_suffix(f'.{suffix}'), manifest[suffix])
+    if problem:
+      return problem
+  return None
+
+
+NOT_WRITTEN = 'not written'
 
 
 def committed(out_dir, chunk: int, expected: range) -> bool:
-  """Whether chunk's manifest exists and covers exactly `expected` indices."""
-  path = chunk_stem(out_dir, chunk).with_suffix('.json')
-  if not path.exists():
-    return False
-  manifest = json.loads(path.read_text())
-  return (manifest['start'], manifest['stop']) == (expected.start, expected.stop)
+  """Whether the chunk is committed and whole (`chunk_problem` finds nothing)."""
+  return chunk_problem(out_dir, chunk, expected) is None
+
+
+def repair_pngs(out_dir, chunk: int) -> int:
+  """Writes a committed chunk's PNGs that are missing or differ from its manifest,
+  from its .npz (no decoding), and records them in the manifest; returns how many."""
+  stem = chunk_stem(out_dir, chunk)
+  manifest = read_manifest(out_dir, chunk)
+  index = range(manifest['start'], manifest['stop'])
+  pngs = manifest.get('pngs') or [None] * len(index)
+  bad = [j for j, (i, described) in enumerate(zip(index, pngs))
+         if described is None or _file_problem(png_path(out_dir, i), described)]
+  if not bad:
+    return 0
+  with np.load(stem.with_suffix('.npz')) as loaded:
+    images = loaded['images']
+  for j in bad:
+    data = images_lib.encode_png(images[j])
+    files.write_atomic(png_path(out_dir, index[j]), data)
+    pngs[j] = _describe(data)
+  write_json(stem.with_suffix('.json'), dict(manifest, pngs=pngs))
+  return len(bad)
 
 
 def read_chunk(out_dir, chunk: int, expected: range) -> tuple[np.ndarray, list[dict]]:
   """(images uint8[n, H, W, 3], records) of a committed chunk, checked against its
-  manifest's hashes and the indices it must hold."""
+  manifest's sizes and hashes and the indices it must hold."""
   stem = chunk_stem(out_dir, chunk)
-  manifest = json.loads(stem.with_suffix('.json').read_text())
-  arrays, lines = stem.with_suffix('.npz').read_bytes(), stem.with_suffix('.jsonl').read_bytes()
-  for data, key in ((arrays, 'npz_sha256'), (lines, 'jsonl_sha256')):
-    if hashlib.sha256(data).hexdigest() != manifest[key]:
-      raise ValueError(f'{stem}: file does not match its manifest ({key}); delete '
-                       f'{stem}.json and rerun to redo the chunk.')
-  path = stem.with_suffix('.npz')
-  with np.load(path) as loaded:
+  problem = chunk_problem(out_dir, chunk, expected)
+  if problem:
+    raise ValueError(f'{stem}: {problem}; rerun the same command to redo the chunk.')
+  lines = stem.with_suffix('.jsonl').read_bytes()
+  with np.load(stem.with_suffix('.npz')) as loaded:
     images, index = loaded['images'], loaded['index']
   records = [json.loads(line) for line in lines.decode().splitlines()]
   if (index.tolist() != list(expected)

@@ -26,11 +26,11 @@ import os
 import sys
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
 
+from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
 from specdec_jax.app.train import classifier as train_classifier
 from specdec_jax.app.train import drafter as train_drafter
@@ -191,11 +191,26 @@ def directory_megabytes(path) -> float:
   return total / 1e6
 
 
-def train_family(config, workdir: str) -> str:
-  """Runs the stages in order, skipping finished ones; returns the bundle folder."""
+def check_config(config) -> None:
+  """Raises cli.ConfigError on stage names, budgets or step counts no run can use."""
   unknown = [s for s in config.stages if s not in STAGES]
   if unknown:
-    raise ValueError(f'config.stages has unknown names {unknown}; stages are {STAGES}.')
+    raise cli.ConfigError(f'config.stages has unknown names {unknown}; stages are {STAGES}.')
+  if not isinstance(config.bundle_dir, str):
+    raise cli.ConfigError(f'config.bundle_dir={config.bundle_dir!r}: must be a string (\'\' = '
+                          'the package\'s bundle).')
+  checks = dict(train_minutes=cli.number(minimum=0.0, note='0 = no time budget'),
+                num_steps=cli.integer(1))
+  for stage in STAGES:
+    for field, check in checks.items():
+      if stage in config and field in config[stage] and not check.ok(config[stage][field]):
+        raise cli.ConfigError(f'config.{stage}.{field}={config[stage][field]!r}: must be '
+                              f'{check.accepted}.')
+
+
+def train_family(config, workdir: str) -> str:
+  """Runs the stages in order, skipping finished ones; returns the bundle folder."""
+  check_config(config)
   bundle_dir = config.bundle_dir or str(family_lib.BUNDLE_DIR)
   os.makedirs(workdir, exist_ok=True)
   log_path = os.path.join(workdir, MANIFEST)
@@ -232,10 +247,15 @@ def main(argv):
   train_family(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
-if __name__ == '__main__':
+CONFIG_FILE = os.path.abspath(family_config.__file__)
+
+
+def define_flags() -> None:
+  """Defines the flags (only when run as a program)."""
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file('config', os.path.join(
-      os.path.dirname(os.path.abspath(family_config.__file__)), 'family.py'),
-                                  'Family configuration.')
+  config_flags.DEFINE_config_file('config', CONFIG_FILE, 'Family configuration.')
   flags.DEFINE_string('workdir', 'runs/family', 'Output folder of the stages.')
-  app.run(main)
+
+
+if __name__ == '__main__':
+  cli.run_command(main, define_flags, CONFIG_FILE)

@@ -1,0 +1,176 @@
+"""The command-line boundary of the entry points: configuration checks and how errors print.
+
+A configuration no run can use raises `ConfigError` naming the field, the
+bad value and the values it accepts, before any model is loaded or program
+compiled. `run_command` runs an absl main so that such an error (and the
+other refusals it is given, e.g. a locked output folder) prints its message
+alone and exits with status 2, while a real crash keeps its traceback; an
+unknown `--config.x` is refused the same way, with the fields there are.
+
+A check table maps each field of a config to a `Check` (nested tables for
+sub-configs); `check_fields` applies it and refuses fields the table does not
+name, so a field added to a config without a check fails its tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import re
+import sys
+from typing import Any, Callable
+
+from absl import app
+import ml_collections
+
+EXIT_CONFIG_ERROR = 2
+
+
+class ConfigError(ValueError):
+  """A configuration value no run can use; the message names it and what to set."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+  """A predicate on a field's value and the words for what it accepts."""
+
+  ok: Callable[[Any], bool]
+  accepted: str
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def _with_note(words: str, note: str) -> str:
+  return f'{words} ({note})' if note else words
+
+
+def integer(minimum: int | None = None, maximum: int | None = None, note: str = '') -> Check:
+  bounds = [f'>= {minimum}'] * (minimum is not None) + [f'<= {maximum}'] * (maximum is not None)
+  return Check(lambda v: _is_int(v) and (minimum is None or v >= minimum)
+               and (maximum is None or v <= maximum),
+               _with_note(' '.join(['an integer', ' and '.join(bounds)]).strip(), note))
+
+
+def number(minimum: float | None = None, above: float | None = None,
+           maximum: float | None = None, note: str = '') -> Check:
+  """A finite int or float, >= minimum, > above, <= maximum (those given)."""
+  bounds = [f'>= {minimum}'] * (minimum is not None) + [f'> {above}'] * (above is not None)
+  bounds += [f'<= {maximum}'] * (maximum is not None)
+  return Check(lambda v: _is_number(v) and (minimum is None or v >= minimum)
+               and (above is None or v > above) and (maximum is None or v <= maximum),
+               _with_note(' '.join(['a finite number', ' and '.join(bounds)]).strip(), note))
+
+
+def one_of(*choices) -> Check:
+  return Check(lambda v: v in choices, f'one of {choices}')
+
+
+def integers(minimum: int = 0, nonempty: bool = False) -> Check:
+  return Check(lambda v: isinstance(v, (tuple, list)) and (len(v) > 0 or not nonempty)
+               and all(_is_int(x) and x >= minimum for x in v),
+               f'a{" non-empty" * nonempty} tuple of integers >= {minimum}, e.g. (0, 3)')
+
+
+BOOL = Check(lambda v: isinstance(v, bool), 'True or False')
+STRING = Check(lambda v: isinstance(v, str), 'a string')
+NONEMPTY_STRING = Check(lambda v: isinstance(v, str) and bool(v), 'a non-empty string')
+
+
+def check_fields(config, checks: dict, where: str = 'config') -> None:
+  """Raises ConfigError for the first field whose value its check refuses.
+
+  Args:
+    config: a ConfigDict (or dict).
+    checks: field -> Check, or -> a nested table for a sub-config.
+  """
+  unknown = sorted(set(config.keys()) - set(checks))
+  if unknown:  # e.g. a config file of another command
+    raise ConfigError(f'{where} has fields this command does not read: {unknown}; its '
+                      f'fields are {sorted(checks)}.')
+  for field, check in checks.items():
+    if field not in config:
+      continue
+    value = config[field]
+    if isinstance(check, dict):
+      if not isinstance(value, (dict, ml_collections.ConfigDict)):
+        raise ConfigError(f'{where}.{field}={value!r}: must be a group of fields '
+                          f'{sorted(check)}.')
+      check_fields(value, check, f'{where}.{field}')
+    elif not check.ok(value):
+      raise ConfigError(f'{where}.{field}={value!r}: must be {check.accepted}.')
+
+
+def _load_config_file(spec: str):
+  """The ConfigDict of 'path.py' or 'path.py:argument', as config_flags loads it."""
+  path, _, argument = spec.partition(':')
+  module_spec = importlib.util.spec_from_file_location('_checked_config', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(argument) if argument else module.get_config()
+
+
+def check_overrides(argv: list[str], default_config_file: str, name: str = 'config') -> None:
+  """Raises ConfigError for a `--config.x=...` whose field the config does not have.
+
+  ml_collections would fail with a bare AttributeError (or KeyError) when the
+  flag is defined; this names the flag and the fields there are instead.
+  """
+  config_file, overrides = default_config_file, []
+  for index, arg in enumerate(argv[1:], start=1):
+    given = re.match(rf'^--?{name}(=(.*))?$', arg)
+    if given:
+      config_file = given.group(2) if given.group(1) else (argv[index + 1:] or [''])[0]
+    override = re.match(rf'^--?(?:no)?{name}\.([^=]+)', arg)
+    if override:
+      overrides.append(override.group(1))
+  if not overrides:
+    return
+  try:
+    config = _load_config_file(config_file)
+  except Exception:  # pylint: disable=broad-except
+    return  # config_flags reports a config file it cannot load in its own words
+  for path in overrides:
+    node, walked = config, name
+    for key in path.split('.'):
+      if not isinstance(node, ml_collections.ConfigDict) or key not in node:
+        fields = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        raise ConfigError(f'--{name}.{path}: {walked} has no field {key!r}'
+                          + (f'; its fields are {", ".join(fields)}.' if fields else '.'))
+      node, walked = node[key], f'{walked}.{key}'
+
+
+def exit_with(error: BaseException) -> None:
+  """Prints `error`'s message alone (no traceback) and exits with EXIT_CONFIG_ERROR."""
+  print(f'error: {error}', file=sys.stderr, flush=True)
+  sys.exit(EXIT_CONFIG_ERROR)
+
+
+def run_command(main: Callable, define_flags: Callable, default_config_file: str,
+                refusals: tuple = ()) -> None:
+  """`app.run(main)` for an entry point with a `--config` flag.
+
+  Unknown `--config.x`, and ConfigError or any of `refusals` raised by main,
+  print their message alone and exit with status 2; other errors are crashes
+  and keep their traceback.
+  """
+  try:
+    check_overrides(sys.argv, default_config_file)
+  except ConfigError as error:
+    exit_with(error)
+  define_flags()
+
+  def checked_main(argv):
+    try:
+      return main(argv)
+    except (ConfigError, *refusals) as error:
+      exit_with(error)
+
+  app.run(checked_main)

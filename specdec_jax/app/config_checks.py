@@ -1,0 +1,78 @@
+"""What the command-line configs' values may be: check tables for `cli.check_fields`.
+
+The sampling and method-hyperparameter tables are shared by the main command
+(`configs/generate.py`) and the sampler (`configs/sample_*.py`, under
+`hparams`); their ranges are those the rules, modes and `logits.Sampling`
+accept, so a bad value stops the command before any model loads. Bounds that
+depend on the model family (tokens per image, vocabulary, classes) are
+checked by `check_for_family` once it is loaded, before anything compiles.
+"""
+
+from __future__ import annotations
+
+from specdec_jax import rules
+from specdec_jax.app import cli
+from specdec_jax.app import family as family_lib
+
+SAMPLING = dict(
+    cfg_scale=cli.number(minimum=1.0, note='1.0 = no guidance'),
+    cfg_interval=cli.integer(-1, note='-1 = guide every token'),
+    temperature=cli.number(minimum=0.0, note='0 = greedy'),
+    top_k=cli.integer(0, note='0 = off'),
+    top_p=cli.number(above=0.0, maximum=1.0, note='1.0 = off'))
+
+HYPERPARAMETERS = dict(
+    draft_length=cli.integer(1, note='and below the tokens per image'),
+    jacobi_window=cli.integer(2, note='and at most the tokens per image'),
+    coolsd_delta=cli.number(above=0.0),
+    uniform_omega=cli.number(above=0.0),
+    lantern_k=cli.integer(1, note='and below the vocabulary size'),
+    lantern_lam=cli.number(minimum=1.0),
+    lantern_residual=cli.one_of(*rules._LANTERN_RESIDUALS),  # pylint: disable=protected-access
+    csd_lam=cli.number(minimum=0.0),
+    csd_tv_threshold=cli.number(minimum=0.0, maximum=1.0),
+    gsd_prob_threshold=cli.number(above=0.0),
+    gsd_dist_threshold=cli.number(above=0.0))
+
+
+def main_command(method_names: tuple[str, ...]) -> dict:
+  """The table of `configs/generate.py` (methods from `method_names`, 'vanilla' first)."""
+  methods = cli.Check(
+      lambda v: (isinstance(v, (tuple, list)) and len(v) > 0 and v[0] == 'vanilla'
+                 and set(v) <= set(method_names) and len(set(v)) == len(v)),
+      f"a tuple of distinct names of {method_names}, 'vanilla' first")
+  return dict(
+      bundle_dir=cli.STRING, seed=cli.integer(0), images_per_class=cli.integer(1),
+      latency_classes=cli.integers(0, nonempty=True), timing_repeats=cli.integer(1),
+      side_by_side_per_class=cli.integer(1), grid_scale=cli.integer(1),
+      xla_cpu_single_thread=cli.BOOL, xla_cpu_plain_reductions=cli.BOOL,
+      compilation_cache=cli.STRING, sampling=SAMPLING, methods=methods, **HYPERPARAMETERS)
+
+
+def check_bundle_dir(bundle_dir: str, where: str, required: bool = False) -> None:
+  """'' (the bundled family; `required`: it must be in this build) or a complete bundle."""
+  if (bundle_dir or required) and not family_lib.bundle_available(bundle_dir or None):
+    raise cli.ConfigError(f'{where}={bundle_dir!r} is not a complete model bundle (parts '
+                          f'{family_lib.PARTS}); leave it empty for the bundled family, or '
+                          'build one with `python -m specdec_jax.train.family`.')
+
+
+def check_for_family(hyperparameters, family: family_lib.Family, where: str) -> None:
+  """The bounds that depend on the loaded family: draft_length < L, jacobi_window <=
+  L (L tokens per image) and lantern_k < V (vocabulary)."""
+  tokens, vocab = family.num_tokens, family.target.vocab_size
+  for field, ok, accepted in (
+      ('draft_length', hyperparameters.draft_length < tokens,
+       f'below the {tokens} tokens per image'),
+      ('jacobi_window', hyperparameters.jacobi_window <= tokens,
+       f'at most the {tokens} tokens per image'),
+      ('lantern_k', hyperparameters.lantern_k < vocab, f'below the vocabulary size {vocab}')):
+    if not ok:
+      raise cli.ConfigError(f'{where}.{field}={hyperparameters[field]!r}: must be {accepted}.')
+
+
+def check_classes(classes, family: family_lib.Family, where: str) -> None:
+  bad = [c for c in classes if c >= family.num_classes]
+  if bad:
+    raise cli.ConfigError(f'{where} has {bad}, outside [0, {family.num_classes}) for this '
+                          'model.')

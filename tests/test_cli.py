@@ -1,0 +1,117 @@
+"""app.cli: check tables, unknown --config.x, and how the entry points print configuration errors."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+import ml_collections
+
+from specdec_jax.app import cli
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_entry_point(module: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
+  """`python -m module args` on CPU, with the compilation cache kept out of ~/.cache."""
+  with tempfile.TemporaryDirectory() as cache:
+    env = dict(os.environ, JAX_PLATFORMS='cpu', XDG_CACHE_HOME=cache)
+    return subprocess.run([sys.executable, '-m', module, *args], cwd=cwd or REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+class CheckFieldsTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.checks = dict(count=cli.integer(1), scale=cli.number(above=0.0, note='1 = none'),
+                       kind=cli.one_of('a', 'b'), sub=dict(flag=cli.BOOL))
+
+  def config(self, **changes):
+    config = ml_collections.ConfigDict(dict(count=2, scale=1.0, kind='a', sub=dict(flag=True)))
+    config.update(changes)
+    return config
+
+  def test_a_valid_config_passes(self):
+    cli.check_fields(self.config(), self.checks)
+
+  def test_each_refusal_names_the_field_the_value_and_what_it_accepts(self):
+    cases = [(dict(count=0), 'config.count=0: must be an integer >= 1'),
+             (dict(count=True), 'config.count=True: must be an integer >= 1'),
+             (dict(scale=float('nan')), r'config.scale=nan: must be a finite number > 0.0 '
+                                         r'\(1 = none\)'),
+             (dict(kind='c'), r"config.kind='c': must be one of \('a', 'b'\)"),
+             (dict(sub=dict(flag=1)), 'config.sub.flag=1: must be True or False')]
+    for changes, message in cases:
+      config = self.config()
+      config.unlock()
+      for key, value in changes.items():
+        config[key] = value
+      with self.assertRaisesRegex(cli.ConfigError, message):
+        cli.check_fields(config, self.checks)
+
+  def test_a_field_the_table_does_not_know_is_refused(self):
+    config = self.config()
+    config.extra = 1
+    with self.assertRaisesRegex(cli.ConfigError, r"does not read: \['extra'\]"):
+      cli.check_fields(config, self.checks)
+
+
+class OverridesTest(absltest.TestCase):
+
+  def test_unknown_fields_are_named_with_the_fields_there_are(self):
+    default = str(REPO / 'configs' / 'generate.py')
+    cli.check_overrides(['prog', '--config.seed=1', '--config.sampling.top_k=3'], default)
+    with self.assertRaisesRegex(cli.ConfigError, r"--config.sedd: config has no field 'sedd'; "
+                                'its fields are .*seed'):
+      cli.check_overrides(['prog', '--config.sedd=1'], default)
+    with self.assertRaisesRegex(cli.ConfigError, r"config.sampling has no field 'topk'.*top_k"):
+      cli.check_overrides(['prog', '--config.sampling.topk=3'], default)
+    with self.assertRaisesRegex(cli.ConfigError, "config.seed has no field 'x'"):
+      cli.check_overrides(['prog', '--config.seed.x=3'], default)
+    other = str(REPO / 'configs' / 'sample_llamagen_c2i.py')  # --config names the file
+    cli.check_overrides(['prog', '--config', other, '--config.model.vq=v'], default)
+    with self.assertRaisesRegex(cli.ConfigError, "config.model has no field 'vae'"):
+      cli.check_overrides(['prog', f'--config={other}', '--config.model.vae=v'], default)
+
+
+class EntryPointErrorsTest(absltest.TestCase):
+  """Configuration errors print their message alone (exit 2); no traceback."""
+
+  def assert_refused(self, result: subprocess.CompletedProcess, message: str):
+    self.assertEqual(result.returncode, cli.EXIT_CONFIG_ERROR, result.stderr[-3000:])
+    self.assertIn(message, result.stderr)
+    self.assertNotIn('Traceback', result.stderr)
+
+  def test_main_command(self):
+    self.assert_refused_before_writing(
+        'specdec_jax.generate', '--config.timing_repeats=0', '--out={out}',
+        message='config.timing_repeats=0: must be an integer >= 1')
+    self.assert_refused(run_entry_point('specdec_jax.generate', '--config.x=1'),
+                        "--config.x: config has no field 'x'")
+
+  def test_sampler(self):
+    self.assert_refused_before_writing(
+        'specdec_jax.sample', '--config.num_images=0', '--config.out_dir={out}',
+        message='config.num_images=0: must be an integer >= 1')
+    self.assert_refused(run_entry_point('specdec_jax.sample', '--config.hparams.k=2'),
+                        "config.hparams has no field 'k'")
+
+  def test_family_trainer(self):
+    self.assert_refused_before_writing(
+        'specdec_jax.train.family', '--workdir={out}', "--config.stages=('tokenizer','vae')",
+        message="config.stages has unknown names ['vae']")
+    self.assert_refused(run_entry_point('specdec_jax.train.family', '--config.target.lrr=1'),
+                        "config.target has no field 'lrr'")
+
+  def assert_refused_before_writing(self, module: str, *args: str, message: str):
+    """Refused with `message`, and the output folder ({out} in args) not created."""
+    with tempfile.TemporaryDirectory() as tmp:
+      out = os.path.join(tmp, 'out')
+      self.assert_refused(run_entry_point(module, *(a.format(out=out) for a in args)), message)
+      self.assertFalse(os.path.exists(out))
+
+if __name__ == '__main__':
+  absltest.main()

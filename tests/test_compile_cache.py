@@ -1,0 +1,47 @@
+"""app.compile_cache: where the entry points' persistent compilation cache lives.
+
+That the entry points fill it, and that 'off' keeps it empty, is tested on the
+commands themselves (tests/test_sample.py, tests/test_generate.py).
+"""
+
+import contextlib
+import os
+import pathlib
+from unittest import mock
+
+from absl.testing import absltest
+import jax
+
+from specdec_jax.app import compile_cache
+
+
+@contextlib.contextmanager
+def jax_cache_dir(value):
+  """JAX's own cache folder setting (JAX_COMPILATION_CACHE_DIR) set to `value`."""
+  before = jax.config.jax_compilation_cache_dir
+  jax.config.update('jax_compilation_cache_dir', value)
+  try:
+    yield
+  finally:
+    jax.config.update('jax_compilation_cache_dir', before)
+
+
+class FolderTest(absltest.TestCase):
+
+  def test_settings(self):
+    with mock.patch.dict(os.environ, {'XDG_CACHE_HOME': '/x/cache'}), jax_cache_dir(None):
+      self.assertEqual(compile_cache.folder_for(''), pathlib.Path('/x/cache/specdec_jax'))
+      self.assertIsNone(compile_cache.folder_for('off'))
+      self.assertEqual(compile_cache.folder_for('/elsewhere'), pathlib.Path('/elsewhere'))
+    with mock.patch.dict(os.environ, {'HOME': '/home/u'}):
+      os.environ.pop('XDG_CACHE_HOME', None)
+      self.assertEqual(compile_cache.default_folder(), pathlib.Path('/home/u/.cache/specdec_jax'))
+
+  def test_jax_own_setting_wins_over_the_default(self):
+    with jax_cache_dir('/from/env'):
+      self.assertEqual(compile_cache.folder_for(''), pathlib.Path('/from/env'))
+      self.assertEqual(compile_cache.folder_for('/mine'), pathlib.Path('/mine'))
+
+
+if __name__ == '__main__':
+  absltest.main()
