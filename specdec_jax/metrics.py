@@ -159,19 +159,38 @@ def report_nonfinite(result):
   is broken (and decoding as slow as plain sampling).
   """
   metrics = result.metrics
-  target_steps, draft_steps = (np.asarray(x) for x in jax.device_get(
-      (metrics.nonfinite_target_steps, metrics.nonfinite_draft_steps)))
+  (target_images, target_steps), (draft_images, draft_steps) = (
+      _local_counts(x) for x in (metrics.nonfinite_target_steps, metrics.nonfinite_draft_steps))
   if target_steps.any():
-    images = np.flatnonzero(target_steps)
+    images = target_images[target_steps > 0]
     raise NonFiniteProbabilitiesError(
         f'generate: the target probabilities held NaN or inf for {_named(images)} (in '
         f'{int(target_steps.max())} step(s) at most), so their tokens are not samples. '
         'Check the target parameters, the conditioning and the sampling (e.g. an overflow '
         'in the logits); the error\'s .result holds the decode.', result, images)
   if draft_steps.any():
-    images = np.flatnonzero(draft_steps)
+    images = draft_images[draft_steps > 0]
     warnings.warn(
         f'generate: the draft probabilities held NaN or inf for {_named(images)}; '
         'those drafts were all rejected (the tokens keep the target\'s law, at one token '
         'per forward). Check the drafter parameters.', RuntimeWarning, stacklevel=3)
   return result
+
+
+def _local_counts(counts: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+  """(image indices, counts) of a per-image counter int32[B] that this process holds.
+
+  In a multi-process run the metrics are global arrays whose other shards live
+  on other hosts: each process checks (and reports) the images it decoded.
+  """
+  if getattr(counts, 'is_fully_addressable', True):
+    values = np.asarray(jax.device_get(counts))
+    return np.arange(values.shape[0]), values
+  images, values = [], []
+  for shard in counts.addressable_shards:
+    rows = range(counts.shape[0])[shard.index[0]]
+    images.append(np.asarray(rows))
+    values.append(np.asarray(shard.data))
+  images, values = np.concatenate(images), np.concatenate(values)
+  unique = np.unique(images, return_index=True)[1]  # replicated shards: count once
+  return images[unique], values[unique]
