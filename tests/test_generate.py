@@ -14,12 +14,14 @@ from specdec_jax import decode
 from specdec_jax.app import demo
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
+from specdec_jax.app import images as images_lib
 from specdec_jax.configs import generate as generate_config
 from specdec_jax.models import classifier
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
 from specdec_jax.models import patch_tokenizer
 from specdec_jax.models import vq
+from tests import test_images
 
 
 def tiny_bundle(directory, tokenizer_kind='patch'):
@@ -79,7 +81,10 @@ class GenerateTest(absltest.TestCase):
           self.assertIn(key, row)
         self.assertGreaterEqual(row['tokens_per_forward'], 1.0)
         self.assertLess(row['host_overhead_ms'], 50.0)  # no re-validation (about 1 ms)
-      self.assertTrue(os.path.exists(os.path.join(out, 'side_by_side.png')))
+      side = test_images.decode_png(open(os.path.join(out, 'side_by_side.png'), 'rb').read())
+      # Method names in a band above the 10 class rows of 32x32 images.
+      self.assertEqual(side.shape[0], config.grid_scale * (images_lib.TITLE_BAND + 10 * 34 + 2))
+      self.assertTrue((side[:config.grid_scale * images_lib.TITLE_BAND] == 0).any())
       self.assertEqual(saved['method_order'], list(config.methods))
       self.assertEqual(saved['methods']['coolsd']['hyperparameters']['delta'],
                        config.coolsd_delta)

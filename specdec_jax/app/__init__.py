@@ -7,7 +7,8 @@ Modules:
                  bundle is present
   family         the bundled Fashion-MNIST model family (load, write_bundle)
   fashion_mnist  the Fashion-MNIST data (installed IDX files, checked, padded)
-  images         image grids and PNG writing
+  images         image grids with method and class labels, PNG writing
+  font           the 5x7 pixel font of those labels
   evaluation     Frechet distance, class accuracy, NLL
   training       the training loop pieces shared by the entry points in `train`
   train          training entry points (tokenizers, target and draft GPTs,

@@ -16,10 +16,9 @@ method of `configs/generate.py` twice:
   after compilation, every method's runs interleaved with every other's
   (`latency_pass`); speedup = vanilla's latency / the method's.
 
-It saves one PNG grid per method and `side_by_side.png` (the first
-`side_by_side_per_class` images of each class, methods left to right in
-the table's order), prints a table and writes `results.json`. It needs no
-data set: the bundle carries the test split's feature statistics.
+It saves one PNG grid per method and `side_by_side.png` (method names above
+the columns, class names beside the rows), prints a table and writes
+`results.json`; it needs no data set (the bundle has the test split's statistics).
 """
 
 from __future__ import annotations
@@ -44,9 +43,9 @@ from specdec_jax import rules
 from specdec_jax.app import demo
 from specdec_jax.app import evaluation
 from specdec_jax.app import family as family_lib
+from specdec_jax.app import fashion_mnist
 from specdec_jax.app import images as images_lib
 from specdec_jax.configs import generate as default_config
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,16 +251,6 @@ def latency_pass(methods: list[Method], family: family_lib.Family, classes, samp
   return out
 
 
-def side_by_side(grids: dict, gap: int = 6) -> np.ndarray:
-  """Method grids (uint8[H, W_i(, C)], equal H) side by side with white gaps."""
-  pieces = []
-  for grid in grids.values():
-    if pieces:
-      pieces.append(np.full((grid.shape[0], gap) + grid.shape[2:], 255, grid.dtype))
-    pieces.append(grid)
-  return np.concatenate(pieces, axis=1)
-
-
 def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   """Runs every method (quality and latency passes); writes PNG grids and results.json."""
   os.makedirs(out_dir, exist_ok=True)
@@ -270,7 +259,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   latency_classes = tuple(int(c) for c in config.latency_classes)
   methods = build_methods(config, family)
   options = compiler_options(config)
-  grids, quality = {}, {}
+  pictures, quality = {}, {}
   logging.info('quality pass: %d images (%d tokens each); latency pass: 1 image with CFG, '
                'classes %s, best of %d interleaved rounds; %d methods', len(labels),
                family.num_tokens, latency_classes, config.timing_repeats, len(methods))
@@ -279,13 +268,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
     tokens, summary, compile_s = quality_pass(method, family, labels, sampling, config.seed,
                                               options)
     images, measures = quality_measures(family, labels, tokens, sampling)
-    grid = images_lib.make_grid(images, columns=config.images_per_class)
-    grids[method.name] = images_lib.make_grid(
-        images.reshape(family.num_classes, config.images_per_class, *images.shape[1:])[
-            :, :config.side_by_side_per_class].reshape(-1, *images.shape[1:]),
-        columns=min(config.side_by_side_per_class, config.images_per_class))
-    images_lib.save_png(os.path.join(out_dir, f'{method.name}.png'), grid,
-                        scale=config.grid_scale)
+    pictures[method.name] = images  # rows of classes: labels are sorted
     quality[method.name] = dict(summary=summary, measures=measures, compile_s=compile_s,
                                 wall_s=time.perf_counter() - started)
     logging.info('[%d/%d] %-14s quality: tokens/forward %.2f  nll %.4f  frechet %.2f  '
@@ -326,8 +309,8 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
         hyperparameters=dict(rule_hyperparameters(method.rule), **method.hyperparameters))
   logging.info('latency pass: %.0f s; speedups %s', latency_wall_s,
                ', '.join(f'{name} {row["speedup"]:.2f}x' for name, row in results.items()))
-  images_lib.save_png(os.path.join(out_dir, 'side_by_side.png'), side_by_side(grids),
-                      scale=config.grid_scale)
+  images_lib.write_figures(out_dir, pictures, fashion_mnist.CLASS_NAMES[:family.num_classes],
+                           config.side_by_side_per_class, config.grid_scale)
   output = dict(
       methods=results,
       method_order=list(results),
@@ -345,8 +328,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
     json.dump(output, f, indent=1, default=float)
   os.replace(path + '.tmp', path)
   print(format_table(results, family.classifier_test_accuracy))
-  print(f'wrote {path}, {len(results)} PNG grids and side_by_side.png '
-        f'({", ".join(results)}, left to right) to {out_dir}')
+  print(f'wrote {path}, {len(results)} PNG grids and side_by_side.png to {out_dir}')
   return output
 
 
