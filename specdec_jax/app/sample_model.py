@@ -64,7 +64,7 @@ def check_model_config(model: ml_collections.ConfigDict) -> None:
       raise FileNotFoundError(
           f'config.model.bundle_dir={model.bundle_dir!r} is not a complete model bundle '
           f'(parts {family_lib.PARTS}); leave it empty for the bundled family, or build one '
-          'with `python -m specdec_jax.train.family`.')
+          'with `python -m specdec_jax.app.train.family`.')
     return
   _require_checkpoint('checkpoint', model.checkpoint)
   _require_checkpoint('vq', model.vq)
