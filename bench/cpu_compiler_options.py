@@ -32,6 +32,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/cpu_compiler_options.json', 'JSON results.')
 _ROUNDS = flags.DEFINE_integer('rounds', 7, 'Batch-1 rounds (best per call is kept).')
@@ -54,7 +55,7 @@ def main(argv):
   config.methods = METHODS
   family = family_lib.load()
   sampling = logits.Sampling(**config.sampling.to_dict())
-  methods = generate_app.build_methods(config, family)
+  methods = methods_lib.build_methods(config, family)
   variants = {'xla_default': None, 'cpu_latency_options': dict(decode.CPU_LATENCY_OPTIONS)}
   classes = tuple(int(c) for c in config.latency_classes)
 

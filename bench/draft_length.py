@@ -26,6 +26,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/draft_length.json', 'JSON results.')
 _ROUNDS = flags.DEFINE_integer('rounds', 7, 'Timed rounds (best per call is kept).')
@@ -48,12 +49,12 @@ def main(argv):
   family = family_lib.load()
   sampling = logits.Sampling(**config.sampling.to_dict())
   lengths = [int(k) for k in _LENGTHS.value]
-  vanilla = generate_app.build_methods(config, family)[0]
+  vanilla = methods_lib.build_methods(config, family)[0]
   variants = {}  # (method, k) -> Method
   for k in lengths:
     config.draft_length = k
     config.methods = ('vanilla', *_METHODS.value)
-    for method in generate_app.build_methods(config, family)[1:]:
+    for method in methods_lib.build_methods(config, family)[1:]:
       variants[(method.name, k)] = method
 
   best = {}  # (name, k, class) -> seconds; vanilla under ('vanilla', 0, class)

@@ -23,6 +23,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_window.json', 'JSON results.')
 _WINDOWS = flags.DEFINE_list('windows', ['4', '6', '8', '12', '16'], 'Jacobi windows W.')
@@ -48,13 +49,14 @@ def main(argv):
     config.methods = ('vanilla', *_METHODS.value)
     sampling = logits.Sampling(**config.sampling.to_dict())
     options = generate_app.compiler_options(config)
-    for method in generate_app.build_methods(config, family):
+    for method in methods_lib.build_methods(config, family):
       if method.name == 'vanilla' and calls:
         continue  # one vanilla reference for every window
       for label in classes:
         window_key = 0 if method.name == 'vanilla' else window
-        calls[(window_key, method.name, label)] = generate_app._timed_call(  # pylint: disable=protected-access
-            method, family, label, sampling, config.seed, options)
+        timed_call = generate_app._timed_call  # pylint: disable=protected-access
+        calls[(window_key, method.name, label)] = timed_call(method, family, label, sampling,
+                                                             config.seed, options)
   tokens_per_forward = {key: call()[0].metrics.summary()['tokens_per_target_forward']
                         for key, call in calls.items()}  # the first call compiles
   best = dict.fromkeys(calls, np.inf)

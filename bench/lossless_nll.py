@@ -40,6 +40,7 @@ def main(argv):
   from specdec_jax.app import evaluation  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
 
   config = generate_config.get_config()
@@ -49,7 +50,7 @@ def main(argv):
   options = generate_app.compiler_options(config)
   labels = np.repeat(np.arange(family.num_classes), 10).astype(np.int32)
   nlls = {}
-  for method in generate_app.build_methods(config, family):
+  for method in methods_lib.build_methods(config, family):
     started, per_image = time.perf_counter(), []
     for batch in range(_BATCHES.value):
       tokens, _, _ = generate_app.quality_pass(method, family, labels, sampling,

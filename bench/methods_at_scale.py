@@ -4,7 +4,7 @@
   python bench/methods_at_scale.py --preset=tiny --out /tmp/methods_tiny.json          # CPU check
 
 Each method of `configs/generate.py` (the main command's catalogue,
-`app.generate.build_methods`, with its hyperparameters) decodes one image
+`app.methods_lib.build_methods`, with its hyperparameters) decodes one image
 with CFG at the target's shapes: LlamaGen GPT-XL c2i at 384 px (576 tokens,
 vocab 16384) with an EAGLE-1 head of its width and GPT-B as the draft model;
 the LANTERN neighbour table and GSD's embeddings come from a random 8-wide
@@ -80,6 +80,7 @@ def main(argv):
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from specdec_jax import decode, logits  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
 
   started = time.perf_counter()
@@ -92,7 +93,7 @@ def main(argv):
   codebook = jax.random.normal(jax.random.key(3), (target.vocab_size, 8))
   family = ScaleFamily(target, target_params, codebook)
   config = generate_config.get_config()
-  methods = generate_app.build_methods(config, family)
+  methods = methods_lib.build_methods(config, family)
   sampling = logits.Sampling(**config.sampling.to_dict())
   cond = target.cfg_cond(target_params, jnp.array([1]))
   drafters = {'eagle': (head, head_params), 'draft_model': (draft, draft_params)}

@@ -35,6 +35,7 @@ from specdec_jax import rules
 from specdec_jax.app import compile_cache
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
+from specdec_jax.app import methods as methods_lib
 from specdec_jax.configs import generate as generate_config
 
 DELTAS = (1.5, 2.0, 3.0, 4.0, 6.0)
@@ -43,27 +44,27 @@ CSD_LAMS = (0.02, 0.05, 0.1, 0.2)
 
 
 def sweep_methods(config, family, draft_length: int, window: int, lantern_k: int) -> list:
-  """(family name, knob value, generate.Method) for every point of the sweep."""
+  """(family name, knob value, methods_lib.Method) for every point of the sweep."""
   chain = decode.ChainDraft(k=draft_length, drafter='eagle')
   jacobi = decode.Jacobi(window=window, init='random')
   neighbors = family.neighbors(lantern_k)
-  points = [('vanilla', None, generate.Method('vanilla', decode.Vanilla())),
-            ('vanilla_seed1', None, generate.Method('vanilla_seed1', decode.Vanilla(),
+  points = [('vanilla', None, methods_lib.Method('vanilla', decode.Vanilla())),
+            ('vanilla_seed1', None, methods_lib.Method('vanilla_seed1', decode.Vanilla(),
                                                      seed_offset=1)),
-            ('lossless', None, generate.Method('lossless', chain, rules.Lossless(), 'eagle'))]
+            ('lossless', None, methods_lib.Method('lossless', chain, rules.Lossless(), 'eagle'))]
   for delta in DELTAS:
-    points.append(('coolsd', delta, generate.Method(
+    points.append(('coolsd', delta, methods_lib.Method(
         f'coolsd_{delta}', chain, rules.CoolSD(delta=delta), 'eagle')))
-    points.append(('uniform', delta, generate.Method(
+    points.append(('uniform', delta, methods_lib.Method(
         f'uniform_{delta}', chain, rules.UniformRelaxed(omega=delta), 'eagle')))
   for residual in ('optimal', 'published_llamagen'):
     for lam in LANTERN_LAMS:
-      points.append((f'lantern_pp_{residual}', lam, generate.Method(
+      points.append((f'lantern_pp_{residual}', lam, methods_lib.Method(
           f'lantern_pp_{residual}_{lam}', chain,
           rules.LanternPP(neighbors=neighbors, k=lantern_k, lam=lam, residual_mode=residual),
           'eagle')))
   for lam in CSD_LAMS:
-    points.append(('csd', lam, generate.Method(
+    points.append(('csd', lam, methods_lib.Method(
         f'csd_{lam}', jacobi, rules.ContentAware(lam=lam, tv_threshold=config.csd_tv_threshold))))
   return points
 
@@ -137,7 +138,7 @@ def main(argv=None) -> dict:
         frechet=measures['frechet'], nll_gap=measures['nll'] - reference_nll,
         class_accuracy=measures['class_accuracy'],
         acceptance_per_position=summary.get('acceptance_per_position'),
-        hyperparameters=generate.rule_hyperparameters(method.rule)))
+        hyperparameters=methods_lib.rule_hyperparameters(method.rule)))
     row = rows[-1]
     print(f'[{index + 1}/{len(points)}] {method.name:28s} tokens/fwd '
           f'{row["tokens_per_forward"]:.2f}  frechet {row["frechet"]:.2f}  nll_gap '

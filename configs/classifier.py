@@ -1,6 +1,7 @@
 """Evaluation classifier on Fashion-MNIST (32x32, official train/test split).
 
-  python -m specdec_jax.train.classifier --config configs/classifier.py --workdir runs/classifier
+  python -m specdec_jax.app.train.classifier --config configs/classifier.py \
+      --workdir runs/classifier
 """
 
 import ml_collections

@@ -1,6 +1,6 @@
 """The bundled Fashion-MNIST model family, trained in one resumable command.
 
-  python -m specdec_jax.train.family --workdir runs/family
+  python -m specdec_jax.app.train.family --workdir runs/family
 
 Stages, in order (each skipped when its outputs exist): patch k-means
 tokenizer, evaluation classifier, target GPT, draft GPT, EAGLE-1 head, bundle.

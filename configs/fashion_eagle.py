@@ -1,6 +1,7 @@
 """EAGLE-1 drafter of the bundled model family, trained on the target's features.
 
-  python -m specdec_jax.train.drafter --config configs/fashion_eagle.py --workdir runs/fashion_eagle
+  python -m specdec_jax.app.train.drafter --config configs/fashion_eagle.py \
+      --workdir runs/fashion_eagle
 
 Drafter shape: LANTERN's LlamaGen drafter for the target (fc 2E -> E, one
 decoder layer without input norm, the target's frozen embedding and head,
@@ -15,8 +16,8 @@ import ml_collections
 def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0
-  config.target_dir = 'runs/family/target/model'  # written by specdec_jax.train.gpt
-  config.tokens_path = 'runs/family/tokenizer/tokens.npz'  # written by specdec_jax.train.vq
+  config.target_dir = 'runs/family/target/model'  # written by specdec_jax.app.train.gpt
+  config.tokens_path = 'runs/family/tokenizer/tokens.npz'  # written by specdec_jax.app.train.vq
   config.data_source = 'dataset'  # 'dataset' (tokens.npz) or 'target' (target samples)
   config.num_target_samples = 20000  # data_source='target'
   config.sample_batch_size = 250

@@ -1,6 +1,7 @@
 """Tokenizer of the bundled model family: k-means on 2x2 patches of Fashion-MNIST.
 
-  python -m specdec_jax.train.kmeans_tokenizer --config configs/fashion_tokenizer.py --workdir runs/family/tokenizer
+  python -m specdec_jax.app.train.kmeans_tokenizer --config configs/fashion_tokenizer.py \
+      --workdir runs/family/tokenizer
 
 28x28 images -> a 14x14 = 196-token grid over a 256-entry patch codebook.
 """

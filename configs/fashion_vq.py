@@ -1,6 +1,6 @@
 """VQ tokenizer of the bundled model family: Fashion-MNIST padded to 32x32.
 
-  python -m specdec_jax.train.vq --config configs/fashion_vq.py --workdir runs/fashion_vq
+  python -m specdec_jax.app.train.vq --config configs/fashion_vq.py --workdir runs/fashion_vq
 
 LlamaGen's VQ architecture at small width: ch 32, ch_mult (1, 2) (one
 stride-2 step: a 16x16 = 256-token grid), 256 x 8 L2-normalised codebook.

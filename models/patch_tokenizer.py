@@ -4,7 +4,7 @@ The bundled Fashion-MNIST family's tokenizer. An image is cut into
 non-overlapping p x p patches; each patch becomes the id of its nearest
 codebook entry (Euclidean distance on pixels scaled to [-1, 1]); decoding
 pastes the codebook patches back. The codebook is fitted by k-means
-(`specdec_jax.train.kmeans_tokenizer`). It is a vector quantiser with the
+(`specdec_jax.app.train.kmeans_tokenizer`). It is a vector quantiser with the
 identity as encoder and decoder, so it offers the same interface as
 `models.vq.VQTokenizer` (`encode`, `decode`, `to_uint8`, `vocab_size`,
 `latent_grid`) and keeps its codebook where LANTERN's neighbour tables read

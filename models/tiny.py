@@ -3,8 +3,8 @@
 Built from `models/layers.py` like the real models, at a size that compiles in
 seconds. Legend: B batch rows, T new tokens, E model width.
 
-`cfg_class_rows` is re-exported from `specdec_jax.toy`: the null class id is
-`num_classes` here too.
+Class id `num_classes` is the null class of CFG rows (`cfg_class_rows`), here
+and in the Markov toys of `specdec_jax.app.toy`, which share `check_class_ids`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,31 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import kv_cache as kv
 from specdec_jax import protocol
 from specdec_jax.models import layers
-from specdec_jax.toy import cfg_class_rows  # pylint: disable=unused-import
-from specdec_jax.toy import check_class_ids
+
+
+def check_class_ids(cond, num_classes: int, what: str, allow_null: bool) -> None:
+  """Raises a clear error for conditioning that is not int class ids [B]."""
+  shape = jnp.shape(cond)
+  if len(shape) != 1 or not jnp.issubdtype(jnp.result_type(cond), jnp.integer):
+    raise ValueError(
+        f'{what}: cond must be integer class ids of shape [B] (one per cache row; with '
+        f'CFG [cond; uncond] rows), got shape {shape} dtype {jnp.result_type(cond)}.')
+  if not isinstance(cond, jax.core.Tracer):
+    values = np.asarray(cond)
+    high = num_classes + (1 if allow_null else 0)
+    if values.size and (values.min() < 0 or values.max() >= high):
+      raise ValueError(f'{what}: class ids must be in [0, {high}), got {values.tolist()}.')
+
+
+def cfg_class_rows(class_ids, num_classes: int) -> jax.Array:
+  """[cond; uncond] class-id rows for CFG: the null class is `num_classes`."""
+  class_ids = jnp.asarray(class_ids, jnp.int32)
+  return jnp.concatenate([class_ids, jnp.full_like(class_ids, num_classes)])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,6 @@ Modules:
   attention   cached multi-head attention shared by every model
   protocol    the model protocol the decoding engine needs
   testing     statistical checks of sample counts against exact laws
-  toy         toy Markov target and EAGLE-style drafter with exact laws (tests, demo)
 
 Layers (tests/test_layers.py checks the imports):
   core                     the modules above, at the top of this package;
@@ -36,8 +35,11 @@ Layers (tests/test_layers.py checks the imports):
                            every layer
   specdec_jax.configs      ml_collections configs (repository folder configs/)
                            beside the application; imports only other configs
-The old paths of the application modules (specdec_jax.generate, .family,
-.train.*, ...) and specdec_jax.models.toy are shims that still work.
+
+Commands: `python -m specdec_jax.generate` (the main command, also
+`specdec-generate`) and `python -m specdec_jax.sample` (the evaluation-set
+sampler) only run their `specdec_jax.app` modules; the trainers run as
+`python -m specdec_jax.app.train.<name>` (`family` trains the whole bundle).
 """
 
 __version__ = '0.1.0'

@@ -36,7 +36,6 @@ other images in the batch, and the loop body runs no PRNG.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 
 from absl import logging
@@ -55,6 +54,9 @@ from specdec_jax import mode_base
 from specdec_jax import modes as modes_lib
 from specdec_jax import randomness
 from specdec_jax import sharding
+# XLA options for decodes: part of this module's API (generate(compiler_options=...)).
+from specdec_jax.xla_options import CPU_LATENCY_OPTIONS  # pylint: disable=unused-import
+from specdec_jax.xla_options import FAST_COMPILE  # pylint: disable=unused-import
 
 Vanilla, ChainDraft, TreeDraft, Jacobi = (
     modes_lib.Vanilla, modes_lib.ChainDraft, modes_lib.TreeDraft, modes_lib.Jacobi)
@@ -212,24 +214,6 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
 _COMPILED: dict = {}  # (plan, options, argument signature) -> compiled program
 _PREPARED: dict = {}  # generate()'s call signature -> (plan, compiled program)
 
-# Cheaper XLA:CPU compilation (about 2x faster on the test models) for tests.
-FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
-
-# XLA:CPU options for small-batch (latency) decoding. XLA:CPU rewrites every
-# reduction it does not hand to its YNNPACK kernels (those below a few
-# thousand elements) into a reduce-window over blocks of 32 followed by a
-# reduce: two loop kernels where one suffices. At one image with CFG every
-# reduction of the loop is that small (the softmax over the cache slots, the
-# RMSNorms, the softmax over the vocabulary). Without the rewrite the bundled
-# family's batch-1 vanilla decode ran 2-21% faster in every comparison made;
-# its SD decodes' change stayed within the machine's noise at batch 1 and was
-# a 13-20% gain at batch 100 (README "The decoding engine",
-# bench/cpu_compiler_options.py). Exact in law: only the summation order of
-# f32 reductions changes. For CPU: other backends compile reductions their
-# own way.
-CPU_LATENCY_OPTIONS = {'xla_disable_hlo_passes': 'tree_reduction_rewriter,cpu-parallel-task-assigner'}
-
-
 def clear_compile_cache() -> None:
   """Forgets compiled decodes (tests that monkeypatch the loop use it)."""
   _COMPILED.clear()
@@ -247,11 +231,6 @@ def _signature(tree):
       for x in leaves)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _per_image_keys(key, num_images: int):
-  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_images))
-
-
 def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                target_rules, draft_rules) -> tuple:
   """The traced arguments of the compiled decode for one call."""
@@ -260,7 +239,8 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_para
       plan.mode.slots)
   if draft_cond is None:
     draft_cond = cond
-  row_keys = _per_image_keys(key, plan.num_images) if modes_lib.is_single_key(key) else key
+  row_keys = (randomness.per_image_keys(key, plan.num_images) if modes_lib.is_single_key(key)
+              else key)
   mesh = plan.mesh
   if mesh is not None:
     target_params = sharding.shard_params(target_params, mesh, target_rules)

@@ -1,15 +1,11 @@
-"""Moved to `specdec_jax.app.generate`.
+"""`python -m specdec_jax.generate`: runs the main command, `specdec_jax.app.generate`.
 
-This old path keeps the command `python -m specdec_jax.generate` working (it
-runs the new module) and stays an alias, with a DeprecationWarning, for old
-imports.
+A documented command name only: the core layer imports nothing from the
+application, so this file runs the application module as the program and
+does nothing when imported. Import `specdec_jax.app.generate` for its API.
 """
 
-from specdec_jax import _moved
-
-_SHIM_FOR = 'specdec_jax.app.generate'
+import runpy
 
 if __name__ == '__main__':
-  _moved.run_as_main(_SHIM_FOR)
-else:
-  _moved.alias(__name__, _SHIM_FOR)
+  runpy.run_module('specdec_jax.app.generate', run_name='__main__', alter_sys=True)

@@ -16,8 +16,17 @@ its own; on accelerators it is one more kernel per iteration).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def per_image_keys(key: jax.Array, num_images: int) -> jax.Array:
+  """[B] keys from one key: image b's is `key` folded with b (its tokens then depend
+  on the key and b only, not on the batch it is decoded in)."""
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_images))
 
 
 def loop_uniforms(row_keys: jax.Array, num_steps: int, width: int) -> jax.Array:

@@ -11,8 +11,9 @@ from specdec_jax import decode
 from specdec_jax import logits
 from specdec_jax import rules
 from specdec_jax import testing
-from specdec_jax import toy
 from specdec_jax import verify
+from specdec_jax.app import toy
+from specdec_jax.models import tiny
 
 
 VOCAB, CLASSES, NUM_TOKENS = 4, 2, 3
@@ -33,7 +34,7 @@ def _params():
 
 def _cond(num_images: int, sampling: logits.Sampling, class_id: int = 0):
   ids = jnp.full((num_images,), class_id, jnp.int32)
-  return toy.cfg_class_rows(ids, CLASSES) if sampling.uses_cfg else ids
+  return tiny.cfg_class_rows(ids, CLASSES) if sampling.uses_cfg else ids
 
 
 def _chi_square_pvalue(tokens: np.ndarray, law: np.ndarray) -> float:

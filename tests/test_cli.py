@@ -101,9 +101,9 @@ class EntryPointErrorsTest(absltest.TestCase):
 
   def test_family_trainer(self):
     self.assert_refused_before_writing(
-        'specdec_jax.train.family', '--workdir={out}', "--config.stages=('tokenizer','vae')",
+        'specdec_jax.app.train.family', '--workdir={out}', "--config.stages=('tokenizer','vae')",
         message="config.stages has unknown names ['vae']")
-    self.assert_refused(run_entry_point('specdec_jax.train.family', '--config.target.lrr=1'),
+    self.assert_refused(run_entry_point('specdec_jax.app.train.family', '--config.target.lrr=1'),
                         "config.target has no field 'lrr'")
 
   def assert_refused_before_writing(self, module: str, *args: str, message: str):

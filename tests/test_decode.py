@@ -1,7 +1,7 @@
 """Tests of the compiled decode loop (specdec_jax.decode).
 
 Exactness: on a second-order Markov toy target that reads its context back
-through the KV cache (specdec_jax/toy.py), the joint law of the generated tokens
+through the KV cache (specdec_jax/app/toy.py), the joint law of the generated tokens
 under every lossless mode must equal the exact joint law. Chi-square test
 over the V**n = 64 sequences (bins with expected count < 5 pooled), N = 2**14
 images, p-value threshold 1e-4, fixed seeds. Power: with 63 degrees of
@@ -27,8 +27,8 @@ from specdec_jax import mode_base
 from specdec_jax import modes
 from specdec_jax import rules
 from specdec_jax import testing
-from specdec_jax import toy
 from specdec_jax import verify
+from specdec_jax.app import toy
 from tests.decode_support import VOCAB
 from tests.decode_support import CLASSES
 from tests.decode_support import NUM_TOKENS

@@ -15,8 +15,8 @@ from specdec_jax import decode
 from specdec_jax import drafting
 from specdec_jax import logits
 from specdec_jax import rules
-from specdec_jax import toy
 from specdec_jax import verify
+from specdec_jax.app import toy
 from tests.decode_support import VOCAB
 from tests.decode_support import CLASSES
 from tests.decode_support import NUM_TOKENS

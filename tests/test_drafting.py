@@ -11,8 +11,8 @@ from absl.testing import absltest
 from specdec_jax import drafting
 from specdec_jax import logits
 from specdec_jax import testing
-from specdec_jax import toy
 from specdec_jax import verify
+from specdec_jax.app import toy
 
 VOCAB, CLASSES = 4, 2
 _jacobi_next = jax.jit(drafting.jacobi_next, static_argnums=4)

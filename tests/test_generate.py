@@ -18,12 +18,15 @@ from specdec_jax.app import cli
 from specdec_jax.app import demo
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
+from specdec_jax.app import methods as methods_lib
+from specdec_jax.app import images as images_lib
 from specdec_jax.configs import generate as generate_config
 from specdec_jax.models import classifier
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
 from specdec_jax.models import patch_tokenizer
 from specdec_jax.models import vq
+from tests import test_images
 
 
 def tiny_bundle(directory, tokenizer_kind='patch'):
@@ -83,7 +86,10 @@ class GenerateTest(absltest.TestCase):
           self.assertIn(key, row)
         self.assertGreaterEqual(row['tokens_per_forward'], 1.0)
         self.assertLess(row['host_overhead_ms'], 50.0)  # no re-validation (about 1 ms)
-      self.assertTrue(os.path.exists(os.path.join(out, 'side_by_side.png')))
+      side = test_images.decode_png(open(os.path.join(out, 'side_by_side.png'), 'rb').read())
+      # Method names in a band above the 10 class rows of 32x32 images.
+      self.assertEqual(side.shape[0], config.grid_scale * (images_lib.TITLE_BAND + 10 * 34 + 2))
+      self.assertTrue((side[:config.grid_scale * images_lib.TITLE_BAND] == 0).any())
       self.assertEqual(saved['method_order'], list(config.methods))
       self.assertEqual(saved['methods']['coolsd']['hyperparameters']['delta'],
                        config.coolsd_delta)
@@ -107,7 +113,7 @@ class GenerateTest(absltest.TestCase):
     """Rounds run every class with every method in turn, the order rotated each
     round; each (method, class) keeps its best time; speedups are against the
     first method. Timed calls are stubbed, with one slow phase in round 1."""
-    methods = [generate.Method(name, None) for name in ('vanilla', 'fast', 'slow')]
+    methods = [methods_lib.Method(name, None) for name in ('vanilla', 'fast', 'slow')]
     base = {'vanilla': 0.040, 'fast': 0.020, 'slow': 0.080}
     calls = []
 
@@ -186,7 +192,7 @@ class GenerateTest(absltest.TestCase):
     config = generate_config.get_config()
     config.methods = ('eagle', 'vanilla')
     with self.assertRaisesRegex(ValueError, "start with 'vanilla'"):
-      generate.build_methods(config, None)
+      methods_lib.build_methods(config, None)
 
   def test_toy_demo_lossless_methods_match_target_law(self):
     config = generate_config.get_config()

@@ -23,8 +23,15 @@ class PackagingTest(absltest.TestCase):
       names = zipfile.ZipFile(wheel).namelist()
       top_level = {n.split('/')[0] for n in names if not n.split('/')[0].endswith('.dist-info')}
       self.assertEqual(top_level, {'specdec_jax'})
-      for sub in ('models', 'converters', 'configs', 'app', 'app/train', 'train'):
-        self.assertIn(f'specdec_jax/{sub}/__init__.py', names)
+      expected = [f'specdec_jax/{sub}/__init__.py'
+                  for sub in ('models', 'converters', 'configs', 'app', 'app/train')]
+      expected += [f'specdec_jax/{m}.py' for m in ('generate', 'sample', 'app/toy', 'app/font',
+                                                    'app/train/family', 'models/tiny')]
+      self.assertEmpty([n for n in expected if n not in names])
+      # The old paths of moved modules are gone (no shims, no toy models in the core).
+      old = [n for n in names if n.startswith('specdec_jax/train/') or n in {
+          f'specdec_jax/{m}.py' for m in ('_moved', 'toy', 'family', 'demo', 'models/toy')}]
+      self.assertEmpty(old)
 
       # Install the wheel alone into a fresh target folder; dependencies come
       # from this environment. Import from a folder outside the repository.

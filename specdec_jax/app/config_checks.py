@@ -54,7 +54,7 @@ def check_bundle_dir(bundle_dir: str, where: str, required: bool = False) -> Non
   if (bundle_dir or required) and not family_lib.bundle_available(bundle_dir or None):
     raise cli.ConfigError(f'{where}={bundle_dir!r} is not a complete model bundle (parts '
                           f'{family_lib.PARTS}); leave it empty for the bundled family, or '
-                          'build one with `python -m specdec_jax.train.family`.')
+                          'build one with `python -m specdec_jax.app.train.family`.')
 
 
 def check_for_family(hyperparameters, family: family_lib.Family, where: str) -> None:

@@ -2,7 +2,7 @@
 
 What `python -m specdec_jax.generate` runs while the bundled image family is
 not part of the build. The target is a class-conditional second-order Markov
-chain (`specdec_jax.toy.MarkovToy`) that reads its context back through the KV
+chain (`specdec_jax.app.toy.MarkovToy`) that reads its context back through the KV
 cache, so every decoding mode exercises the real engine: CFG rows, per-row
 rollback, drafting, verification. The drafters are a perturbed copy of the
 target (independent draft model) and an EAGLE-style head on the target's
@@ -27,7 +27,7 @@ import numpy as np
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
-from specdec_jax import toy
+from specdec_jax.app import toy
 
 VOCAB, NUM_CLASSES, NUM_TOKENS = 16, 4, 64
 

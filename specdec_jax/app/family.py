@@ -166,7 +166,7 @@ def write_bundle(directory, *, tokenizer, tokenizer_params, target, target_param
   }
   for name, (params, config, meta) in parts.items():
     common.write_params_atomic(root / name, jax.device_get(params), config=config,
-                               source_files=[], converter='specdec_jax.family.write_bundle',
+                               source_files=[], converter='specdec_jax.app.family.write_bundle',
                                extra_meta=meta, overwrite=overwrite)
   np.savez(root / 'reference_features.npz', mean=np.asarray(reference_mean),
            cov=np.asarray(reference_cov))
@@ -192,7 +192,7 @@ def load(directory: str | pathlib.Path | None = None) -> Family:
     raise FileNotFoundError(
         f'{root} is not a complete model bundle (missing: {missing or "reference_features.npz"}). '
         'The repository ships one in specdec_jax/assets/fashion_mnist; rebuild it with '
-        '`python -m specdec_jax.train.family`, or pass --config.bundle_dir.')
+        '`python -m specdec_jax.app.train.family`, or pass --config.bundle_dir.')
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.WARNING)  # Orbax logs every array it reads at INFO
   try:

@@ -16,19 +16,16 @@ method of `configs/generate.py` twice:
   after compilation, every method's runs interleaved with every other's
   (`latency_pass`); speedup = vanilla's latency / the method's.
 
-It saves one PNG grid per method and `side_by_side.png` (the first
-`side_by_side_per_class` images of each class, methods left to right in
-the table's order), prints a table and writes `results.json`. It needs no
-data set: the bundle carries the test split's feature statistics.
+It saves one PNG grid per method and `side_by_side.png` (method names above
+the columns, class names beside the rows), prints a table and writes
+`results.json`; it needs no data set (the bundle has the test split's statistics).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
-from typing import Any
 
 from absl import flags
 from absl import logging
@@ -39,38 +36,22 @@ import numpy as np
 
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
-from specdec_jax import rules
 from specdec_jax.app import cli
 from specdec_jax.app import compile_cache
 from specdec_jax.app import config_checks
 from specdec_jax.app import demo
 from specdec_jax.app import evaluation
 from specdec_jax.app import family as family_lib
+from specdec_jax.app import fashion_mnist
 from specdec_jax.app import images as images_lib
+from specdec_jax.app import methods as methods_lib
 from specdec_jax.configs import generate as default_config
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-  """One row of the comparison: a decoding mode, a rule and a drafter."""
-
-  name: str
-  mode: Any
-  rule: Any = None
-  drafter: str | None = None  # 'eagle' | 'draft_model' | None
-  seed_offset: int = 0
-  hyperparameters: dict = dataclasses.field(default_factory=dict)
-
-
-METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp', 'uniform',
-                'coolsd', 'sjd', 'gsd', 'csd')
 
 
 def check_config(config, family: family_lib.Family | None = None) -> None:
   """Raises cli.ConfigError on a value no run can use, naming it and what it may be;
   with the family, also the bounds that depend on it (before any compilation)."""
-  cli.check_fields(config, config_checks.main_command(METHOD_NAMES))
+  cli.check_fields(config, config_checks.main_command(methods_lib.METHOD_NAMES))
   config_checks.check_bundle_dir(config.bundle_dir, 'config.bundle_dir')
   if family is not None:
     config_checks.check_for_family(config, family, 'config')
@@ -83,64 +64,6 @@ def cond_rows(model, params, cond, sampling: logits_lib.Sampling):
   return model.cfg_cond(params, cond) if sampling.uses_cfg else cond
 
 
-def build_methods(config, family: family_lib.Family) -> list[Method]:
-  """The methods named in config.methods, with their hyperparameters."""
-  unknown = [m for m in config.methods if m not in METHOD_NAMES]
-  if unknown:
-    raise ValueError(f'config.methods has unknown names {unknown}; known: {METHOD_NAMES}.')
-  if config.methods[0] != 'vanilla':
-    raise ValueError("config.methods must start with 'vanilla' (the speed/drift reference).")
-  k, window = config.draft_length, config.jacobi_window
-  eagle_chain = decode.ChainDraft(k=k, drafter='eagle')
-  jacobi = decode.Jacobi(window=window, init='random')
-  # Built on demand: the LANTERN table (a codebook-sized neighbour search) and
-  # GSD's embeddings only for the methods that are run.
-  catalogue = {
-      'vanilla': lambda: Method('vanilla', decode.Vanilla()),
-      'vanilla_seed1': lambda: Method('vanilla_seed1', decode.Vanilla(), seed_offset=1),
-      'eagle': lambda: Method('eagle', eagle_chain, rules.Lossless(), 'eagle',
-                              hyperparameters=dict(draft_length=k)),
-      'draft_model': lambda: Method('draft_model', decode.ChainDraft(k=k, drafter='model'),
-                                    rules.Lossless(), 'draft_model',
-                                    hyperparameters=dict(draft_length=k)),
-      'lantern_pp': lambda: Method(
-          'lantern_pp', eagle_chain,
-          rules.LanternPP(neighbors=family.neighbors(config.lantern_k), k=config.lantern_k,
-                          lam=config.lantern_lam, residual_mode=config.lantern_residual),
-          'eagle', hyperparameters=dict(draft_length=k)),
-      'uniform': lambda: Method('uniform', eagle_chain,
-                                rules.UniformRelaxed(omega=config.uniform_omega), 'eagle',
-                                hyperparameters=dict(draft_length=k)),
-      'coolsd': lambda: Method('coolsd', eagle_chain, rules.CoolSD(delta=config.coolsd_delta),
-                               'eagle', hyperparameters=dict(draft_length=k)),
-      'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
-      'gsd': lambda: Method('gsd', jacobi,
-                            rules.Grouped(embeddings=family.token_embeddings(),
-                                          prob_threshold=config.gsd_prob_threshold,
-                                          dist_threshold=config.gsd_dist_threshold),
-                            hyperparameters=dict(window=window)),
-      'csd': lambda: Method('csd', jacobi,
-                            rules.ContentAware(lam=config.csd_lam,
-                                               tv_threshold=config.csd_tv_threshold),
-                            hyperparameters=dict(window=window)),
-  }
-  return [catalogue[m]() for m in config.methods]
-
-
-def rule_hyperparameters(rule) -> dict:
-  """The scalar fields of a rule (floats, ints, strings, bools) for results.json."""
-  if rule is None or not dataclasses.is_dataclass(rule):
-    return {}
-  out = {}
-  for field in dataclasses.fields(rule):
-    value = getattr(rule, field.name)
-    if isinstance(value, (bool, int, float, str)) or value is None:
-      out[field.name] = value
-    elif hasattr(value, 'ndim') and getattr(value, 'ndim') == 0:
-      out[field.name] = float(value)
-  return out
-
-
 def compiler_options(config) -> dict | None:
   """XLA options for the decodes: `decode.CPU_LATENCY_OPTIONS` on CPU when
   `config.xla_cpu_plain_reductions`, else None (XLA's defaults)."""
@@ -149,7 +72,7 @@ def compiler_options(config) -> dict | None:
   return None
 
 
-def decode_kwargs(method: Method, family: family_lib.Family, labels, sampling,
+def decode_kwargs(method: methods_lib.Method, family: family_lib.Family, labels, sampling,
                   options: dict | None = None) -> dict:
   """generate() arguments of one method for a batch of class labels (options: XLA's)."""
   kwargs = dict(num_tokens=family.num_tokens, mode=method.mode, sampling=sampling,
@@ -163,8 +86,8 @@ def decode_kwargs(method: Method, family: family_lib.Family, labels, sampling,
   return kwargs
 
 
-def quality_pass(method: Method, family: family_lib.Family, labels: np.ndarray, sampling,
-                 seed: int, options: dict | None = None):
+def quality_pass(method: methods_lib.Method, family: family_lib.Family, labels: np.ndarray,
+                 sampling, seed: int, options: dict | None = None):
   """One batch of every class: (tokens int32[N, L], metrics summary, compile seconds).
 
   One key for the batch: the engine folds it with each image's index, so image
@@ -191,8 +114,8 @@ def quality_measures(family: family_lib.Family, labels: np.ndarray, tokens: np.n
                       class_accuracy=evaluation.class_accuracy(class_logits, labels))
 
 
-def _timed_call(method: Method, family: family_lib.Family, label: int, sampling, seed: int,
-                options: dict | None = None):
+def _timed_call(method: methods_lib.Method, family: family_lib.Family, label: int, sampling,
+                seed: int, options: dict | None = None):
   """A function running one batch-1 decode of `label` (compiling on its first call)."""
   labels = np.asarray([label], np.int32)
   target_cond = cond_rows(family.target, family.target_params, jnp.asarray(labels), sampling)
@@ -209,7 +132,7 @@ def _timed_call(method: Method, family: family_lib.Family, label: int, sampling,
   return call
 
 
-def latency_pass(methods: list[Method], family: family_lib.Family, classes, sampling,
+def latency_pass(methods: list[methods_lib.Method], family: family_lib.Family, classes, sampling,
                  seed: int, rounds: int, options: dict | None = None) -> dict:
   """Batch-1 latency (one image, its CFG rows) of every method, best of `rounds` per class.
 
@@ -270,16 +193,6 @@ def latency_pass(methods: list[Method], family: family_lib.Family, classes, samp
   return out
 
 
-def side_by_side(grids: dict, gap: int = 6) -> np.ndarray:
-  """Method grids (uint8[H, W_i(, C)], equal H) side by side with white gaps."""
-  pieces = []
-  for grid in grids.values():
-    if pieces:
-      pieces.append(np.full((grid.shape[0], gap) + grid.shape[2:], 255, grid.dtype))
-    pieces.append(grid)
-  return np.concatenate(pieces, axis=1)
-
-
 def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   """Runs every method (quality and latency passes); writes PNG grids and results.json."""
   check_config(config, family)
@@ -287,9 +200,9 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   sampling = logits_lib.Sampling(**config.sampling.to_dict())
   labels = np.repeat(np.arange(family.num_classes), config.images_per_class).astype(np.int32)
   latency_classes = tuple(int(c) for c in config.latency_classes)
-  methods = build_methods(config, family)
+  methods = methods_lib.build_methods(config, family)
   options = compiler_options(config)
-  grids, quality = {}, {}
+  pictures, quality = {}, {}
   logging.info('quality pass: %d images (%d tokens each); latency pass: 1 image%s, '
                'classes %s, best of %d interleaved rounds; %d methods', len(labels),
                family.num_tokens, ' with CFG' * sampling.uses_cfg, latency_classes,
@@ -299,13 +212,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
     tokens, summary, compile_s = quality_pass(method, family, labels, sampling, config.seed,
                                               options)
     images, measures = quality_measures(family, labels, tokens, sampling)
-    grid = images_lib.make_grid(images, columns=config.images_per_class)
-    grids[method.name] = images_lib.make_grid(
-        images.reshape(family.num_classes, config.images_per_class, *images.shape[1:])[
-            :, :config.side_by_side_per_class].reshape(-1, *images.shape[1:]),
-        columns=min(config.side_by_side_per_class, config.images_per_class))
-    images_lib.save_png(os.path.join(out_dir, f'{method.name}.png'), grid,
-                        scale=config.grid_scale)
+    pictures[method.name] = images  # rows of classes: labels are sorted
     quality[method.name] = dict(summary=summary, measures=measures, compile_s=compile_s,
                                 wall_s=time.perf_counter() - started)
     logging.info('[%d/%d] %-14s quality: tokens/forward %.2f  nll %.4f  frechet %.2f  '
@@ -343,11 +250,12 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
         wall_s=quality[method.name]['wall_s'],
         rule=type(method.rule).__name__ if method.rule is not None else None,
         mode=type(method.mode).__name__,
-        hyperparameters=dict(rule_hyperparameters(method.rule), **method.hyperparameters))
+        hyperparameters=dict(methods_lib.rule_hyperparameters(method.rule),
+                             **method.hyperparameters))
   logging.info('latency pass: %.0f s; speedups %s', latency_wall_s,
                ', '.join(f'{name} {row["speedup"]:.2f}x' for name, row in results.items()))
-  images_lib.save_png(os.path.join(out_dir, 'side_by_side.png'), side_by_side(grids),
-                      scale=config.grid_scale)
+  images_lib.write_figures(out_dir, pictures, fashion_mnist.CLASS_NAMES[:family.num_classes],
+                           config.side_by_side_per_class, config.grid_scale)
   output = dict(
       methods=results,
       method_order=list(results),
@@ -365,8 +273,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
     json.dump(output, f, indent=1, default=float)
   os.replace(path + '.tmp', path)
   print(format_table(results, family.classifier_test_accuracy))
-  print(f'wrote {path}, {len(results)} PNG grids and side_by_side.png '
-        f'({", ".join(results)}, left to right) to {out_dir}')
+  print(f'wrote {path}, {len(results)} PNG grids and side_by_side.png to {out_dir}')
   return output
 
 

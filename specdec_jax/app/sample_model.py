@@ -8,7 +8,7 @@ features) with its VQ tokenizer and,
 optionally, a converted EAGLE/LANTERN drafter and a small LlamaGen drafting
 GPT (`kind='llamagen'`); both load into `family_lib.Family`, so methods are
 named and built exactly as the main command builds them
-(`app.generate.build_methods`).
+(`app.methods.build_methods`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from specdec_jax.app import cli
 from specdec_jax.app import config_checks
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
+from specdec_jax.app import methods as methods_lib
 from specdec_jax.converters import common
 from specdec_jax.converters import lantern_drafter
 from specdec_jax.converters import llamagen as llamagen_converter
@@ -34,7 +35,7 @@ from specdec_jax.models import llamagen
 
 KINDS = ('fashion', 'llamagen')
 # The main command's methods; its second vanilla seed is a noise level, not a method.
-METHODS = tuple(m for m in generate.METHOD_NAMES if m != 'vanilla_seed1')
+METHODS = tuple(m for m in methods_lib.METHOD_NAMES if m != 'vanilla_seed1')
 DRAFTER_FIELDS = {'eagle': 'eagle', 'draft_model': 'draft_model'}  # Method.drafter -> config
 
 
@@ -110,13 +111,14 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
   return family, identity
 
 
-def build_method(config: ml_collections.ConfigDict, family: family_lib.Family) -> generate.Method:
+def build_method(config: ml_collections.ConfigDict,
+                 family: family_lib.Family) -> methods_lib.Method:
   """The method config.method names, with config.hparams, checked against the family."""
   if config.method not in METHODS:
     raise cli.ConfigError(f'config.method={config.method!r} is unknown; known: {METHODS}.')
   named = ml_collections.ConfigDict(dict(config.hparams.to_dict(),
                                          methods=('vanilla', config.method)))
-  method = generate.build_methods(named, family)[-1]
+  method = methods_lib.build_methods(named, family)[-1]
   if method.drafter == 'draft_model' and family.target.config.model_type == 't2i':
     raise cli.ConfigError("config.method='draft_model' conditions its draft GPT on class ids "
                           "(app.generate.decode_kwargs); this model is t2i: choose another method "

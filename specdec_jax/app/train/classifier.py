@@ -1,6 +1,7 @@
 """Trains the evaluation classifier and writes its test accuracy and feature statistics.
 
-  python -m specdec_jax.train.classifier --config configs/classifier.py --workdir runs/classifier
+  python -m specdec_jax.app.train.classifier --config configs/classifier.py \
+      --workdir runs/classifier
 
 Outputs in --workdir: Orbax checkpoints, `classifier_history.json`,
 `classifier_eval.json` (test accuracy), `test_features.npz` (mean and
@@ -82,7 +83,7 @@ def train(config, workdir, train_data, test_data):
   common.write_params_atomic(
       os.path.join(workdir, 'classifier'), jax.device_get(state.params),
       config={'model': 'Classifier', 'num_classes': 10, 'feature_dim': 128},
-      source_files=[], converter='specdec_jax.train.classifier',
+      source_files=[], converter='specdec_jax.app.train.classifier',
       extra_meta={'test_accuracy': accuracy, 'steps': int(state.step)}, overwrite=True)
   logging.info('classifier: test accuracy %.4f', accuracy)
   return state, accuracy

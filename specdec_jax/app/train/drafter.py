@@ -1,6 +1,7 @@
 """Trains an EAGLE-1 drafter head against a frozen LlamaGen c2i target.
 
-  python -m specdec_jax.train.drafter --config configs/fashion_eagle.py --workdir runs/fashion_eagle
+  python -m specdec_jax.app.train.drafter --config configs/fashion_eagle.py \
+      --workdir runs/fashion_eagle
 
 EAGLE-1 training (Li et al., ICML 2024, arXiv 2401.15077):
 a teacher-forced target pass gives the features f_i (the target's last hidden
@@ -352,7 +353,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
   tokens_file = data.get('data_info', {}).get('tokens_file')
   out = common.write_params_atomic(
       os.path.join(workdir, DRAFTER_DIR), exported, config=dataclasses.asdict(drafter_config),
-      source_files=[tokens_file] if tokens_file else [], converter='specdec_jax.train.drafter',
+      source_files=[tokens_file] if tokens_file else [], converter='specdec_jax.app.train.drafter',
       extra_meta={'model': 'eagle_drafter', 'steps': int(state.step),
                   'target_dir': config.get('target_dir', '')}, overwrite=True)
   train_vq.write_manifest(

@@ -1,7 +1,7 @@
 """Trains the whole bundled Fashion-MNIST family in one resumable command.
 
-  python -m specdec_jax.train.family --workdir runs/family
-  python -m specdec_jax.train.family --workdir runs/family --config.target.train_minutes=20
+  python -m specdec_jax.app.train.family --workdir runs/family
+  python -m specdec_jax.app.train.family --workdir runs/family --config.target.train_minutes=20
 
 Stages (configs/family.py), each in its own sub-folder of --workdir and
 skipped when its outputs exist, so an interrupted run continues where it
@@ -156,7 +156,7 @@ def assemble_bundle(config, workdir: str, bundle_dir: str) -> str:
                                                                        'classifier'))
   reference = np.load(os.path.join(d['classifier'], 'test_features.npz'))
   manifest = {
-      'command': 'python -m specdec_jax.train.family ' + ' '.join(sys.argv[1:]),
+      'command': 'python -m specdec_jax.app.train.family ' + ' '.join(sys.argv[1:]),
       'workdir': os.path.abspath(workdir),
       'stage_fingerprints': stage_fingerprints(workdir),
       'data': read_json(os.path.join(d['tokenizer'], 'manifest.json')).get('data'),

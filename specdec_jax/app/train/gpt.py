@@ -1,7 +1,9 @@
 """Trains a class-conditional LlamaGen GPT on VQ token grids (target or draft GPT).
 
-  python -m specdec_jax.train.gpt --config configs/fashion_target.py --workdir runs/fashion_target
-  python -m specdec_jax.train.gpt --config configs/fashion_draft_gpt.py --workdir runs/fashion_draft_gpt
+  python -m specdec_jax.app.train.gpt --config configs/fashion_target.py \
+      --workdir runs/fashion_target
+  python -m specdec_jax.app.train.gpt --config configs/fashion_draft_gpt.py \
+      --workdir runs/fashion_draft_gpt
 
 Reads `tokens.npz` written by `specdec_jax.app.train.vq`. Next-token cross-entropy
 with teacher forcing (`models.llamagen.forward_logits`); class dropout
@@ -53,13 +55,13 @@ def load_tokens(path: str) -> dict:
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f'tokens file {path!r} not found: run `python -m specdec_jax.train.vq` first and '
+        f'tokens file {path!r} not found: run `python -m specdec_jax.app.train.vq` first and '
         'point --config.tokens_path at its <workdir>/tokens.npz.')
   with np.load(path) as f:
     data = {k: f[k] for k in f.files}
   for name in ('train_tokens', 'train_labels', 'test_tokens', 'test_labels', 'vocab_size'):
     if name not in data:
-      raise ValueError(f'{path!r} lacks {name!r}; it was not written by specdec_jax.train.vq.')
+      raise ValueError(f'{path!r} lacks {name!r}; it was not written by specdec_jax.app.train.vq.')
   out = {k: data[k].astype(np.int32) for k in
          ('train_tokens', 'train_labels', 'test_tokens', 'test_labels')}
   out['vocab_size'] = int(data['vocab_size'])
@@ -186,7 +188,7 @@ def export(workdir: str, gpt: llamagen.GPTConfig, params, source_files=(), **met
   return str(common.write_params_atomic(
       os.path.join(workdir, MODEL_DIR), jax.device_get(params),
       config=dataclasses.asdict(gpt), source_files=list(source_files),
-      converter='specdec_jax.train.gpt', extra_meta=dict(model='llamagen_gpt', **meta),
+      converter='specdec_jax.app.train.gpt', extra_meta=dict(model='llamagen_gpt', **meta),
       overwrite=True))
 
 

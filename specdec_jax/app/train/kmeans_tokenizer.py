@@ -1,6 +1,7 @@
 """Fits the bundled family's patch k-means tokenizer and writes the token grids.
 
-  python -m specdec_jax.train.kmeans_tokenizer --config configs/fashion_tokenizer.py --workdir runs/family/tokenizer
+  python -m specdec_jax.app.train.kmeans_tokenizer --config configs/fashion_tokenizer.py \
+      --workdir runs/family/tokenizer
 
 Lloyd's k-means on non-overlapping p x p pixel patches (pixels in [-1, 1])
 sampled from the training split, seeded by k-means++ (Arthur and
@@ -168,7 +169,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   export = common.write_params_atomic(
       os.path.join(workdir, train_vq.TOKENIZER_DIR), params,
       config=tokenizer.config.to_dict(), source_files=[],
-      converter='specdec_jax.train.kmeans_tokenizer',
+      converter='specdec_jax.app.train.kmeans_tokenizer',
       extra_meta={'kind': 'patch_kmeans', 'iterations': config.iterations}, overwrite=True)
   train_vq.write_manifest(
       workdir, config=config, steps=config.iterations, data=data_info, metrics=metrics,

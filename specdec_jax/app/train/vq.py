@@ -1,6 +1,6 @@
 """Trains the small VQ tokenizer of the bundled model family on Fashion-MNIST.
 
-  python -m specdec_jax.train.vq --config configs/fashion_vq.py --workdir runs/fashion_vq
+  python -m specdec_jax.app.train.vq --config configs/fashion_vq.py --workdir runs/fashion_vq
 
 Outputs in --workdir:
   checkpoints/          Orbax training checkpoints (resumable).
@@ -279,7 +279,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
 
   export = common.write_params_atomic(
       os.path.join(workdir, TOKENIZER_DIR), jax.device_get(state.params),
-      config=tokenizer.config, source_files=[], converter='specdec_jax.train.vq',
+      config=tokenizer.config, source_files=[], converter='specdec_jax.app.train.vq',
       extra_meta={'kind': 'fashion_vq', 'steps': int(state.step)}, overwrite=True)
   write_manifest(
       workdir, config=config, steps=int(state.step), data=data_info,

@@ -15,9 +15,10 @@ E hidden width.
   depend on the fed token, the previous token read from its own cache and a
   linear map of the feature (the target's hidden state, or its own output).
 
-They need only the cache and the protocol, so the core's tests run without any
-model of `specdec_jax.models` (the Llama-shaped `TinyTransformer` of the
-sharding test and the CPU benchmark lives in `specdec_jax.models.tiny`).
+They sit in the application, next to the demo that runs them when no bundle is
+installed; the core never imports them. They use only the cache, the protocol
+and the class-id check of `specdec_jax.models.tiny` (whose `cfg_class_rows`
+builds their CFG rows too), so the engine's tests need no real model.
 """
 
 from __future__ import annotations
@@ -31,20 +32,7 @@ import numpy as np
 
 from specdec_jax import kv_cache as kv
 from specdec_jax import protocol
-
-
-def check_class_ids(cond, num_classes: int, what: str, allow_null: bool) -> None:
-  """Raises a clear error for conditioning that is not int class ids [B]."""
-  shape = jnp.shape(cond)
-  if len(shape) != 1 or not jnp.issubdtype(jnp.result_type(cond), jnp.integer):
-    raise ValueError(
-        f'{what}: cond must be integer class ids of shape [B] (one per cache row; with '
-        f'CFG [cond; uncond] rows), got shape {shape} dtype {jnp.result_type(cond)}.')
-  if not isinstance(cond, jax.core.Tracer):
-    values = np.asarray(cond)
-    high = num_classes + (1 if allow_null else 0)
-    if values.size and (values.min() < 0 or values.max() >= high):
-      raise ValueError(f'{what}: class ids must be in [0, {high}), got {values.tolist()}.')
+from specdec_jax.models.tiny import check_class_ids
 
 
 def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, depths, bos: int):
@@ -241,9 +229,3 @@ class ToyEagle:
 
   def prefill(self, params, cache, tokens, features) -> protocol.ForwardOutput:
     return self.forward(params, cache, tokens, features)
-
-
-def cfg_class_rows(class_ids, num_classes: int) -> jax.Array:
-  """[cond; uncond] class-id rows for CFG: the null class is `num_classes`."""
-  class_ids = jnp.asarray(class_ids, jnp.int32)
-  return jnp.concatenate([class_ids, jnp.full_like(class_ids, num_classes)])

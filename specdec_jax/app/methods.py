@@ -1,0 +1,89 @@
+"""The methods the main command compares: a decoding mode, an acceptance rule, a drafter.
+
+`build_methods(config, family)` turns the names in `config.methods`
+(configs/generate.py) into `Method`s with their hyperparameters; the main
+command, the sampler and the bench scripts share this one catalogue, so a
+method means the same thing everywhere results are compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from specdec_jax import decode
+from specdec_jax import rules
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One row of the comparison: a decoding mode, a rule and a drafter."""
+
+  name: str
+  mode: Any
+  rule: Any = None
+  drafter: str | None = None  # 'eagle' | 'draft_model' | None
+  seed_offset: int = 0
+  hyperparameters: dict = dataclasses.field(default_factory=dict)
+
+
+METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp', 'uniform',
+                'coolsd', 'sjd', 'gsd', 'csd')
+
+
+def build_methods(config, family) -> list[Method]:
+  """The methods named in config.methods, with their hyperparameters."""
+  unknown = [m for m in config.methods if m not in METHOD_NAMES]
+  if unknown:
+    raise ValueError(f'config.methods has unknown names {unknown}; known: {METHOD_NAMES}.')
+  if config.methods[0] != 'vanilla':
+    raise ValueError("config.methods must start with 'vanilla' (the speed/drift reference).")
+  k, window = config.draft_length, config.jacobi_window
+  eagle_chain = decode.ChainDraft(k=k, drafter='eagle')
+  jacobi = decode.Jacobi(window=window, init='random')
+  # Built on demand: the LANTERN table (a codebook-sized neighbour search) and
+  # GSD's embeddings only for the methods that are run.
+  catalogue = {
+      'vanilla': lambda: Method('vanilla', decode.Vanilla()),
+      'vanilla_seed1': lambda: Method('vanilla_seed1', decode.Vanilla(), seed_offset=1),
+      'eagle': lambda: Method('eagle', eagle_chain, rules.Lossless(), 'eagle',
+                              hyperparameters=dict(draft_length=k)),
+      'draft_model': lambda: Method('draft_model', decode.ChainDraft(k=k, drafter='model'),
+                                    rules.Lossless(), 'draft_model',
+                                    hyperparameters=dict(draft_length=k)),
+      'lantern_pp': lambda: Method(
+          'lantern_pp', eagle_chain,
+          rules.LanternPP(neighbors=family.neighbors(config.lantern_k), k=config.lantern_k,
+                          lam=config.lantern_lam, residual_mode=config.lantern_residual),
+          'eagle', hyperparameters=dict(draft_length=k)),
+      'uniform': lambda: Method('uniform', eagle_chain,
+                                rules.UniformRelaxed(omega=config.uniform_omega), 'eagle',
+                                hyperparameters=dict(draft_length=k)),
+      'coolsd': lambda: Method('coolsd', eagle_chain, rules.CoolSD(delta=config.coolsd_delta),
+                               'eagle', hyperparameters=dict(draft_length=k)),
+      'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
+      'gsd': lambda: Method('gsd', jacobi,
+                            rules.Grouped(embeddings=family.token_embeddings(),
+                                          prob_threshold=config.gsd_prob_threshold,
+                                          dist_threshold=config.gsd_dist_threshold),
+                            hyperparameters=dict(window=window)),
+      'csd': lambda: Method('csd', jacobi,
+                            rules.ContentAware(lam=config.csd_lam,
+                                               tv_threshold=config.csd_tv_threshold),
+                            hyperparameters=dict(window=window)),
+  }
+  return [catalogue[m]() for m in config.methods]
+
+
+def rule_hyperparameters(rule) -> dict:
+  """The scalar fields of a rule (floats, ints, strings, bools) for results.json."""
+  if rule is None or not dataclasses.is_dataclass(rule):
+    return {}
+  out = {}
+  for field in dataclasses.fields(rule):
+    value = getattr(rule, field.name)
+    if isinstance(value, (bool, int, float, str)) or value is None:
+      out[field.name] = value
+    elif hasattr(value, 'ndim') and getattr(value, 'ndim') == 0:
+      out[field.name] = float(value)
+  return out

@@ -1,7 +1,0 @@
-"""Moved to `specdec_jax.app.demo`; this old path is an alias that warns."""
-
-from specdec_jax import _moved
-
-_SHIM_FOR = 'specdec_jax.app.demo'
-
-_moved.alias(__name__, _SHIM_FOR)
