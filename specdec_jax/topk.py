@@ -2,12 +2,15 @@
 
 Legend: V vocabulary, n top-k blocks, k top_k, `...` any leading batch/window dims.
 
-The exact k-th value comes from one descending sort of V, or, with
+The exact k-th value of top-k alone comes from `kth_largest`, a bisection
+on the values' bits (32 counting passes over V, no sort: on XLA:CPU about
+100x faster than a sort of V = 16384, bench/logits_processing.py); with
 `topk_blocks` = n > 1, from a sort of each of n vocabulary blocks and of the
 n * k candidates they give: when the LM head is vocab-parallel (V sharded over
 the mesh's 'model' axis, one block per device) each block sorts where it lives
 and only the candidates cross devices, where a sort of V would all-gather the
-whole row (docs/tpu.md).
+whole row (docs/tpu.md). Top-p needs the candidates in order, so with top-p
+on the k candidates come from one sort (or the blocks).
 """
 
 from __future__ import annotations
@@ -29,16 +32,59 @@ def top_k_mask(logits: jax.Array, top_k: int, method: str = 'exact',
                recall: float = 0.95, blocks: int = 1) -> jax.Array:
   """Drops logits below the k-th largest (ties with it are kept, as LlamaGen).
 
-  method 'exact' reads the k-th value off a descending sort (`lax.top_k` is
-  about 1.1x faster on one CPU, but XLA's partitioner gathers its batch: over
-  a 'data' mesh every step would all-gather [B, T, V]); 'approx' finds it
-  with `jax.lax.approx_max_k` at the given recall target (TPU; exact on
-  other backends). blocks > 1 (exact only) takes it from `block_candidates`.
+  method 'exact' finds the k-th value with `kth_largest` (bisection; a sort
+  of V and `lax.top_k` cost about 100x more on one CPU core, and XLA's
+  partitioner gathers a TopK's batch: over a 'data' mesh every step would
+  all-gather [B, T, V]); 'approx' finds it with `jax.lax.approx_max_k` at the
+  given recall target (TPU; exact on other backends). blocks > 1 (exact only)
+  takes it from `block_candidates`.
   """
   if not _top_k_active(top_k, logits.shape[-1]):
     return logits
-  kth = top_k_candidates(logits, top_k, method, recall, blocks)[..., -1:]
+  if method == 'exact' and blocks == 1:
+    kth = kth_largest(logits, top_k)
+  else:
+    kth = top_k_candidates(logits, top_k, method, recall, blocks)[..., -1:]
   return jnp.where(logits < kth, _NEG_INF, logits)
+
+
+def _ordered_bits(values: jax.Array) -> jax.Array:
+  """float32 -> uint32 with the same order (negative floats: bits flipped; others: the
+  sign bit set), so integer comparisons of the keys order the floats."""
+  bits = jax.lax.bitcast_convert_type(values.astype(jnp.float32), jnp.uint32)
+  negative = (bits >> 31) == 1
+  return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _float_of_ordered_bits(keys: jax.Array) -> jax.Array:
+  """The inverse of `_ordered_bits`."""
+  positive = (keys >> 31) == 1
+  bits = jnp.where(positive, keys & jnp.uint32(0x7FFFFFFF), ~keys)
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def kth_largest(logits: jax.Array, k: int) -> jax.Array:
+  """The k-th largest value of each row (counted with multiplicity, as the k-th entry
+  of a descending sort), [..., 1] float32, without sorting.
+
+  Bisection on the values' order-preserving 32-bit keys: the answer is the
+  largest key t with at least k keys >= t; each of 32 steps halves the
+  interval [lo, hi] that holds it with one counting pass over V. Bit-exact
+  (the result is one of the row's own values); a NaN sorts above +inf.
+  """
+  keys = _ordered_bits(logits)
+  lo = jnp.min(keys, axis=-1, keepdims=True)  # count(keys >= lo) = V >= k
+  hi = jnp.max(keys, axis=-1, keepdims=True)
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    gap = hi - lo
+    mid = lo + (gap >> 1) + (gap & 1)  # upper midpoint, without overflowing 32 bits
+    enough = jnp.sum(keys >= mid, axis=-1, keepdims=True) >= k
+    return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid - 1)
+
+  lo, _ = jax.lax.fori_loop(0, 32, halve, (lo, hi))
+  return _float_of_ordered_bits(lo)
 
 
 def top_k_candidates(logits: jax.Array, top_k: int, method: str = 'exact',

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import logits
+from specdec_jax import topk
 from tests import logits_reference
 
 
@@ -261,6 +262,34 @@ def _stable_sort_law(row, top_k: int, top_p: float):
   filtered = row.copy()
   filtered[order[removed]] = -np.inf
   return filtered, bool(np.any(np.abs(cumulative[:-1] - top_p) < 1e-6))
+
+
+class KthLargestTest(parameterized.TestCase):
+  """`topk.kth_largest` (bisection, no sort) equals the k-th entry of a descending sort."""
+
+  @parameterized.parameters(2, 7, 256, 16384)
+  def test_equals_the_sorted_kth_value(self, vocab):
+    rng = np.random.default_rng(vocab)
+    rows = rng.normal(size=(6, vocab)).astype(np.float32) * 4
+    rows[1] = np.round(rows[1])  # heavy ties
+    rows[2, : vocab // 2] = -np.inf  # masked tokens
+    rows[3] = 0.0
+    rows[3, ::2] = -0.0  # both zeros
+    rows[4] = rows[4] * 1e-38  # subnormals
+    for k in sorted({1, 2, vocab // 3 + 1, vocab - 1, vocab}):
+      want = -np.sort(-rows, axis=-1)[:, k - 1:k]
+      np.testing.assert_array_equal(np.asarray(topk.kth_largest(jnp.asarray(rows), k)), want)
+    # The mask top_k_mask builds with it keeps exactly the sort's survivors.
+    k = max(1, vocab // 4)
+    kth = -np.sort(-rows, axis=-1)[:, k - 1:k]
+    np.testing.assert_array_equal(np.isfinite(np.asarray(topk.top_k_mask(jnp.asarray(rows), k))),
+                                  (rows >= kth) & np.isfinite(rows))
+
+  def test_negative_control(self):
+    """The (k+1)-th value is a different answer on distinct values: the test can fail."""
+    rows = jnp.asarray(np.random.default_rng(0).permutation(64).astype(np.float32)[None])
+    self.assertEqual(float(topk.kth_largest(rows, 5)[0, 0]), 59.0)
+    self.assertNotEqual(float(topk.kth_largest(rows, 6)[0, 0]), 59.0)
 
 
 class BlockedTopKTest(parameterized.TestCase):
