@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
   rows, reference_nll, began = [], None, time.time()
   for index, (name, value, method) in enumerate(points):
     tokens, summary, _ = generate.quality_pass(method, family, labels, sampling, args.seed)
-    _, measures = generate.quality_measures(family, labels, tokens, sampling)
+    _, _, measures = generate.quality_measures(family, labels, tokens, sampling)
     if reference_nll is None:
       reference_nll = measures['nll']
     rows.append(dict(

@@ -36,6 +36,15 @@ class FrechetTest(absltest.TestCase):
     shifted = evaluation.feature_statistics(features + 2.0)
     self.assertAlmostEqual(evaluation.frechet_distance(mean, cov, *shifted), 4.0 * 8, places=6)
 
+  def test_features_frechet_of_two_sets(self):
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(4000, 3))
+    self.assertAlmostEqual(evaluation.features_frechet(a, a), 0.0, places=6)
+    # Shifted by (1, 2, 0): the distance of the Gaussians is the squared shift, 5, up to
+    # the sampling noise of two independent 4000-sample estimates (well below 0.5).
+    b = rng.normal(size=(4000, 3)) + np.array([1.0, 2.0, 0.0])
+    self.assertLess(abs(evaluation.features_frechet(a, b) - 5.0), 0.5)
+
   def test_bad_shapes(self):
     with self.assertRaisesRegex(ValueError, 'shapes'):
       evaluation.frechet_distance(np.zeros(2), np.eye(2), np.zeros(3), np.eye(3))

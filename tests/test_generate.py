@@ -82,7 +82,7 @@ class GenerateTest(absltest.TestCase):
       for name, row in saved['methods'].items():
         self.assertTrue(os.path.exists(os.path.join(out, f'{name}.png')))
         for key in ('tokens_per_forward', 'speedup', 'latency_s', 'nll_gap', 'frechet',
-                    'class_accuracy', 'hyperparameters'):
+                    'frechet_to_target', 'class_accuracy', 'hyperparameters'):
           self.assertIn(key, row)
         self.assertGreaterEqual(row['tokens_per_forward'], 1.0)
         self.assertLess(row['host_overhead_ms'], 50.0)  # no re-validation (about 1 ms)
@@ -94,6 +94,9 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(saved['methods']['coolsd']['hyperparameters']['delta'],
                        config.coolsd_delta)
       self.assertEqual(saved['methods']['vanilla']['speedup'], 1.0)
+      # Drift is measured against vanilla's own images: zero for vanilla itself.
+      self.assertEqual(saved['methods']['vanilla']['frechet_to_target'], 0.0)
+      self.assertGreater(saved['methods']['csd']['frechet_to_target'], 0.0)
       self.assertGreater(saved['latency_wall_s'], 0.0)
       vanilla_latency = saved['methods']['vanilla']['latency_s']
       for row in saved['methods'].values():  # one shared vanilla reference

@@ -38,6 +38,11 @@ def frechet_distance(mean1, cov1, mean2, cov2) -> float:
   return float(max(value, 0.0))
 
 
+def features_frechet(features_a, features_b) -> float:
+  """Frechet distance between two feature sets [N, F] and [M, F] (their Gaussians)."""
+  return frechet_distance(*feature_statistics(features_a), *feature_statistics(features_b))
+
+
 def class_accuracy(predicted_logits, labels) -> float:
   """Fraction of images whose argmax class equals the requested label."""
   predicted = np.argmax(np.asarray(predicted_logits), axis=-1)
