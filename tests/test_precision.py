@@ -85,11 +85,15 @@ class ResolveDtypeTest(parameterized.TestCase):
 
 class ConverterDefaultsTest(absltest.TestCase):
 
-  def test_command_lines_write_bf16_by_default(self):
+  def test_command_lines_keep_the_stored_dtype_by_default(self):
+    """Conversions are lossless unless asked: --dtype defaults to 'stored' (the
+    checkpoint's own dtype); bfloat16 is one flag away."""
     for module in (llamagen_converter, lantern_drafter):
       values = flags.FlagValues()
       module.define_flags(values)
       values(['prog'])
+      self.assertEqual(values.dtype, 'stored', module.__name__)
+      values(['prog', '--dtype=bfloat16'])
       self.assertEqual(values.dtype, 'bfloat16', module.__name__)
 
 

@@ -1,0 +1,178 @@
+"""Speed-drift frontier of the relaxed rules, each point a large set drawn by the sampler (not a test).
+
+  nohup python bench/pareto_sampled.py --root runs/pareto --out bench/results/pareto > pareto.log &
+  python bench/pareto_sampled.py --root /tmp/p --num_images 200 --points vanilla,vanilla_seed1,coolsd_2
+
+Every point of the sweep (a method of the main command's catalogue with one
+hyperparameter value) is an evaluation set of --num_images images drawn by
+`python -m specdec_jax.sample` on the bundled Fashion-MNIST family, the main
+command's sampling settings, into its own folder under --root. The sampler
+resumes an interrupted set and this script skips finished ones, so the whole
+sweep survives being killed and rerun. For each point it reports, from the
+set's classifier features:
+  * frechet_to_target: the Frechet distance to the target's own samples
+    (vanilla, seed 0): the drift a relaxation causes;
+  * frechet_to_data: the Frechet distance to the test split (which rewards
+    the sharpening that relaxing an imperfect target brings, so it is not a
+    fidelity measure on its own);
+  * tokens per target forward (the sampler's mean over the set) and class
+    accuracy.
+vanilla under seed 1 against seed 0 is the noise floor of frechet_to_target
+at this set size. Writes pareto.json and pareto.png (tokens per forward
+against each distance, the floor drawn) under --out, and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# (point name, family, knob value, method, hyperparameter overrides, seed).
+DELTAS = (1.5, 2.0, 3.0, 4.0, 6.0)
+LANTERN_LAMS = (1.5, 2.0, 3.0, 5.0, 8.0)
+CSD_LAMS = (0.02, 0.05, 0.1, 0.2)
+
+
+def sweep_points() -> list[tuple]:
+  points = [('vanilla', 'vanilla', None, 'vanilla', {}, 0),
+            ('vanilla_seed1', 'vanilla_seed1', None, 'vanilla', {}, 1),
+            ('eagle', 'lossless', None, 'eagle', {}, 0)]
+  points += [(f'coolsd_{d:g}', 'coolsd', d, 'coolsd', {'coolsd_delta': d}, 0) for d in DELTAS]
+  points += [(f'uniform_{d:g}', 'uniform', d, 'uniform', {'uniform_omega': d}, 0)
+             for d in DELTAS]
+  points += [(f'lantern_pp_{lam:g}', 'lantern_pp', lam, 'lantern_pp',
+              {'lantern_lam': lam, 'lantern_residual': 'optimal'}, 0) for lam in LANTERN_LAMS]
+  points += [(f'csd_{lam:g}', 'csd', lam, 'csd', {'csd_lam': lam}, 0) for lam in CSD_LAMS]
+  return points
+
+
+def draw(point: tuple, root: str, num_images: int, batch: int) -> str:
+  """Runs (or resumes) the sampler for one point; returns its folder."""
+  name, _, _, method, hparams, seed = point
+  folder = os.path.join(root, name)
+  if os.path.exists(os.path.join(folder, 'summary.json')):
+    return folder
+  command = [sys.executable, '-m', 'specdec_jax.sample', '--config', 'configs/sample_fashion.py',
+             f'--config.method={method}', f'--config.num_images={num_images}',
+             f'--config.seed={seed}', f'--config.out_dir={folder}', '--config.write_png=False',
+             f'--config.batch_per_device={batch}', f'--config.chunk_size={batch * 4}']
+  command += [f'--config.hparams.{key}={value}' for key, value in hparams.items()]
+  print('$', ' '.join(command), flush=True)
+  subprocess.run(command, check=True)
+  return folder
+
+
+def features_of(folder: str, family) -> dict:
+  """Classifier features and logits of a set's images (cached next to them)."""
+  cache = os.path.join(folder, 'classifier_features.npz')
+  if os.path.exists(cache):
+    return dict(np.load(cache))
+  with np.load(os.path.join(folder, 'samples.npz')) as data:
+    images = data['arr_0'][..., :1]  # grayscale, stored as 3 equal channels
+  logits, features = [], []
+  for start in range(0, len(images), 500):
+    batch_logits, batch_features = family.classify(images[start:start + 500])
+    logits.append(np.asarray(batch_logits))
+    features.append(np.asarray(batch_features))
+  out = dict(logits=np.concatenate(logits), features=np.concatenate(features))
+  np.savez(cache + '.tmp.npz', **out)
+  os.replace(cache + '.tmp.npz', cache)
+  return out
+
+
+def plot(rows: list, floor: float, path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  figure, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+  families = sorted({r['family'] for r in rows} - {'vanilla', 'vanilla_seed1'})
+  for axis, measure, label in (
+      (axes[0], 'frechet_to_target', "Frechet distance to the target's samples (drift)"),
+      (axes[1], 'frechet_to_data', 'Frechet distance to the test split')):
+    for name in families:
+      points = sorted((r for r in rows if r['family'] == name),
+                      key=lambda r: r['tokens_per_forward'])
+      axis.plot([p['tokens_per_forward'] for p in points], [p[measure] for p in points],
+                marker='o', label=name, linestyle='-' if len(points) > 1 else 'none')
+      for p in points:
+        if p['value'] is not None:
+          axis.annotate(f'{p["value"]:g}', (p['tokens_per_forward'], p[measure]), fontsize=7,
+                        xytext=(3, 3), textcoords='offset points')
+    vanilla = [r for r in rows if r['family'] in ('vanilla', 'vanilla_seed1')]
+    for r in vanilla:
+      axis.plot([r['tokens_per_forward']], [r[measure]], marker='s', color='black')
+    if measure == 'frechet_to_target':
+      axis.axhline(floor, color='gray', linestyle='--', label='vanilla seed 1 vs seed 0 (floor)')
+    axis.set_xlabel('tokens per target forward')
+    axis.set_ylabel(label)
+    axis.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  figure.suptitle(f'Relaxed speculative decoding on the bundled Fashion-MNIST family, '
+                  f'{rows[0]["images"]} images per point (lower is better, right is faster)',
+                  fontsize=10)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--root', default='runs/pareto', help='One sampler folder per point.')
+  parser.add_argument('--out', default='bench/results/pareto')
+  parser.add_argument('--num_images', type=int, default=2000)
+  parser.add_argument('--batch', type=int, default=50, help='Images per decode call.')
+  parser.add_argument('--points', default='', help='Comma-separated point names (default all).')
+  args = parser.parse_args(argv)
+  points = sweep_points()
+  if args.points:
+    wanted = args.points.split(',')
+    points = [p for p in points if p[0] in wanted]
+  if points[0][0] != 'vanilla':
+    raise SystemExit('the sweep needs its vanilla point first (the drift reference)')
+  started = time.time()
+  for index, point in enumerate(points):
+    draw(point, args.root, args.num_images, args.batch)
+    print(f'[{index + 1}/{len(points)}] {point[0]} drawn ({time.time() - started:.0f} s)',
+          flush=True)
+
+  from specdec_jax.app import evaluation  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
+  family = family_lib.load()
+  reference = features_of(os.path.join(args.root, 'vanilla'), family)['features']
+  rows = []
+  for name, family_name, value, method, hparams, seed in points:
+    folder = os.path.join(args.root, name)
+    measured = features_of(folder, family)
+    summary = json.load(open(os.path.join(folder, 'summary.json')))
+    labels = np.arange(len(measured['logits'])) % family.num_classes
+    rows.append(dict(
+        point=name, family=family_name, value=value, method=method, hparams=hparams, seed=seed,
+        images=len(labels), tokens_per_forward=summary['mean_tokens_per_forward'],
+        frechet_to_target=evaluation.features_frechet(measured['features'], reference),
+        frechet_to_data=family.frechet(measured['features']),
+        class_accuracy=evaluation.class_accuracy(measured['logits'], labels),
+        images_per_s=summary.get('images_per_s')))
+  floor = next((r['frechet_to_target'] for r in rows if r['point'] == 'vanilla_seed1'), None)
+  os.makedirs(args.out, exist_ok=True)
+  output = dict(points=rows, noise_floor=floor, num_images=args.num_images,
+                command=' '.join(sys.argv), wall_seconds=time.time() - started)
+  with open(os.path.join(args.out, 'pareto.json'), 'w') as f:
+    json.dump(output, f, indent=1, default=float)
+  if floor is not None:
+    plot(rows, floor, os.path.join(args.out, 'pareto.png'))
+  print(f'{"point":20s} {"tok/fwd":>8s} {"fd target":>10s} {"fd data":>8s} {"accuracy":>9s}')
+  for r in rows:
+    print(f'{r["point"]:20s} {r["tokens_per_forward"]:8.2f} {r["frechet_to_target"]:10.2f} '
+          f'{r["frechet_to_data"]:8.2f} {r["class_accuracy"]:9.3f}')
+  print(f'noise floor (vanilla seed 1 vs seed 0): {floor}')
+  return output
+
+
+if __name__ == '__main__':
+  main()
