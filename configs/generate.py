@@ -54,5 +54,5 @@ def get_config():
   # reference for speed and drift); 'vanilla_seed1' is a second vanilla run
   # with another seed, the noise level of the drift measures.
   config.methods = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp',
-                    'uniform', 'coolsd', 'sjd', 'gsd', 'csd')
+                    'uniform', 'coolsd', 'sjd', 'scd', 'gsd', 'csd')
   return config

@@ -83,10 +83,17 @@ class Jacobi(mode_base.Mode):
   (`protocol.image_token_range`, e.g. Lumina-mGPT's 8192 ids 4..8195, as SJD's
   released code); 'spatial' repeats the token to the left. The target's own
   distributions at the window become the next drafts (`drafting.jacobi_next`).
+
+  coupling 'maximal' is Speculative Coupled Decoding (SCD, arXiv 2510.24211):
+  a position re-drafted after the accepted prefix keeps its previous draft
+  with probability min(1, t/q_old), else draws from Norm([t - q_old]_+)
+  (`drafting.maximal_coupling`); its law is still t, so every Jacobi rule
+  (SJD's lossless test, GSD, CSD) verifies it unchanged.
   """
 
   window: int
   init: str = 'random'
+  coupling: str = 'none'
 
   rule_mode = rules_lib.JACOBI
 
@@ -96,8 +103,9 @@ class Jacobi(mode_base.Mode):
 
   @property
   def draft_uniforms(self) -> int:
-    # A draw y_i from every window position's target distribution, and fresh drafts.
-    return 2 * self.window - 1
+    # A draw y_i from every window position's target distribution, fresh drafts,
+    # and with the maximal coupling a keep test per re-drafted position.
+    return drafting.jacobi_uniforms(self.window, self.coupling)
 
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     del draft, draft_params, cond
@@ -108,6 +116,9 @@ class Jacobi(mode_base.Mode):
     if self.init not in ('random', 'spatial'):
       raise ValueError(f"generate: Jacobi.init must be 'random' or 'spatial', got "
                        f'{self.init!r}.')
+    if self.coupling not in drafting.COUPLINGS:
+      raise ValueError(f'generate: Jacobi.coupling must be one of {drafting.COUPLINGS}, got '
+                       f'{self.coupling!r}.')
     protocol.image_token_range(target)  # random drafts are drawn from it: check it now
 
   def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
@@ -118,5 +129,6 @@ class Jacobi(mode_base.Mode):
   def advance(self, plan, draft_params, drafts, step, uniforms):
     tokens, probs = drafting.jacobi_next(
         uniforms, step.target_probs, step.verdict.num_accepted, step.verdict.next_token, self.init,
-        protocol.image_token_range(plan.target))
+        protocol.image_token_range(plan.target), coupling=self.coupling,
+        old_tokens=drafts.tokens, old_probs=drafts.probs)
     return drafts.replace(tokens=tokens, probs=probs), 0

@@ -22,6 +22,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from specdec_jax import decode
+from specdec_jax import drafting
 from specdec_jax import logits
 from specdec_jax import mode_base
 from specdec_jax import modes
@@ -80,6 +81,9 @@ LOSSLESS_CASES = (
     ('tree_model_topk', decode.TreeDraft(TREE, 'model'), logits.Sampling(top_k=3)),
     ('jacobi_random', decode.Jacobi(3, 'random'), logits.Sampling()),
     ('jacobi_spatial_cfg', decode.Jacobi(3, 'spatial'), logits.Sampling(cfg_scale=1.5)),
+    ('jacobi_scd_random', decode.Jacobi(3, 'random', coupling='maximal'), logits.Sampling()),
+    ('jacobi_scd_spatial_cfg', decode.Jacobi(3, 'spatial', coupling='maximal'),
+     logits.Sampling(cfg_scale=1.5)),
     ('plugged_in_mode', _RepeatLeft(2), logits.Sampling()),
 )
 
@@ -117,6 +121,22 @@ class ExactnessTest(parameterized.TestCase):
       tokens = np.asarray(_run(decode.ChainDraft(2, 'model'), sampling).tokens)
     finally:
       decode._committed_length = original
+      decode.clear_compile_cache()
+    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
+    self.assertLess(_chi_square_pvalue(tokens, law), P_THRESHOLD)
+
+
+  def test_scd_broken_coupling_fails(self):
+    """Negative control for SCD: keeping every old draft (its law is not the t it
+    is verified against) must break the joint law."""
+    original = drafting.maximal_coupling
+    drafting.maximal_coupling = lambda keep_u, draw_u, old, q, p: old
+    decode.clear_compile_cache()
+    try:
+      sampling = logits.Sampling()
+      tokens = np.asarray(_run(decode.Jacobi(3, 'random', coupling='maximal'), sampling).tokens)
+    finally:
+      drafting.maximal_coupling = original
       decode.clear_compile_cache()
     law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
     self.assertLess(_chi_square_pvalue(tokens, law), P_THRESHOLD)

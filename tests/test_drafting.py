@@ -80,6 +80,65 @@ class JacobiTest(absltest.TestCase):
     np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(drafts, vocab)))
 
 
+class ScdCouplingTest(absltest.TestCase):
+  """drafting.maximal_coupling (SCD): x ~ q re-drafted against p.
+
+  Closed form: the output law is min(q, p) + (1 - sum min(q, p)) Norm([p - q]_+)
+  = p, and the old token survives with probability 1 - TV(p, q). Monte Carlo
+  with N = 2**16 draws over V = 6 bins, chi-square p-value threshold 1e-4: a law
+  at TV distance >= 0.03 from p is rejected with probability > 0.99; the
+  negative control (always keep the old draft, whose law q is at TV 0.3 from p)
+  must fail.
+  """
+
+  Q = np.array([0.3, 0.3, 0.1, 0.1, 0.1, 0.1])
+  P = np.array([0.05, 0.25, 0.1, 0.2, 0.2, 0.2])
+  N = 2 ** 16
+
+  def _draws(self, coupling):
+    keys = jax.random.split(jax.random.key(3), 3)
+    old = jax.random.choice(keys[0], 6, (self.N,), p=jnp.asarray(self.Q))
+    q = jnp.broadcast_to(jnp.asarray(self.Q, jnp.float32), (self.N, 6))
+    p = jnp.broadcast_to(jnp.asarray(self.P, jnp.float32), (self.N, 6))
+    new = coupling(jax.random.uniform(keys[1], (self.N,)), jax.random.uniform(keys[2], (self.N,)),
+                   old.astype(jnp.int32), q, p)
+    return np.asarray(old), np.asarray(new)
+
+  def test_scd_coupling_has_the_new_law_and_keeps_the_most(self):
+    old, new = self._draws(drafting.maximal_coupling)
+    counts = testing.histogram(new, 6)
+    self.assertGreater(testing.chi_square_pvalue(counts, self.P)[0], 1e-4)
+    keep = np.mean(old == new)
+    expected = 1.0 - 0.5 * np.abs(self.P - self.Q).sum()  # 0.7
+    self.assertAlmostEqual(keep, expected, delta=6 * np.sqrt(expected * (1 - expected) / self.N))
+
+  def test_scd_negative_control_keeping_every_draft_fails(self):
+    _, new = self._draws(lambda keep_u, draw_u, old, q, p: old)
+    counts = testing.histogram(new, 6)
+    self.assertLess(testing.chi_square_pvalue(counts, self.P)[0], 1e-4)
+
+  def test_scd_window_update_without_coupling_is_sjd(self):
+    """coupling='none' is the released SJD update; 'maximal' keeps a draft whose law
+    did not move (p = q: kept with probability 1)."""
+    target = jax.nn.softmax(jax.random.normal(jax.random.key(1), (1, 4, VOCAB)), axis=-1)
+    uniforms = _uniforms(2, 1, drafting.jacobi_uniforms(4, 'maximal'))
+    old_tokens = jnp.array([[1, 2, 3]])
+    # The old drafts' laws: what this forward predicts at their token indices.
+    old_probs = target[:, :3]
+    plain = _jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random')
+    coupled = drafting.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
+                                   coupling='maximal', old_tokens=old_tokens,
+                                   old_probs=jnp.concatenate([old_probs[:, 1:], old_probs[:, :1]],
+                                                             axis=1))
+    # Accepted 0: new drafts at window entries 1, 2 sit where old drafts 1, 2 were,
+    # and their laws target[1], target[2] equal the old ones: both kept.
+    np.testing.assert_array_equal(np.asarray(coupled[0][0, :2]), [2, 3])
+    np.testing.assert_allclose(np.asarray(coupled[1]), np.asarray(plain[1]))
+    with self.assertRaisesRegex(ValueError, 'coupling must be one of'):
+      drafting.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
+                           coupling='gumbel', old_tokens=old_tokens, old_probs=old_probs)
+
+
 def _prefilled(model, params, cond, capacity=16):
   return model.prefill(params, model.init_cache(cond.shape[0], capacity), cond).cache
 

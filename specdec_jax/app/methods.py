@@ -28,7 +28,7 @@ class Method:
 
 
 METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp', 'uniform',
-                'coolsd', 'sjd', 'gsd', 'csd')
+                'coolsd', 'sjd', 'scd', 'gsd', 'csd')
 
 
 def build_methods(config, family) -> list[Method]:
@@ -62,6 +62,9 @@ def build_methods(config, family) -> list[Method]:
       'coolsd': lambda: Method('coolsd', eagle_chain, rules.CoolSD(delta=config.coolsd_delta),
                                'eagle', hyperparameters=dict(draft_length=k)),
       'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
+      'scd': lambda: Method('scd', decode.Jacobi(window=window, init='random',
+                                                 coupling='maximal'),
+                            rules.Lossless(), hyperparameters=dict(window=window)),
       'gsd': lambda: Method('gsd', jacobi,
                             rules.Grouped(embeddings=family.token_embeddings(),
                                           prob_threshold=config.gsd_prob_threshold,
