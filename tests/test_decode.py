@@ -335,6 +335,7 @@ class BadInputTest(parameterized.TestCase):
                             sampling=logits.Sampling(cfg_scale=2.0)), 'must be even'),
       ('no_draft', dict(draft=None), 'needs draft='),
       ('bad_init', dict(mode=decode.Jacobi(3, 'diagonal')), 'Jacobi.init'),
+      ('scd_bad_coupling', dict(mode=decode.Jacobi(3, coupling='gumbel')), 'Jacobi.coupling'),
   )
   def test_rejected_before_compilation(self, overrides, message):
     with self.assertRaisesRegex(ValueError, message):
