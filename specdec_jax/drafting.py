@@ -39,6 +39,7 @@ import numpy as np
 
 from specdec_jax import categorical
 from specdec_jax import kv_cache as kv
+from specdec_jax import resampling
 
 EAGLE, MODEL = 'eagle', 'model'
 
@@ -268,7 +269,8 @@ def jacobi_fresh(uniforms, num: int, vocab: int, init: str, left_token,
 COUPLINGS = ('none', 'maximal')
 
 
-def maximal_coupling(keep_uniforms, draw_uniforms, old_tokens, old_probs, new_probs):
+def maximal_coupling(keep_uniforms, draw_uniforms, old_tokens, old_probs, new_probs,
+                     has_old=None):
   """Re-drafts each position by a maximal coupling of its old and new laws (SCD).
 
   The old draft x ~ q (old_probs) is kept with probability min(1, p(x)/q(x))
@@ -281,17 +283,19 @@ def maximal_coupling(keep_uniforms, draw_uniforms, old_tokens, old_probs, new_pr
   Args:
     keep_uniforms, draw_uniforms: f32[...] in [0, 1).
     old_tokens: int32[...]; old_probs, new_probs: f32[..., V].
+    has_old: optional bool[...]; where False there is no old draft and the
+      position is a plain draw from new_probs (with draw_uniforms).
   Returns:
     int32[...], a draw from new_probs.
   """
   old_mass = jnp.take_along_axis(old_probs, old_tokens[..., None], axis=-1)[..., 0]
   new_mass = jnp.take_along_axis(new_probs, old_tokens[..., None], axis=-1)[..., 0]
   keep = keep_uniforms * old_mass < new_mass  # u < min(1, p/q) without a division
-  residual = jnp.maximum(new_probs - old_probs, 0.0)
-  # Zero residual mass only where p <= q everywhere, i.e. p = q: then keep is sure.
-  redrawn = categorical.sample(draw_uniforms, jnp.where(
-      jnp.sum(residual, axis=-1, keepdims=True) > 0, residual, new_probs))
-  return jnp.where(keep, old_tokens, redrawn).astype(jnp.int32)
+  law = resampling.standard_residual(old_probs, new_probs)
+  if has_old is not None:
+    keep = keep & has_old
+    law = jnp.where(has_old[..., None], law, new_probs)
+  return jnp.where(keep, old_tokens, categorical.sample(draw_uniforms, law)).astype(jnp.int32)
 
 
 def jacobi_uniforms(window: int, coupling: str = 'none') -> int:
@@ -338,12 +342,10 @@ def jacobi_next(uniforms, target_probs, num_accepted, next_token, init: str,
     # Old draft j (window entry j + 1) sits at the token index window entry j predicts.
     has_old = source <= window - 2
     old_index = jnp.minimum(source, window - 2)
-    coupled = maximal_coupling(
+    carried_tokens = maximal_coupling(
         jnp.take_along_axis(uniforms[:, 2 * window - 1:], old_index, axis=1), draw_uniforms,
         jnp.take_along_axis(old_tokens, old_index, axis=1),
-        jnp.take_along_axis(old_probs, old_index[..., None], axis=1), carried_probs)
-    carried_tokens = jnp.where(has_old, coupled,
-                               categorical.sample(draw_uniforms, carried_probs))
+        jnp.take_along_axis(old_probs, old_index[..., None], axis=1), carried_probs, has_old)
   elif coupling == 'none':
     carried_tokens = categorical.sample(draw_uniforms, carried_probs)
   else:

@@ -130,7 +130,7 @@ class ExactnessTest(parameterized.TestCase):
     """Negative control for SCD: keeping every old draft (its law is not the t it
     is verified against) must break the joint law."""
     original = drafting.maximal_coupling
-    drafting.maximal_coupling = lambda keep_u, draw_u, old, q, p: old
+    drafting.maximal_coupling = lambda keep_u, draw_u, old, q, p, has_old=None: old
     decode.clear_compile_cache()
     try:
       sampling = logits.Sampling()
