@@ -36,8 +36,10 @@ from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-n
 
 _OUT = flags.DEFINE_string('out', 'bench/results/cpu_compiler_options.json', 'JSON results.')
 _ROUNDS = flags.DEFINE_integer('rounds', 7, 'Batch-1 rounds (best per call is kept).')
-_BATCH_ROUNDS = flags.DEFINE_integer('batch_rounds', 3, 'Batch-100 runs per program (best).')
-METHODS = ('vanilla', 'uniform', 'coolsd')
+_BATCH_ROUNDS = flags.DEFINE_integer('batch_rounds', 3,
+                                     'Batch-100 runs per program (best; 0 skips batch 100).')
+_METHODS = flags.DEFINE_list('methods', ['vanilla', 'uniform', 'coolsd'],
+                              "Main-command methods to time ('vanilla' first).")
 
 
 def main(argv):
@@ -52,7 +54,7 @@ def main(argv):
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
 
   config = generate_config.get_config()
-  config.methods = METHODS
+  config.methods = tuple(_METHODS.value)
   family = family_lib.load()
   sampling = logits.Sampling(**config.sampling.to_dict())
   methods = methods_lib.build_methods(config, family)
@@ -79,11 +81,11 @@ def main(argv):
   for variant, options in variants.items():
     for method in methods:
       runs = []
-      for _ in range(_BATCH_ROUNDS.value + 1):  # the first run compiles
+      for _ in range(_BATCH_ROUNDS.value + 1 if _BATCH_ROUNDS.value else 0):  # 1st compiles
         started = time.perf_counter()
         generate_app.quality_pass(method, family, labels, sampling, config.seed, options)
         runs.append(time.perf_counter() - started)
-      batch_best[(variant, method.name)] = min(runs[1:])
+      batch_best[(variant, method.name)] = min(runs[1:]) if runs else float('nan')
     print(f'batch 100: {variant} done', flush=True)
 
   rows = []

@@ -67,7 +67,7 @@ def mode_kwargs(name: str, family) -> dict:
     return dict(mode=decode.Jacobi(8), rule=rules.Lossless())
   if name == 'eagle2':  # the main command's method 'eagle2' (configs/generate.py)
     return dict(mode=decode.DynamicTreeDraft(total_tokens=24, depth=5, top_k=4,
-                                             drafts='sampled'), rule=rules.Lossless(), **eagle)
+                                             drafts="sampled"), rule=rules.Lossless(), **eagle)
   raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree, jacobi or eagle2.')
 
 
@@ -126,6 +126,7 @@ def profile_mode(name: str, family, options, repeats: int, trace_calls: int,
   cond = family.target.cfg_cond(family.target_params, jnp.array([label]))
   kwargs = mode_kwargs(name, family)
   decode.clear_compile_cache()
+  options = generate_app.mode_compiler_options(kwargs['mode'], options)  # as the main command
   call = lambda: decode.generate(family.target, family.target_params, cond, num_tokens=196,
                                  key=jax.random.key(0), sampling=logits.Sampling(cfg_scale=2.0),
                                  compiler_options=options, **kwargs)

@@ -51,9 +51,12 @@ def get_config():
   config.gsd_dist_threshold = 0.5
   # EAGLE-2 dynamic trees (DynamicTreeDraft): verify-forward tokens (root included),
   # drafter expansions (tree depth = eagle2_depth + 1) and top-k per node.
-  config.eagle2_total_tokens = 59
-  config.eagle2_depth = 4
-  config.eagle2_top_k = 10
+  # 'sampled': children drawn without replacement (lossless, this library's variant);
+  # 'top_k': EAGLE-2's deterministic top-k children (LANTERN: 59, 4, 10).
+  config.eagle2_drafts = 'sampled'
+  config.eagle2_total_tokens = 24
+  config.eagle2_depth = 5
+  config.eagle2_top_k = 4
 
   # Which methods run, in order. 'vanilla' must come first (it is the
   # reference for speed and drift); 'vanilla_seed1' is a second vanilla run

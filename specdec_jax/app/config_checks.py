@@ -34,6 +34,7 @@ HYPERPARAMETERS = dict(
     csd_tv_threshold=cli.number(minimum=0.0, maximum=1.0),
     gsd_prob_threshold=cli.number(above=0.0),
     gsd_dist_threshold=cli.number(above=0.0),
+    eagle2_drafts=cli.one_of(*dynamic_tree.DRAFTS),
     eagle2_total_tokens=cli.integer(2, note='and at most 1 + top_k + depth * top_k^2'),
     eagle2_depth=cli.integer(1),
     eagle2_top_k=cli.integer(1, note='and at most the vocabulary size'))

@@ -36,6 +36,7 @@ import numpy as np
 
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
+from specdec_jax import rules
 from specdec_jax.app import cli
 from specdec_jax.app import compile_cache
 from specdec_jax.app import config_checks
@@ -72,11 +73,23 @@ def compiler_options(config) -> dict | None:
   return None
 
 
+def mode_compiler_options(mode, options: dict | None) -> dict | None:
+  """The XLA options one mode compiles with: tree-verified modes (rule mode 'tree':
+  static and EAGLE-2 trees, SJD-PAC) drop `decode.CPU_LATENCY_OPTIONS`, whose
+  plain reductions fuse their sequential sibling tests into kernels that
+  recompute the earlier tests (EAGLE-2's verification 4 ms instead of 0.03 ms
+  per iteration; docs/results.md "XLA options")."""
+  if options == decode.CPU_LATENCY_OPTIONS and mode.rule_mode == rules.TREE:
+    return None
+  return options
+
+
 def decode_kwargs(method: methods_lib.Method, family: family_lib.Family, labels, sampling,
                   options: dict | None = None) -> dict:
-  """generate() arguments of one method for a batch of class labels (options: XLA's)."""
+  """generate() arguments of one method for a batch of class labels (options: the
+  command's XLA options, adjusted per mode by `mode_compiler_options`)."""
   kwargs = dict(num_tokens=family.num_tokens, mode=method.mode, sampling=sampling,
-                rule=method.rule, compiler_options=options)
+                rule=method.rule, compiler_options=mode_compiler_options(method.mode, options))
   if method.drafter == 'eagle':
     kwargs.update(draft=family.eagle, draft_params=family.eagle_params)
   elif method.drafter == 'draft_model':
