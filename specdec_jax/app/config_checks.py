@@ -24,6 +24,8 @@ SAMPLING = dict(
 HYPERPARAMETERS = dict(
     draft_length=cli.integer(1, note='and below the tokens per image'),
     jacobi_window=cli.integer(2, note='and at most the tokens per image'),
+    pac_branches=cli.integer(2, note='SJD-PAC candidates per branching draft'),
+    pac_depth=cli.integer(1, note='and below jacobi_window'),
     coolsd_delta=cli.number(above=0.0),
     uniform_omega=cli.number(above=0.0),
     lantern_k=cli.integer(1, note='and below the vocabulary size'),
@@ -59,14 +61,17 @@ def check_bundle_dir(bundle_dir: str, where: str, required: bool = False) -> Non
 
 def check_for_family(hyperparameters, family: family_lib.Family, where: str) -> None:
   """The bounds that depend on the loaded family: draft_length < L, jacobi_window <=
-  L (L tokens per image) and lantern_k < V (vocabulary)."""
+  L (L tokens per image) and lantern_k < V (vocabulary); and pac_depth <
+  jacobi_window (SJD-PAC's tree lies inside the Jacobi window)."""
   tokens, vocab = family.num_tokens, family.target.vocab_size
   for field, ok, accepted in (
       ('draft_length', hyperparameters.draft_length < tokens,
        f'below the {tokens} tokens per image'),
       ('jacobi_window', hyperparameters.jacobi_window <= tokens,
        f'at most the {tokens} tokens per image'),
-      ('lantern_k', hyperparameters.lantern_k < vocab, f'below the vocabulary size {vocab}')):
+      ('lantern_k', hyperparameters.lantern_k < vocab, f'below the vocabulary size {vocab}'),
+      ('pac_depth', hyperparameters.pac_depth < hyperparameters.jacobi_window,
+       f'below jacobi_window={hyperparameters.jacobi_window}')):
     if not ok:
       raise cli.ConfigError(f'{where}.{field}={hyperparameters[field]!r}: must be {accepted}.')
 
