@@ -78,13 +78,13 @@ def continuation(tree: verify.StaticTree) -> np.ndarray:
   main chain beyond it).
   """
   index = tree._index()  # pylint: disable=protected-access
-  paths = [()] + list(tree.paths)
+  main = main_chain(tree)
   table = np.zeros((tree.num_nodes, tree.max_depth + 1), np.int32)
-  for node, path in enumerate(paths):
+  for path, node in index.items():
     for level in range(tree.max_depth + 1):
-      extended = path + (0,) * (level - len(path))
-      table[node, level] = node if level <= len(path) else index.get(extended,
-                                                                      index[(0,) * level])
+      first_siblings = path + (0,) * (level - len(path))
+      table[node, level] = node if level <= len(path) else index.get(first_siblings,
+                                                                      main[level])
   return table
 
 
@@ -200,23 +200,33 @@ class JacobiPAC(mode_base.Mode):
     last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]
     nodes = jnp.asarray(continuation(tree))[last]  # [B, W]
     stale = jnp.take_along_axis(step.target_probs, nodes[..., None], axis=1)  # [B, W, V]
-    chain_tokens = drafts.tokens[:, main_chain(tree)[1:] - 1]  # the old main chain [B, W-1]
+    old_chain = drafts.tokens[:, main_chain(tree)[1:] - 1]  # [B, W-1]
+    chain_uniforms = uniforms[:, :drafting.jacobi_uniforms(self.window, 'maximal')]
     tokens, probs = drafting.jacobi_next(
-        uniforms[:, :drafting.jacobi_uniforms(self.window, 'maximal')], stale, verdict.num_accepted, verdict.next_token, self.init,
-        protocol.image_token_range(plan.target), coupling='maximal',
-        old_tokens=chain_tokens, old_probs=drafts.probs)
+        chain_uniforms, stale, verdict.num_accepted, verdict.next_token, self.init,
+        protocol.image_token_range(plan.target), coupling='maximal', old_tokens=old_chain,
+        old_probs=drafts.probs)
     return self._with_siblings(tokens, probs, uniforms), 0
 
   def _with_siblings(self, chain_tokens, chain_probs, uniforms) -> mode_base.Drafts:
-    """Chain drafts int32[B, W-1] and laws f32[B, W-1, V] -> the tree's `Drafts`
-    (siblings from the last depth * (K - 1) uniforms of f32[B, draft_uniforms])."""
+    """Chain drafts int32[B, W-1] and their laws f32[B, W-1, V] -> the tree's `Drafts`,
+    the siblings drawn with the last D * (K - 1) of uniforms f32[B, draft_uniforms]."""
     levels, extra = self.depth, self.branches - 1
     sibling_uniforms = uniforms[:, uniforms.shape[1] - levels * extra:]
     candidates = draw_siblings(sibling_uniforms.reshape(-1, levels, extra),
-                               chain_tokens[:, :levels], chain_probs[:, :levels])  # [B, D, K]
-    tree = self.tree
-    depths, siblings = tree.depths[1:], tree.sibling_index[1:]
-    in_tree = depths <= levels
-    from_tree = candidates[:, np.minimum(depths, levels) - 1, siblings]  # [B, T-1]
-    tokens = jnp.where(in_tree, from_tree, chain_tokens[:, depths - 1])
-    return mode_base.Drafts(tokens=tokens.astype(jnp.int32), probs=chain_probs)
+                               chain_tokens[:, :levels], chain_probs[:, :levels])
+    return mode_base.Drafts(tokens=node_tokens(self.tree, candidates, chain_tokens),
+                            probs=chain_probs)
+
+
+def node_tokens(tree: verify.StaticTree, candidates, chain_tokens) -> jax.Array:
+  """The window's draft tokens int32[B, T-1] (node j = window entry j, j >= 1).
+
+  A node of depth d <= D with sibling index s carries candidate c_{d,s}
+  (candidates int32[B, D, K]); the chain beyond the tree carries chain_tokens
+  int32[B, W-1] (entry d - 1 at depth d).
+  """
+  levels = candidates.shape[1]
+  depths, siblings = tree.depths[1:], tree.sibling_index[1:]
+  in_tree = candidates[:, np.minimum(depths, levels) - 1, siblings]  # [B, T-1]
+  return jnp.where(depths <= levels, in_tree, chain_tokens[:, depths - 1]).astype(jnp.int32)
