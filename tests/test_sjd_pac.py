@@ -205,6 +205,12 @@ class SjdPacValidationTest(parameterized.TestCase):
       _run(decode.JacobiPAC(3, 2, 1), logits.Sampling(), num_images=2,
            rule=rules.Grouped(embeddings=embeddings, below=1, above=1))
 
+  def test_sjd_pac_runs_a_relaxed_tree_rule(self):
+    """Rules of the 'tree' mode compose (COOL-SD's schedule takes the chain's W - 1 slots)."""
+    result = _run(decode.JacobiPAC(3, 2, 1), logits.Sampling(), num_images=4,
+                  rule=rules.CoolSD(delta=2.0))
+    chex.assert_shape(result.tokens, (4, NUM_TOKENS))
+
   def test_sjd_pac_method_and_config(self):
     config = generate_config.get_config()
     self.assertIn('sjd_pac', config.methods)
