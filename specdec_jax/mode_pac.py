@@ -98,12 +98,14 @@ def draw_siblings(uniforms, first, law):
   Args:
     uniforms: f32[..., K - 1]; first: int32[...] the main draft; law: f32[..., V].
   Returns:
-    int32[..., K] (once the law's support is used up, the later siblings are
-    zero-mass tokens that verification skips).
+    int32[..., K]; once the law's support is used up (always behind a point-mass
+    fresh draft), the later siblings repeat the main draft, which has no mass
+    left for them, so verification skips them.
   """
   rest = jnp.where(jax.nn.one_hot(first, law.shape[-1], dtype=bool), 0.0, law)
   others = categorical.sample_distinct(uniforms, rest)
-  # sample_distinct does not know `first` was taken: a zero-mass pick may repeat it.
+  has_mass = jnp.take_along_axis(rest, others, axis=-1) > 0
+  others = jnp.where(has_mass, others, first[..., None])
   return jnp.concatenate([first[..., None], others], axis=-1)
 
 

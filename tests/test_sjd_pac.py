@@ -158,6 +158,9 @@ class SjdPacOneStepTest(absltest.TestCase):
     picks = np.asarray(mode_pac.draw_siblings(uniforms, first, jnp.broadcast_to(law, (100, 4))))
     np.testing.assert_array_equal(picks[:, 0], 1)
     self.assertTrue(np.all(np.sort(picks[:, 1:], axis=1) == [0, 2]))  # the other two with mass
+    # A point mass (a fresh draft) leaves nothing to draw: the siblings repeat it.
+    point = jax.nn.one_hot(first, 4)
+    np.testing.assert_array_equal(mode_pac.draw_siblings(uniforms, first, point), 1)
 
 
 class SjdPacTreeTest(absltest.TestCase):
