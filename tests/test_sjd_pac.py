@@ -10,9 +10,9 @@ One step: the first token emitted by one proactive level (old draft, maximal
 coupling to the new law q, K - 1 siblings without replacement, EAGLE-1 sibling
 walk against the target t) has law exactly t. Monte Carlo with 2**16 draws,
 chi-square over V = 6 tokens (5 degrees of freedom), p > 1e-4: a law whose
-chi-square divergence from t is >= 7e-4 (e.g. TV >= 0.013 spread over two
-tokens of mass ~0.2) is rejected with probability >= 0.99 (noncentrality
-2**16 x 7e-4 = 46).
+chi-square divergence sum (o - t)^2 / t from t is >= 7.7e-4 (e.g. a TV
+distance of 0.013 moved between two tokens of mass ~0.2) is rejected with
+probability >= 0.99 (noncentral chi-square, noncentrality 2**16 x 7.7e-4 = 50).
 """
 
 from __future__ import annotations
