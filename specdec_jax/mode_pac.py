@@ -171,8 +171,10 @@ class JacobiPAC(mode_base.Mode):
                        f'{self.init!r}.')
     protocol.image_token_range(target)  # random drafts are drawn from it: check it now
 
-  def layout(self):
-    # Each node sees its ancestors; node j predicts image token num_generated + depth(j).
+  def layout(self, drafts=None):
+    """The static tree of every image: ancestor mask bool[T, T], depths int32[T]
+    (node j predicts image token num_generated + depth(j))."""
+    del drafts
     tree = self.tree
     return jnp.asarray(tree.ancestor_mask), jnp.asarray(tree.depths)
 
