@@ -50,6 +50,9 @@ SJD_PAC_CASES = (
      logits.Sampling()),
     ('sjd_pac_spatial_cfg', decode.JacobiPAC(3, branches=3, depth=1, init='spatial'),
      logits.Sampling(cfg_scale=1.5)),
+    # Top-2 laws hold fewer tokens than the 3 candidates: siblings run out of mass.
+    ('sjd_pac_support_used_up', decode.JacobiPAC(3, branches=3, depth=2, init='random'),
+     logits.Sampling(top_k=2)),
 )
 
 
