@@ -65,7 +65,10 @@ def mode_kwargs(name: str, family) -> dict:
                 rule=rules.UniformRelaxed(2.0), **eagle)
   if name == 'jacobi':
     return dict(mode=decode.Jacobi(8), rule=rules.Lossless())
-  raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree or jacobi.')
+  if name == 'eagle2':  # the main command's method 'eagle2' (configs/generate.py)
+    return dict(mode=decode.DynamicTreeDraft(total_tokens=24, depth=5, top_k=4,
+                                             drafts='sampled'), rule=rules.Lossless(), **eagle)
+  raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree, jacobi or eagle2.')
 
 
 def self_times(trace_file: str) -> dict:

@@ -53,10 +53,15 @@ def get_config():
   config.csd_tv_threshold = 0.5
   config.gsd_prob_threshold = 0.15
   config.gsd_dist_threshold = 0.5
+  # EAGLE-2 dynamic trees (DynamicTreeDraft): verify-forward tokens (root included),
+  # drafter expansions (tree depth = eagle2_depth + 1) and top-k per node.
+  config.eagle2_total_tokens = 59
+  config.eagle2_depth = 4
+  config.eagle2_top_k = 10
 
   # Which methods run, in order. 'vanilla' must come first (it is the
   # reference for speed and drift); 'vanilla_seed1' is a second vanilla run
   # with another seed, the noise level of the drift measures.
   config.methods = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp',
-                    'uniform', 'coolsd', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
+                    'uniform', 'coolsd', 'eagle2', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
   return config

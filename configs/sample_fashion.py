@@ -17,7 +17,8 @@ from specdec_jax.configs import generate
 # The method hyperparameters of the main command (same names, same defaults).
 HYPERPARAMETERS = ('draft_length', 'jacobi_window', 'pac_branches', 'pac_depth', 'coolsd_delta',
                    'uniform_omega', 'lantern_k', 'lantern_lam', 'lantern_residual', 'csd_lam',
-                   'csd_tv_threshold', 'gsd_prob_threshold', 'gsd_dist_threshold')
+                   'csd_tv_threshold', 'gsd_prob_threshold', 'gsd_dist_threshold',
+                   'eagle2_total_tokens', 'eagle2_depth', 'eagle2_top_k')
 
 
 def get_config():
@@ -30,7 +31,7 @@ def get_config():
   config.model = ml_collections.ConfigDict(dict(
       kind='fashion', bundle_dir='', checkpoint='', vq='', eagle='', draft_model='',
       dtype='auto', scan_layers=False))
-  # vanilla, eagle, draft_model, lantern_pp, uniform, coolsd, sjd, gsd, csd
+  # vanilla, eagle, draft_model, lantern_pp, uniform, coolsd, eagle2, sjd, scd, gsd, csd
   config.method = 'eagle'
   config.hparams = ml_collections.ConfigDict({name: base[name] for name in HYPERPARAMETERS})
   config.sampling = base.sampling

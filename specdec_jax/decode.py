@@ -58,9 +58,9 @@ from specdec_jax import sharding
 from specdec_jax.xla_options import CPU_LATENCY_OPTIONS  # pylint: disable=unused-import
 from specdec_jax.xla_options import FAST_COMPILE  # pylint: disable=unused-import
 
-Vanilla, ChainDraft, TreeDraft, Jacobi, JacobiPAC = (
+Vanilla, ChainDraft, TreeDraft, Jacobi, DynamicTreeDraft, JacobiPAC = (
     modes_lib.Vanilla, modes_lib.ChainDraft, modes_lib.TreeDraft, modes_lib.Jacobi,
-    modes_lib.JacobiPAC)
+    modes_lib.DynamicTreeDraft, modes_lib.JacobiPAC)
 DecodeMode = modes_lib.DecodeMode
 window_width, draft_slots = modes_lib.window_width, modes_lib.draft_slots
 required_capacity = modes_lib.required_capacity
@@ -164,13 +164,15 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
       old_length = drafting.image_rows(state.target_cache.lengths, cfg)
       pending = jnp.take_along_axis(state.tokens, state.num_generated[:, None] - 1, axis=1)
       window = mode.verify_window(pending, state.drafts)  # [B, T]
-      window_mask, depths = mode.layout()
+      window_mask, depths = mode.layout(state.drafts)
+      if depths is not None and depths.ndim == 2:  # a tree per image: [B, T] -> rows
+        window_mask, depths = as_rows(window_mask, cfg), as_rows(depths, cfg)
     with jax.named_scope('target_forward'):
       out = plan.target.forward(target_params, state.target_cache, as_rows(window, cfg),
                                 window_mask=window_mask, depths=depths)
     with jax.named_scope('target_probs'):
-      offsets = jnp.arange(window.shape[1]) if depths is None else depths
-      token_index = state.num_generated[:, None] + offsets[None, :]
+      offsets = kv.row_depths(depths, out.logits.shape[0], window.shape[1])[::pairs]
+      token_index = state.num_generated[:, None] + offsets  # [B, T]
       # Split by image, as the rows it came from (no logits move).
       target_probs = sharding.constrain_batch(
           mode.target_probs(plan, out.logits, token_index), mesh)

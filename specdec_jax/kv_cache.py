@@ -229,20 +229,37 @@ def read_slots(buffer: jax.Array, slots: jax.Array, slot_axis: int = VALUE_SLOT_
                    f'or {KEY_SLOT_AXIS} (keys, [B, K, D, S]), got {slot_axis}.')
 
 
+def row_depths(depths: jax.Array | None, batch_size: int, num_new: int) -> jax.Array:
+  """int32[B, T] offsets of T new tokens from each row's length.
+
+  depths: None (a causal chain: arange(T)), int32[T] (one tree for every row)
+  or int32[B, T] (a tree per row, e.g. EAGLE-2's dynamic trees).
+  """
+  if depths is None:
+    depths = jnp.arange(num_new, dtype=jnp.int32)
+  depths = jnp.asarray(depths, jnp.int32)
+  if depths.ndim == 1:
+    depths = jnp.broadcast_to(depths[None, :], (batch_size, num_new))
+  if depths.shape != (batch_size, num_new):
+    raise ValueError(f'depths must be [T] = [{num_new}] or [B, T] = [{batch_size}, {num_new}], '
+                     f'got {depths.shape}.')
+  return depths
+
+
 def window_positions(cache: KVCache, num_new: int, depths: jax.Array | None = None) -> jax.Array:
   """Position ids of T new tokens written at each row's length.
 
   Args:
     cache: the cache before the write.
     num_new: T.
-    depths: optional int32[T], offset of each new token from the row length
-      (tree drafts give siblings the same depth); default arange(T).
+    depths: optional int32[T] or int32[B, T] (`row_depths`), offset of each
+      new token from the row length (tree drafts give siblings the same
+      depth); default arange(T).
   Returns:
     int32[B, T] position ids (slot index minus the row's position offset).
   """
-  if depths is None:
-    depths = jnp.arange(num_new, dtype=jnp.int32)
-  return (cache.lengths - cache.position_offset)[:, None] + depths[None, :]
+  depths = row_depths(depths, cache.batch_size, num_new)
+  return (cache.lengths - cache.position_offset)[:, None] + depths
 
 
 def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None = None) -> jax.Array:
@@ -251,9 +268,9 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
   Args:
     cache: the cache *before* the write (lengths point at the first new slot).
     num_new: T.
-    window_mask: optional bool[T, T]; entry [t, u] says new token t sees new
-      token u. Default lower-triangular (causal chain). Static trees pass their
-      ancestor mask.
+    window_mask: optional bool[T, T] (every row) or bool[B, T, T] (one per
+      row); entry [t, u] says new token t sees new token u. Default
+      lower-triangular (causal chain). Trees pass their ancestor mask.
   Returns:
     bool[B, T, S].
   """
@@ -265,8 +282,15 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
   offset = slots[None, :] - lengths  # [B, S]: index into the window
   in_window = (offset >= 0) & (offset < num_new)
   window_index = jnp.clip(offset, 0, num_new - 1)
-  # [B, T, S]: window_mask[t, offset[b, s]]
-  sees_window = jnp.moveaxis(jnp.take(window_mask, window_index, axis=1), 0, 1)
+  if window_mask.ndim == 2:  # [B, T, S]: window_mask[t, offset[b, s]]
+    sees_window = jnp.moveaxis(jnp.take(window_mask, window_index, axis=1), 0, 1)
+  else:  # [B, T, S]: window_mask[b, t, offset[b, s]]
+    if window_mask.shape != (cache.batch_size, num_new, num_new):
+      raise ValueError(f'window_mask must be [T, T] or [B, T, T] = [{cache.batch_size}, '
+                       f'{num_new}, {num_new}], got {window_mask.shape}.')
+    sees_window = jnp.take_along_axis(
+        window_mask, jnp.broadcast_to(window_index[:, None, :],
+                                      (cache.batch_size, num_new, cache.capacity)), axis=2)
   # A padding slot written in this window (key_valid False) is seen only by
   # its own query, so a left-padded prefix can be prefilled in one forward
   # (LlamaGen's t2i mask: padded columns off, diagonal kept).

@@ -162,12 +162,16 @@ class Mode:
     del draft, cond, prefix, num_tokens
     return 1
 
-  def layout(self):
-    """(window_mask bool[T, T] or None, depths int32[T] or None) of the verify forward.
+  def layout(self, drafts: Drafts):
+    """(window_mask, depths) of the verify forward of this iteration's drafts.
 
     None, None: a causal chain whose window entry j predicts image token
-    num_generated + j.
+    num_generated + j. A tree shared by every image: bool[T, T] and
+    int32[T]; a tree per image (built by the drafter, e.g. EAGLE-2):
+    bool[B, T, T] and int32[B, T]. Entry j predicts image token
+    num_generated + depths[j].
     """
+    del drafts
     return None, None
 
   def start(self, plan: Plan, draft_params, draft_cond, prefill, first, first_index,
@@ -231,7 +235,8 @@ class DrafterMode(Mode):
 
   def draft(self, drafter: drafting.Drafter, plan: Plan, draft_params, cache, root_logits,
             root_hidden, uniforms, first_index):
-    """Drafts from the drafter's root output. Returns (tokens, probs, cache)."""
+    """Drafts from the drafter's root output. Returns (Drafts with tokens and probs
+    (a mode may carry more: `mode_dynamic_tree.TreeDrafts`), the drafter cache)."""
     raise NotImplementedError
 
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
@@ -293,7 +298,7 @@ class DrafterMode(Mode):
     root_logits, root_hidden, cache = drafting.catch_up(
         drafter, draft_params, cache, committed, tokens, features, num_accepted, plan.cfg)
     committed = committed + num_accepted + 1
-    tokens, probs, cache = self.draft(drafter, plan, draft_params, cache, root_logits,
-                                      root_hidden, uniforms, first_index)
+    drafts, cache = self.draft(drafter, plan, draft_params, cache, root_logits, root_hidden,
+                               uniforms, first_index)
     cache = kv.set_lengths(cache, as_rows(committed, plan.cfg))
-    return Drafts(tokens=tokens, probs=probs, cache=cache, length=committed)
+    return drafts.replace(cache=cache, length=committed)

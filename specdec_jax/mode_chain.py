@@ -70,9 +70,10 @@ class ChainDraft(mode_base.DrafterMode):
 
   def draft(self, drafter, plan, draft_params, cache, root_logits, root_hidden, uniforms,
             first_index):
-    return drafting.draft_chain(
+    tokens, probs, cache = drafting.draft_chain(
         drafter, draft_params, cache, root_logits, root_hidden, num_drafts=self.k,
         sampling=plan.sampling, cfg=plan.cfg, uniforms=uniforms, first_index=first_index)
+    return mode_base.Drafts(tokens=tokens, probs=probs), cache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -171,7 +171,7 @@ class JacobiPAC(mode_base.Mode):
                        f'{self.init!r}.')
     protocol.image_token_range(target)  # random drafts are drawn from it: check it now
 
-  def layout(self, drafts=None):
+  def layout(self, drafts):
     """The static tree of every image: ancestor mask bool[T, T], depths int32[T]
     (node j predicts image token num_generated + depth(j))."""
     del drafts

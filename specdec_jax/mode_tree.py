@@ -85,15 +85,17 @@ class TreeDraft(mode_base.DrafterMode):
     super().check(target=target, draft=draft, draft_params=draft_params, cond=cond,
                   num_tokens=num_tokens)
 
-  def layout(self):
+  def layout(self, drafts):
+    del drafts
     # Each node sees its ancestors; node j predicts image token num_generated + depth(j).
     return jnp.asarray(self.tree.ancestor_mask), jnp.asarray(self.tree.depths)
 
   def draft(self, drafter, plan, draft_params, cache, root_logits, root_hidden, uniforms,
             first_index):
-    return drafting.draft_tree(
+    tokens, probs, cache = drafting.draft_tree(
         drafter, draft_params, cache, root_logits, root_hidden, tree=self.tree,
         sampling=plan.sampling, cfg=plan.cfg, uniforms=uniforms, first_index=first_index)
+    return mode_base.Drafts(tokens=tokens, probs=probs), cache
 
   def verify_window(self, pending, drafts):
     return jnp.concatenate([pending, drafts.tokens[:, 1:]], axis=1)  # node 0 -> pending

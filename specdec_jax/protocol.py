@@ -82,6 +82,9 @@ class DecodeModel(Protocol):
 
     window_mask bool[T, T] and depths int32[T] describe a token tree (default:
     a causal chain with depths arange(T)); positions are row length + depth.
+    A tree per row passes bool[B, T, T] and int32[B, T] (EAGLE-2's dynamic
+    trees); models that build positions and masks with
+    `kv.window_positions` / `kv.attention_mask` accept both.
     """
 
 

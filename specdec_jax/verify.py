@@ -295,33 +295,87 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
   if jnp.shape(uniforms) != (tree_uniforms(tree),):
     raise ValueError(f'verify_tree: uniforms must be [D * C + 1] = [{tree_uniforms(tree)}], '
                      f'got {jnp.shape(uniforms)}.')
-  children = jnp.asarray(tree.children)  # [N, C]
-  max_depth = tree.max_depth
+  return _walk_tree(rule, uniforms, jnp.asarray(tree.children), tree.max_depth, node_tokens,
+                    draft_probs, target_at)
 
+
+def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, node_tokens,
+                                      target_at, draft_probs=None):
+  """Multi-candidate verification of a tree whose shape is an input, for one row.
+
+  EAGLE-2's dynamic trees (Li et al. 2024) pick each node's children as the
+  drafter's top-k tokens: no draft is random, so each sibling's draft law is
+  a point mass at its token (LANTERN's and EAGLE-2's `qx = 1`). Sibling s
+  is tested with f = rule.accept_prob_at(one_hot(x_s), p, depth, x_s) (the
+  lossless rule: accept with probability p(x_s)) and on rejection p <-
+  rule.residual(one_hot(x_s), p, depth, x_s) (lossless: p with x_s removed
+  and renormalised), so the emitted token has law p whatever the tree.
+
+  With draft_probs f32[N, V] the children of node i were instead drawn
+  without replacement from draft_probs[i] and are tested as EAGLE-1's
+  siblings (`verify_tree_with_uniforms`); that stays exact when whether a
+  node is in the tree never depends on its own token
+  (`dynamic_tree`, drafts 'sampled').
+
+  Args:
+    rule: acceptance rule; `position` is the child's depth (1-based).
+    uniforms: f32[max_depth * C + 1] in [0, 1): entry (depth - 1) * C + s
+      tests sibling s at that depth, the last one draws the next token.
+    children: int32[N, C] child node ids of each node in test order, -1
+      padded (traced: the tree may differ per row).
+    max_depth: D, the deepest node's depth (static).
+    node_tokens: int32[N]; node 0 is the root (the pending token).
+    target_at: node (int32[], traced) -> f32[V], the target at that node.
+  Returns:
+    (path int32[D+1], num_accepted int32[], next_token int32[]) as
+    `verify_tree_with_uniforms`.
+  """
+  _check_rank('children', children, 2, 'int [N, C]')
+  _check_rank('node_tokens', node_tokens, 1, 'int [N]')
+  expected = (max_depth * children.shape[1] + 1,)
+  if jnp.shape(uniforms) != expected:
+    raise ValueError(f'verify_dynamic_tree: uniforms must be [D * C + 1] = [{expected[0]}], '
+                     f'got {jnp.shape(uniforms)}.')
+  return _walk_tree(rule, uniforms, children, max_depth, node_tokens, draft_probs, target_at)
+
+
+def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_probs, target_at):
+  """The tree walk shared by static trees (siblings drawn without replacement
+  from draft_probs [N, V]) and deterministic trees (draft_probs None: each
+  sibling's law is a point mass at its token)."""
+  max_children = children.shape[1]
+  vocab = target_at(jnp.int32(0)).shape[-1] if draft_probs is None else draft_probs.shape[-1]
   node = jnp.int32(0)
   target = target_at(jnp.int32(0))
   stopped = jnp.bool_(False)
   path = -jnp.ones((max_depth + 1,), jnp.int32).at[0].set(0)
   for depth in range(1, max_depth + 1):
-    draft = draft_probs[node]
-    removed = jnp.zeros_like(draft)  # mass of earlier siblings
+    if draft_probs is not None:
+      draft = draft_probs[node]
+      removed = jnp.zeros_like(draft)  # mass of earlier siblings
     accepted_child = jnp.int32(-1)
-    for sibling in range(tree.max_children):
+    for sibling in range(max_children):
       child = children[node, sibling]
       token = node_tokens[jnp.maximum(child, 0)]
-      remaining = 1.0 - jnp.sum(removed)
-      sibling_draft = jnp.where(remaining > 0, (draft - removed) / jnp.maximum(remaining, 1e-30),
-                                0.0)
-      sibling_draft = jnp.maximum(sibling_draft, 0.0)
-      live = (~stopped) & (accepted_child < 0) & (child >= 0) & (sibling_draft[token] > 0)
+      if draft_probs is None:
+        sibling_draft = jax.nn.one_hot(token, vocab, dtype=jnp.float32)
+        has_mass = True
+      else:
+        remaining = 1.0 - jnp.sum(removed)
+        sibling_draft = jnp.where(remaining > 0,
+                                  (draft - removed) / jnp.maximum(remaining, 1e-30), 0.0)
+        sibling_draft = jnp.maximum(sibling_draft, 0.0)
+        has_mass = sibling_draft[token] > 0
+      live = (~stopped) & (accepted_child < 0) & (child >= 0) & has_mass
       accept_prob = rule.accept_prob_at(sibling_draft, target, depth, token)
-      uniform = uniforms[(depth - 1) * tree.max_children + sibling]
+      uniform = uniforms[(depth - 1) * max_children + sibling]
       accept = live & (uniform < accept_prob)
       reject = live & ~accept
       residual = rule.residual(sibling_draft, target, depth, token)
       target = jnp.where(reject, residual, target)
       accepted_child = jnp.where(accept, child, accepted_child)
-      removed = jnp.where(live, removed.at[token].set(draft[token]), removed)
+      if draft_probs is not None:
+        removed = jnp.where(live, removed.at[token].set(draft[token]), removed)
     descend = (~stopped) & (accepted_child >= 0)
     node = jnp.where(descend, accepted_child, node)
     target = jnp.where(descend, target_at(jnp.maximum(accepted_child, 0)), target)

@@ -175,7 +175,7 @@ class SjdPacTreeTest(absltest.TestCase):
     np.testing.assert_array_equal(mode_pac.main_chain(tree), [0, 1, 4, 13, 14, 15])
     mode = decode.JacobiPAC(6, branches=3, depth=2)
     self.assertEqual((mode.width, mode.slots), (16, 5))
-    mask, depths = mode.layout()
+    mask, depths = mode.layout(None)  # one static tree: the drafts are not read
     chex.assert_shape(mask, (16, 16))
     np.testing.assert_array_equal(depths, tree.depths)
 

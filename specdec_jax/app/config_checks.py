@@ -10,6 +10,7 @@ checked by `check_for_family` once it is loaded, before anything compiles.
 
 from __future__ import annotations
 
+from specdec_jax import dynamic_tree
 from specdec_jax import rules
 from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
@@ -34,7 +35,10 @@ HYPERPARAMETERS = dict(
     csd_lam=cli.number(minimum=0.0),
     csd_tv_threshold=cli.number(minimum=0.0, maximum=1.0),
     gsd_prob_threshold=cli.number(above=0.0),
-    gsd_dist_threshold=cli.number(above=0.0))
+    gsd_dist_threshold=cli.number(above=0.0),
+    eagle2_total_tokens=cli.integer(2, note='and at most 1 + top_k + depth * top_k^2'),
+    eagle2_depth=cli.integer(1),
+    eagle2_top_k=cli.integer(1, note='and at most the vocabulary size'))
 
 
 def main_command(method_names: tuple[str, ...]) -> dict:
@@ -61,15 +65,22 @@ def check_bundle_dir(bundle_dir: str, where: str, required: bool = False) -> Non
 
 def check_for_family(hyperparameters, family: family_lib.Family, where: str) -> None:
   """The bounds that depend on the loaded family: draft_length < L, jacobi_window <=
-  L (L tokens per image) and lantern_k < V (vocabulary); and pac_depth <
-  jacobi_window (SJD-PAC's tree lies inside the Jacobi window)."""
+  L (L tokens per image), lantern_k < V, eagle2_top_k <= V (vocabulary), the
+  EAGLE-2 tree's node budget, and pac_depth < jacobi_window (SJD-PAC's tree lies
+  inside the Jacobi window)."""
   tokens, vocab = family.num_tokens, family.target.vocab_size
+  most_tree_tokens = 1 + dynamic_tree.num_candidates(hyperparameters.eagle2_top_k,
+                                                     hyperparameters.eagle2_depth)
   for field, ok, accepted in (
       ('draft_length', hyperparameters.draft_length < tokens,
        f'below the {tokens} tokens per image'),
       ('jacobi_window', hyperparameters.jacobi_window <= tokens,
        f'at most the {tokens} tokens per image'),
       ('lantern_k', hyperparameters.lantern_k < vocab, f'below the vocabulary size {vocab}'),
+      ('eagle2_top_k', hyperparameters.eagle2_top_k <= vocab,
+       f'at most the vocabulary size {vocab}'),
+      ('eagle2_total_tokens', hyperparameters.eagle2_total_tokens <= most_tree_tokens,
+       'at most 1 + eagle2_top_k + eagle2_depth * eagle2_top_k^2'),
       ('pac_depth', hyperparameters.pac_depth < hyperparameters.jacobi_window,
        f'below jacobi_window={hyperparameters.jacobi_window}')):
     if not ok:

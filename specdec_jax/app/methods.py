@@ -28,7 +28,7 @@ class Method:
 
 
 METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp', 'uniform',
-                'coolsd', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
+                'coolsd', 'eagle2', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
 
 
 def build_methods(config, family) -> list[Method]:
@@ -61,6 +61,13 @@ def build_methods(config, family) -> list[Method]:
                                 hyperparameters=dict(draft_length=k)),
       'coolsd': lambda: Method('coolsd', eagle_chain, rules.CoolSD(delta=config.coolsd_delta),
                                'eagle', hyperparameters=dict(draft_length=k)),
+      'eagle2': lambda: Method(
+          'eagle2', decode.DynamicTreeDraft(total_tokens=config.eagle2_total_tokens,
+                                            depth=config.eagle2_depth,
+                                            top_k=config.eagle2_top_k, drafter='eagle'),
+          rules.Lossless(), 'eagle',
+          hyperparameters=dict(total_tokens=config.eagle2_total_tokens,
+                               depth=config.eagle2_depth, top_k=config.eagle2_top_k)),
       'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
       'scd': lambda: Method('scd', decode.Jacobi(window=window, init='random',
                                                  coupling='maximal'),

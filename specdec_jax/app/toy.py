@@ -43,11 +43,10 @@ def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, depths, bos: 
   """
   slots = jnp.arange(cache.capacity, dtype=jnp.int32)  # [S]
   lengths = cache.lengths[:, None]  # [B, 1]
-  if depths is None:
-    depths = jnp.arange(num_new, dtype=jnp.int32)
+  depths = kv.row_depths(depths, cache.batch_size, num_new)  # [B, T]
   offset = slots[None, :] - lengths  # [B, S]
   in_window = (offset >= 0) & (offset < num_new)
-  window_depth = jnp.take(depths, jnp.clip(offset, 0, num_new - 1))
+  window_depth = jnp.take_along_axis(depths, jnp.clip(offset, 0, num_new - 1), axis=1)
   slot_position = jnp.where(in_window, lengths + window_depth, slots[None, :])
   slot_position = slot_position - cache.position_offset[:, None]  # [B, S]
   query_position = kv.window_positions(cache, num_new, depths)  # [B, T]

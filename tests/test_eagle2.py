@@ -1,0 +1,336 @@
+"""EAGLE-2 dynamic trees (`dynamic_tree`, `mode_dynamic_tree.DynamicTreeDraft`).
+
+Exactness: the whole-loop joint-law test of tests/test_decode.py (second-order
+Markov toy, V**n = 64 sequences, N = 2**14 images, chi-square p > 1e-4; power:
+any law at TV >= 0.04 from the exact one is rejected with probability >=
+0.99), with a negative control (a tree mask that hides the ancestors) that
+must fail. Drafting: every node's score is its path's cumulative draft
+log-probability when the path runs through the drafter as a plain chain, the
+tree is closed under parents and differs per image.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from specdec_jax import decode
+from specdec_jax import drafting
+from specdec_jax import dynamic_tree
+from specdec_jax import logits
+from specdec_jax import rules
+from specdec_jax import testing
+from specdec_jax import verify
+from specdec_jax.app import toy
+from tests.decode_support import CLASSES
+from tests.decode_support import DRAFT
+from tests.decode_support import EAGLE
+from tests.decode_support import FAST
+from tests.decode_support import NUM_SAMPLES
+from tests.decode_support import NUM_TOKENS
+from tests.decode_support import P_THRESHOLD
+from tests.decode_support import TARGET
+from tests.decode_support import VOCAB
+from tests.decode_support import _chi_square_pvalue
+from tests.decode_support import _cond
+from tests.decode_support import _params
+
+EAGLE2_CASES = (
+    ('eagle2_eagle', decode.DynamicTreeDraft(total_tokens=5, depth=2, top_k=2), logits.Sampling()),
+    ('eagle2_model_cfg_topk', decode.DynamicTreeDraft(total_tokens=6, depth=1, top_k=3,
+                                                      drafter='model'),
+     logits.Sampling(cfg_scale=1.5, top_k=3)),
+    ('eagle2_eagle_temperature', decode.DynamicTreeDraft(total_tokens=7, depth=2, top_k=3),
+     logits.Sampling(temperature=0.8)),
+    ('eagle2_sampled_eagle', decode.DynamicTreeDraft(total_tokens=5, depth=2, top_k=2,
+                                                     drafts='sampled'), logits.Sampling()),
+    ('eagle2_sampled_model_cfg', decode.DynamicTreeDraft(total_tokens=7, depth=2, top_k=3,
+                                                         drafter='model', drafts='sampled'),
+     logits.Sampling(cfg_scale=1.5)),
+)
+
+
+def _generate(mode, sampling, *, num_images=NUM_SAMPLES, key=None, rule=rules.Lossless(),
+              num_tokens=NUM_TOKENS):
+  target_params, draft_params, eagle_params = _params()
+  draft, params = (EAGLE, eagle_params) if mode.drafter == 'eagle' else (DRAFT, draft_params)
+  key = jax.random.key(7) if key is None else key
+  return decode.generate(TARGET, target_params, _cond(num_images, sampling),
+                         num_tokens=num_tokens, key=key, mode=mode, sampling=sampling,
+                         rule=rule, draft=draft, draft_params=params, compiler_options=FAST)
+
+
+class Eagle2ExactnessTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*EAGLE2_CASES)
+  def test_eagle2_joint_law_matches_target(self, mode, sampling):
+    result = _generate(mode, sampling)
+    tokens = np.asarray(result.tokens)
+    chex.assert_shape(tokens, (NUM_SAMPLES, NUM_TOKENS))
+    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
+    p_value = _chi_square_pvalue(tokens, law)
+    self.assertGreater(p_value, P_THRESHOLD, f'{mode}: p = {p_value:.3g}')
+    self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
+
+  def _p_value_with(self, name, replacement, mode, sampling) -> float:
+    """The joint-law p-value with dynamic_tree.<name> replaced (a negative control)."""
+    original = getattr(dynamic_tree, name)
+    setattr(dynamic_tree, name, replacement(original))
+    decode.clear_compile_cache()
+    try:
+      tokens = np.asarray(_generate(mode, sampling).tokens)
+    finally:
+      setattr(dynamic_tree, name, original)
+      decode.clear_compile_cache()
+    return _chi_square_pvalue(tokens, TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling))
+
+  def test_eagle2_ancestors_hidden_fails(self):
+    """Negative control: a tree mask where each node sees only itself (the target then
+    predicts the next token of every draft from the wrong context)."""
+    def self_only(original):
+      del original
+      return lambda parents, max_depth: jnp.broadcast_to(
+          jnp.eye(parents.shape[1], dtype=bool), parents.shape + (parents.shape[1],))
+
+    mode, sampling = EAGLE2_CASES[0][1:]
+    self.assertLess(self._p_value_with('ancestor_mask', self_only, mode, sampling), P_THRESHOLD)
+
+  def test_eagle2_sampled_ranked_by_own_token_fails(self):
+    """Negative control for drafts 'sampled': ranking each sampled child by its own
+    token's log-probability (EAGLE-2's score) makes whether it is kept depend on its
+    token, and the sibling tests no longer see the law it was drawn from."""
+    def own_token_scores(original):
+      def children_of(probs, top_k, uniforms=None):
+        scores, tokens = original(probs, top_k, uniforms)
+        if uniforms is None:
+          return scores, tokens
+        return jnp.take_along_axis(dynamic_tree.log_probs(probs), tokens, axis=-1), tokens
+      return children_of
+
+    mode = decode.DynamicTreeDraft(total_tokens=4, depth=2, top_k=3, drafts='sampled')
+    self.assertLess(self._p_value_with('children_of', own_token_scores, mode,
+                                       logits.Sampling()), P_THRESHOLD)
+
+
+class Eagle2RelaxedRulesTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('eagle2_uniform', rules.UniformRelaxed(omega=3.0)),
+      ('eagle2_coolsd', rules.CoolSD(delta=3.0)),
+      ('eagle2_lantern_pp', rules.LanternPP(
+          neighbors=jnp.asarray([[1, 2], [0, 2], [3, 1], [2, 0]], jnp.int32), k=2, lam=3.0)),
+  )
+  def test_eagle2_relaxed_rules_accept_more_than_lossless(self, rule):
+    mode, sampling = decode.DynamicTreeDraft(total_tokens=5, depth=2, top_k=2), logits.Sampling()
+    summary = lambda r: float(_generate(mode, sampling, num_images=2048, rule=r).metrics.summary()[
+        'tokens_per_target_forward'])
+    self.assertGreater(summary(rule), summary(rules.Lossless()))
+
+
+class Eagle2DynamicTreeVerifyTest(absltest.TestCase):
+
+  def test_eagle2_one_step_law_of_deterministic_siblings(self):
+    """One level of three deterministic siblings: the lossless output law is the
+    target's; UniformRelaxed's is the closed form of sequential point-mass tests.
+    Monte Carlo with 2**16 draws over 6 tokens, chi-square p > 1e-4 (power: TV >= 0.02
+    rejected with probability > 0.99); the negative control (the target's own law for the
+    relaxed rule) must fail."""
+    target = jnp.asarray([0.3, 0.25, 0.2, 0.1, 0.1, 0.05])
+    children = jnp.asarray([[1, 2, 3]] + [[-1, -1, -1]] * 3, jnp.int32)
+    node_tokens = jnp.asarray([0, 4, 1, 5], jnp.int32)
+    num = 2 ** 16
+    uniforms = jax.random.uniform(jax.random.key(0), (num, 4))
+
+    def draws(rule):
+      one = lambda u: verify.verify_dynamic_tree_with_uniforms(
+          rule, u, children, 1, node_tokens, lambda node: target)
+      path, _, next_token = jax.jit(jax.vmap(one))(uniforms)
+      token = jnp.where(path[:, 1] >= 0, node_tokens[jnp.maximum(path[:, 1], 0)], next_token)
+      return testing.histogram(np.asarray(token), 6)
+
+    self.assertGreater(testing.chi_square_pvalue(draws(rules.Lossless()), target)[0],
+                       P_THRESHOLD)
+    rule = rules.UniformRelaxed(omega=2.0)
+    law, p, stay = np.zeros(6), np.asarray(target, np.float64), 1.0
+    for token in (4, 1, 5):
+      point = np.eye(6)[token]
+      accept = float(rule.accept_prob_at(jnp.asarray(point, jnp.float32),
+                                         jnp.asarray(p, jnp.float32), 1, token))
+      law[token] += stay * accept
+      stay *= 1 - accept
+      p = np.asarray(rule.residual(jnp.asarray(point, jnp.float32), jnp.asarray(p, jnp.float32),
+                                   1, token), np.float64)
+    law += stay * p
+    relaxed = draws(rule)
+    self.assertGreater(testing.chi_square_pvalue(relaxed, law / law.sum())[0], P_THRESHOLD)
+    self.assertLess(testing.chi_square_pvalue(relaxed, target)[0], P_THRESHOLD)
+
+
+class Eagle2DraftingTest(absltest.TestCase):
+
+  def _tree(self, num_images=3, cfg=False, sampled=False):
+    target, eagle = toy.MarkovToy(VOCAB, CLASSES), toy.ToyEagle(VOCAB, CLASSES)
+    target_params, params = target.init_params(jax.random.key(0)), eagle.init_params(
+        jax.random.key(1))
+    drafter = drafting.Drafter(eagle, drafting.EAGLE)
+    sampling = logits.Sampling(cfg_scale=1.5) if cfg else logits.Sampling()
+    rows = 2 * num_images if cfg else num_images
+    cond = jnp.arange(rows, dtype=jnp.int32) % CLASSES
+    pending = jnp.arange(num_images, dtype=jnp.int32) % VOCAB
+
+    @jax.jit
+    def grow():
+      prefix = target.prefill(target_params, target.init_cache(rows, 8), cond)
+      cache = drafter.prefill(params, eagle.init_cache(rows, 32), cond, prefix.hidden)
+      root_logits, root_hidden, cache = drafting.catch_up(
+          drafter, params, cache, drafting.image_rows(cache.lengths, cfg), pending[:, None],
+          prefix.hidden[:, -1:], jnp.zeros((num_images,), jnp.int32), cfg=cfg)
+      tree, after = dynamic_tree.draft_dynamic_tree(
+          drafter, params, cache, root_logits, root_hidden, num_nodes=8, expansions=3,
+          top_k=2, sampling=sampling, cfg=cfg, first_index=jnp.ones(num_images, jnp.int32),
+          uniforms=jax.random.uniform(jax.random.key(5), (
+              num_images, dynamic_tree.num_candidates(2, 3))) if sampled else None)
+      return cache, root_logits, root_hidden, tree, after
+
+    return eagle, params, sampling, grow()
+
+  def test_eagle2_scores_are_path_log_probs_of_the_drafter_chain(self):
+    for cfg in (False, True):
+      eagle, params, sampling, (cache, root_logits, root_hidden, tree, after) = self._tree(
+          cfg=cfg)
+      np.testing.assert_array_equal(np.asarray(after.lengths), np.asarray(cache.lengths))
+      tokens, parents = np.asarray(tree.tokens), np.asarray(tree.parents)
+      rows = lambda x: drafting.as_rows(x, cfg)
+
+      @jax.jit
+      def path_score(path_tokens):  # [B, d] -> f32[B]
+        probs = drafting.guided_probs(sampling, root_logits[:, None],
+                                      jnp.ones((path_tokens.shape[0], 1), jnp.int32), cfg)[:, 0]
+        score = jnp.log(jnp.take_along_axis(probs, path_tokens[:, :1], axis=1)[:, 0])
+        run_cache, hidden = cache, root_hidden[:, None]
+        for step in range(path_tokens.shape[1] - 1):
+          out = eagle.forward(params, run_cache, rows(path_tokens[:, step:step + 1]), hidden)
+          run_cache, hidden = out.cache, out.hidden
+          probs = drafting.guided_probs(sampling, out.logits, jnp.full(
+              (path_tokens.shape[0], 1), step + 2, jnp.int32), cfg)[:, 0]
+          score += jnp.log(jnp.take_along_axis(probs, path_tokens[:, step + 1:step + 2],
+                                               axis=1)[:, 0])
+        return score
+
+      for image in range(tokens.shape[0]):
+        for node in range(1, tokens.shape[1]):
+          path = [node]
+          while parents[image, path[-1]] > 0:
+            path.append(parents[image, path[-1]])
+          path = path[::-1]
+          self.assertLen(path, int(tree.depths[image, node]))
+          expected = path_score(jnp.asarray(tokens[:, path]))[image]
+          np.testing.assert_allclose(float(tree.scores[image, node]), float(expected),
+                                     rtol=1e-4, atol=1e-4)
+
+  def test_eagle2_sampled_laws_and_rank_values(self):
+    """drafts 'sampled': a node with children carries the drafter law of its path (as a
+    plain chain gives it), its children are distinct, and each child's score is its
+    parent's plus log of the sibling-rank-th largest probability of that law."""
+    eagle, params, sampling, (cache, _, root_hidden, tree, _) = self._tree(num_images=4,
+                                                                            sampled=True)
+    tokens, parents = np.asarray(tree.tokens), np.asarray(tree.parents)
+    children, probs = np.asarray(tree.children), np.asarray(tree.probs)
+    scores = np.asarray(tree.scores)
+
+    @jax.jit
+    def chain_probs(path_tokens):
+      run_cache, hidden = cache, root_hidden[:, None]
+      for step in range(path_tokens.shape[1]):
+        out = eagle.forward(params, run_cache, path_tokens[:, step:step + 1], hidden)
+        run_cache, hidden = out.cache, out.hidden
+      return sampling.probs(out.logits[:, 0])
+
+    for image in range(tokens.shape[0]):
+      for node in range(tokens.shape[1]):
+        kids = [c for c in children[image, node] if c >= 0]
+        if not kids:
+          continue
+        self.assertLen({int(tokens[image, c]) for c in kids}, len(kids))
+        ranked = np.sort(probs[image, node])[::-1]
+        for rank, kid in enumerate(kids):
+          np.testing.assert_allclose(scores[image, kid], scores[image, node] + np.log(
+              ranked[rank]), rtol=1e-5, atol=1e-5)
+        if node:
+          path = [node]
+          while parents[image, path[-1]] > 0:
+            path.append(parents[image, path[-1]])
+          expected = chain_probs(jnp.asarray(tokens[:, path[::-1]]))[image]
+          np.testing.assert_allclose(probs[image, node], np.asarray(expected), rtol=1e-5,
+                                     atol=1e-6)
+
+  def test_eagle2_tree_is_closed_ordered_and_per_image(self):
+    _, _, _, (_, _, _, tree, _) = self._tree(num_images=6)
+    parents, depths = np.asarray(tree.parents), np.asarray(tree.depths)
+    mask, children = np.asarray(tree.ancestor_mask), np.asarray(tree.children)
+    for image in range(parents.shape[0]):
+      for node in range(1, parents.shape[1]):
+        parent = parents[image, node]
+        self.assertBetween(parent, 0, node - 1)  # parents come first
+        self.assertEqual(depths[image, node], depths[image, parent] + 1)
+        np.testing.assert_array_equal(mask[image, node],
+                                      mask[image, parent] | (np.arange(8) == node))
+        self.assertIn(node, children[image, parent].tolist())
+    self.assertGreater(len({tuple(row) for row in parents.tolist()} |
+                           {tuple(row) for row in np.asarray(tree.tokens).tolist()}), 2)
+
+  def test_eagle2_tree_from_candidates_keeps_the_best_closed_set(self):
+    # Candidates: 2 children of the root, then 4 grandchildren (parents 0, 0, 1, 1).
+    scores = jnp.asarray([[-0.5, -1.0, -0.6, -2.0, -1.1, -1.2]])
+    parents = jnp.asarray([[-1, -1, 0, 0, 1, 1]], jnp.int32)
+    depths = jnp.asarray([[1, 1, 2, 2, 2, 2]], jnp.int32)
+    tokens = jnp.asarray([[3, 1, 2, 0, 1, 3]], jnp.int32)
+    tree = dynamic_tree.tree_from_candidates(scores, tokens, parents, depths, 5, 2, 2)
+    np.testing.assert_array_equal(np.asarray(tree.tokens), [[0, 3, 1, 2, 1]])
+    np.testing.assert_array_equal(np.asarray(tree.parents), [[-1, 0, 0, 1, 2]])
+    np.testing.assert_array_equal(np.asarray(tree.children), [[[1, 2], [3, -1], [4, -1],
+                                                               [-1, -1], [-1, -1]]])
+
+
+class Eagle2BatchTest(absltest.TestCase):
+
+  def test_eagle2_rows_match_batch_of_one(self):
+    """Each image's tokens equal its batch-of-one run, with a different tree per image."""
+    sampling = logits.Sampling(cfg_scale=1.5)
+    mode = decode.DynamicTreeDraft(total_tokens=5, depth=2, top_k=2)
+    keys = jax.random.split(jax.random.key(3), 6)
+    batch = _generate(mode, sampling, num_images=6, key=keys, num_tokens=6)
+    self.assertGreater(len(set(np.asarray(batch.metrics.accepted_tokens).tolist())), 1)
+    for row in range(6):
+      single = _generate(mode, sampling, num_images=1, key=keys[row:row + 1], num_tokens=6)
+      np.testing.assert_array_equal(np.asarray(single.tokens)[0], np.asarray(batch.tokens)[row])
+
+
+class Eagle2BadInputTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('eagle2_budget', dict(total_tokens=8, depth=1, top_k=2), 'total_tokens must be in'),
+      ('eagle2_depth', dict(depth=0), 'depth and top_k must be >= 1'),
+      ('eagle2_top_k', dict(total_tokens=5, top_k=9), 'exceeds the vocabulary'),
+      ('eagle2_float', dict(total_tokens=5.0), 'total_tokens'),
+      ('eagle2_drafts', dict(drafts='beam'), 'drafts must be one of'),
+  )
+  def test_eagle2_rejected_before_compilation(self, fields, message):
+    original = decode._decode
+    decode._decode = lambda *a, **k: (_ for _ in ()).throw(AssertionError('traced'))
+    decode.clear_compile_cache()
+    try:
+      with self.assertRaisesRegex(ValueError, message):
+        _generate(decode.DynamicTreeDraft(**{'total_tokens': 5, 'depth': 2, 'top_k': 2,
+                                              **fields}), logits.Sampling(), num_images=2)
+    finally:
+      decode._decode = original
+      decode.clear_compile_cache()
+
+
+if __name__ == '__main__':
+  absltest.main()
