@@ -39,7 +39,11 @@ def get_config():
       cfg_scale=2.0, cfg_interval=-1, temperature=1.0, top_k=0, top_p=1.0))
 
   config.draft_length = 4  # k for drafter chains
-  config.jacobi_window = 8  # W for SJD / GSD / CSD
+  config.jacobi_window = 8  # W for SJD / SCD / SJD-PAC / GSD / CSD
+  # SJD-PAC's proactive tree: K candidates at each of the first D drafts (the released
+  # code's default tree_width=3, tree_depth=3, which counts the root: D = 2).
+  config.pac_branches = 3
+  config.pac_depth = 2
   config.coolsd_delta = 2.0
   config.uniform_omega = 2.0
   config.lantern_k = 8
@@ -62,5 +66,5 @@ def get_config():
   # reference for speed and drift); 'vanilla_seed1' is a second vanilla run
   # with another seed, the noise level of the drift measures.
   config.methods = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp',
-                    'uniform', 'coolsd', 'eagle2', 'sjd', 'scd', 'gsd', 'csd')
+                    'uniform', 'coolsd', 'eagle2', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
   return config

@@ -58,9 +58,9 @@ from specdec_jax import sharding
 from specdec_jax.xla_options import CPU_LATENCY_OPTIONS  # pylint: disable=unused-import
 from specdec_jax.xla_options import FAST_COMPILE  # pylint: disable=unused-import
 
-Vanilla, ChainDraft, TreeDraft, Jacobi, DynamicTreeDraft = (
+Vanilla, ChainDraft, TreeDraft, Jacobi, DynamicTreeDraft, JacobiPAC = (
     modes_lib.Vanilla, modes_lib.ChainDraft, modes_lib.TreeDraft, modes_lib.Jacobi,
-    modes_lib.DynamicTreeDraft)
+    modes_lib.DynamicTreeDraft, modes_lib.JacobiPAC)
 DecodeMode = modes_lib.DecodeMode
 window_width, draft_slots = modes_lib.window_width, modes_lib.draft_slots
 required_capacity = modes_lib.required_capacity

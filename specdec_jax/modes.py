@@ -6,8 +6,8 @@ D tree depth, W Jacobi window, T verify width, K draft slots.
 The modes live one concept per module: `mode_base.Mode` (what the loop asks
 of a mode, chain defaults) and `DrafterMode` (draft-model modes),
 `mode_chain` (Vanilla, ChainDraft, Jacobi), `mode_tree` (TreeDraft),
-`mode_dynamic_tree` (DynamicTreeDraft, EAGLE-2). They are
-re-exported here; a new mode is a new `Mode` subclass.
+`mode_dynamic_tree` (DynamicTreeDraft, EAGLE-2), `mode_pac` (JacobiPAC:
+SJD-PAC). They are re-exported here; a new mode is a new `Mode` subclass.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from specdec_jax import logits as logits_lib
 from specdec_jax import mode_base
 from specdec_jax import mode_chain
 from specdec_jax import mode_dynamic_tree
+from specdec_jax import mode_pac
 from specdec_jax import mode_tree
 from specdec_jax import rules as rules_lib
 
@@ -28,6 +29,7 @@ Mode, DrafterMode = mode_base.Mode, mode_base.DrafterMode
 Vanilla, ChainDraft, Jacobi = mode_chain.Vanilla, mode_chain.ChainDraft, mode_chain.Jacobi
 TreeDraft = mode_tree.TreeDraft
 DynamicTreeDraft = mode_dynamic_tree.DynamicTreeDraft
+JacobiPAC = mode_pac.JacobiPAC
 DecodeMode = Mode  # any subclass runs through the loop
 
 

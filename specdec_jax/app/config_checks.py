@@ -25,6 +25,8 @@ SAMPLING = dict(
 HYPERPARAMETERS = dict(
     draft_length=cli.integer(1, note='and below the tokens per image'),
     jacobi_window=cli.integer(2, note='and at most the tokens per image'),
+    pac_branches=cli.integer(2, note='SJD-PAC candidates per branching draft'),
+    pac_depth=cli.integer(1, note='and below jacobi_window'),
     coolsd_delta=cli.number(above=0.0),
     uniform_omega=cli.number(above=0.0),
     lantern_k=cli.integer(1, note='and below the vocabulary size'),
@@ -64,8 +66,9 @@ def check_bundle_dir(bundle_dir: str, where: str, required: bool = False) -> Non
 
 def check_for_family(hyperparameters, family: family_lib.Family, where: str) -> None:
   """The bounds that depend on the loaded family: draft_length < L, jacobi_window <=
-  L (L tokens per image), lantern_k < V, eagle2_top_k <= V (vocabulary) and the
-  EAGLE-2 tree's node budget."""
+  L (L tokens per image), lantern_k < V, eagle2_top_k <= V (vocabulary), the
+  EAGLE-2 tree's node budget, and pac_depth < jacobi_window (SJD-PAC's tree lies
+  inside the Jacobi window)."""
   tokens, vocab = family.num_tokens, family.target.vocab_size
   most_tree_tokens = 1 + dynamic_tree.num_candidates(hyperparameters.eagle2_top_k,
                                                      hyperparameters.eagle2_depth)
@@ -78,7 +81,9 @@ def check_for_family(hyperparameters, family: family_lib.Family, where: str) -> 
       ('eagle2_top_k', hyperparameters.eagle2_top_k <= vocab,
        f'at most the vocabulary size {vocab}'),
       ('eagle2_total_tokens', hyperparameters.eagle2_total_tokens <= most_tree_tokens,
-       'at most 1 + eagle2_top_k + eagle2_depth * eagle2_top_k^2')):
+       'at most 1 + eagle2_top_k + eagle2_depth * eagle2_top_k^2'),
+      ('pac_depth', hyperparameters.pac_depth < hyperparameters.jacobi_window,
+       f'below jacobi_window={hyperparameters.jacobi_window}')):
     if not ok:
       raise cli.ConfigError(f'{where}.{field}={hyperparameters[field]!r}: must be {accepted}.')
 

@@ -28,7 +28,7 @@ class Method:
 
 
 METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp', 'uniform',
-                'coolsd', 'eagle2', 'sjd', 'scd', 'gsd', 'csd')
+                'coolsd', 'eagle2', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
 
 
 def build_methods(config, family) -> list[Method]:
@@ -74,6 +74,10 @@ def build_methods(config, family) -> list[Method]:
       'scd': lambda: Method('scd', decode.Jacobi(window=window, init='random',
                                                  coupling='maximal'),
                             rules.Lossless(), hyperparameters=dict(window=window)),
+      'sjd_pac': lambda: Method('sjd_pac', decode.JacobiPAC(
+          window=window, branches=config.pac_branches, depth=config.pac_depth, init='random'),
+          rules.Lossless(), hyperparameters=dict(window=window, branches=config.pac_branches,
+                                                 depth=config.pac_depth)),
       'gsd': lambda: Method('gsd', jacobi,
                             rules.Grouped(embeddings=family.token_embeddings(),
                                           prob_threshold=config.gsd_prob_threshold,

@@ -1,0 +1,236 @@
+"""SJD-PAC: speculative Jacobi decoding with proactive drafting and adaptive continuation.
+
+Kang et al., "SJD-PAC: Accelerating Speculative Jacobi Decoding via Proactive
+Drafting and Adaptive Continuation", CVPR 2026, arXiv 2603.18599.
+
+Legend: B images, V vocabulary, W Jacobi window (the pending token and W - 1
+chain drafts), K branches, D tree depth (draft positions that branch),
+N = T tree nodes (node 0 = the pending token), T verify width.
+
+One verify forward runs a static tree (`pac_tree`): the Jacobi chain of W - 1
+drafts is its first-sibling path (the *main chain*), and at each of the first
+D draft positions the tree also holds K - 1 more candidates, under every node
+of the level above (a full K-ary tree of depth D, K^1 + ... + K^D nodes,
+followed by the rest of the chain). All nodes of one level with the same
+sibling index carry the same token: a level's K candidates c_{d,0..K-1}.
+
+Drafts (the paper's two parts, per position d of the next window):
+  * adaptive continuation: the main-chain draft is SCD's maximal coupling of
+    the old draft x ~ q_old at that image token with the stale target law p
+    from this forward (keep x with probability min(1, p(x)/q_old(x)), else
+    draw from Norm([p - q_old]_+); `drafting.maximal_coupling`), so it is a
+    draw from p and p is the law recorded for it;
+  * proactive drafting: at the first D positions, siblings 1..K-1 are drawn
+    without replacement from the same law p with the main draft removed
+    (`draw_siblings`), so c_{d,0..K-1} is a draw without replacement from p.
+Verification is EAGLE-1's multi-candidate walk (`verify.verify_tree_with_uniforms`):
+sibling s is tested against q_s = q with earlier siblings removed and
+renormalised, and on rejection the target becomes the residual; it is
+lossless because each level's candidates are a draw without replacement
+from the recorded law, independent of the other levels given the past.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import categorical
+from specdec_jax import checks
+from specdec_jax import drafting
+from specdec_jax import mode_base
+from specdec_jax import mode_tree
+from specdec_jax import protocol
+from specdec_jax import rules as rules_lib
+from specdec_jax import verify
+
+
+@functools.lru_cache(maxsize=None)
+def pac_tree(window: int, branches: int, depth: int) -> verify.StaticTree:
+  """The verify tree: a full `branches`-ary tree over draft positions 1..depth, then
+  the first-sibling (main) chain on to position window - 1.
+
+  Width: branches + ... + branches**depth + (window - 1 - depth) + 1 nodes.
+  """
+  paths = [path for level in range(1, depth + 1)
+           for path in np.ndindex(*(branches,) * level)]
+  paths += [(0,) * level for level in range(depth + 1, window)]
+  return verify.StaticTree.from_paths(paths)
+
+
+def main_chain(tree: verify.StaticTree) -> np.ndarray:
+  """int32[W]: node ids of the first-sibling path (0,), (0, 0), ..., root first."""
+  index = tree._index()  # pylint: disable=protected-access
+  return np.array([index[(0,) * level] for level in range(tree.max_depth + 1)], np.int32)
+
+
+def continuation(tree: verify.StaticTree) -> np.ndarray:
+  """int32[N, W]: [m, e] = the node at depth e > depth(m) that continues node m's path
+  by first siblings, or the main chain's node at depth e where that path leaves the
+  tree (entries e <= depth(m) repeat m).
+
+  Its target output is the stale law of the draft at depth e + 1 once m is the
+  last accepted node (SJD-PAC reads the accepted row inside the tree, the
+  main chain beyond it).
+  """
+  index = tree._index()  # pylint: disable=protected-access
+  main = main_chain(tree)
+  table = np.zeros((tree.num_nodes, tree.max_depth + 1), np.int32)
+  for path, node in index.items():
+    for level in range(tree.max_depth + 1):
+      first_siblings = path + (0,) * (level - len(path))
+      table[node, level] = node if level <= len(path) else index.get(first_siblings,
+                                                                      main[level])
+  return table
+
+
+def draw_siblings(uniforms, first, law):
+  """A level's K candidates: the main draft, then K - 1 draws without replacement
+  from its law with the main draft removed (arXiv 2603.18599, proactive drafting).
+
+  If `first` ~ law, the K tokens are a draw without replacement from law: what
+  the sibling renormalisation of tree verification assumes.
+
+  Args:
+    uniforms: f32[..., K - 1]; first: int32[...] the main draft; law: f32[..., V].
+  Returns:
+    int32[..., K]; once the law's support is used up (always behind a point-mass
+    fresh draft), the later siblings repeat the main draft, which has no mass
+    left for them, so verification skips them.
+  """
+  rest = jnp.where(jax.nn.one_hot(first, law.shape[-1], dtype=bool), 0.0, law)
+  others = categorical.sample_distinct(uniforms, rest)
+  has_mass = jnp.take_along_axis(rest, others, axis=-1) > 0
+  others = jnp.where(has_mass, others, first[..., None])
+  return jnp.concatenate([first[..., None], others], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class JacobiPAC(mode_base.Mode):
+  """SJD-PAC (arXiv 2603.18599): a Jacobi window W whose first `depth` drafts carry
+  `branches` candidates each, verified as one static tree in the same forward.
+
+  depth counts the draft positions that branch (the released code's
+  tree_depth counts the root too: tree_depth = depth + 1). The chain keeps W;
+  the tree adds branches + ... + branches**depth - depth nodes to the forward.
+  init: fresh drafts as `Jacobi` ('random' or 'spatial'); a fresh draft is a
+  point mass, so its extra siblings have no mass and are skipped.
+
+  Drafts: tokens int32[B, T - 1] (window entries 1..T - 1, node j = entry j),
+  probs f32[B, W - 1, V] the law of the chain draft at each depth (the law of
+  every candidate of that level).
+  """
+
+  window: int
+  branches: int = 3
+  depth: int = 2
+  init: str = 'random'
+
+  rule_mode = rules_lib.TREE
+
+  @property
+  def tree(self) -> verify.StaticTree:
+    return pac_tree(self.window, self.branches, self.depth)
+
+  @property
+  def width(self) -> int:
+    return self.tree.num_nodes
+
+  @property
+  def slots(self) -> int:
+    return self.window - 1
+
+  @property
+  def verify_uniforms(self) -> int:
+    return verify.tree_uniforms(self.tree)
+
+  @property
+  def draft_uniforms(self) -> int:
+    # The Jacobi update with the maximal coupling, then K - 1 per branching level.
+    return drafting.jacobi_uniforms(self.window, 'maximal') + self.depth * (self.branches - 1)
+
+  def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
+    del draft, draft_params, cond
+    for field in ('window', 'branches', 'depth'):
+      checks.check_int_field(self, field)
+    if not 2 <= self.window <= num_tokens:
+      raise ValueError(f'generate: JacobiPAC.window must be in [2, num_tokens={num_tokens}] '
+                       f'(1 pending token + window-1 drafts), got {self.window}.')
+    if self.branches < 2:
+      raise ValueError(f'generate: JacobiPAC.branches must be >= 2 (candidates per branching '
+                       f'position; 1 is Jacobi(coupling="maximal")), got {self.branches}.')
+    if not 1 <= self.depth <= self.window - 1:
+      raise ValueError(f'generate: JacobiPAC.depth must be in [1, window-1={self.window - 1}] '
+                       f'(the draft positions that branch), got {self.depth}.')
+    if self.init not in ('random', 'spatial'):
+      raise ValueError(f"generate: JacobiPAC.init must be 'random' or 'spatial', got "
+                       f'{self.init!r}.')
+    protocol.image_token_range(target)  # random drafts are drawn from it: check it now
+
+  def layout(self, drafts):
+    """The static tree of every image: ancestor mask bool[T, T], depths int32[T]
+    (node j predicts image token num_generated + depth(j))."""
+    del drafts
+    tree = self.tree
+    return jnp.asarray(tree.ancestor_mask), jnp.asarray(tree.depths)
+
+  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
+    tokens, probs = drafting.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size,
+                                          self.init, first,
+                                          protocol.image_token_range(plan.target))
+    return self._with_siblings(tokens, probs, uniforms), 0
+
+  def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
+    tree = self.tree
+    # A node's children are drawn from the law of the next depth (leaves: unused).
+    child_law = np.minimum(tree.depths, self.window - 2)
+    draft_probs = drafts.probs[:, child_law]  # [B, T, V]
+
+    def one_image(uniforms, tokens, draft_probs, target_probs):
+      return verify.verify_tree_with_uniforms(rule, uniforms, tree, tokens, draft_probs,
+                                              target_probs)
+
+    path, num_accepted, next_token = jax.vmap(one_image)(uniforms, window, draft_probs,
+                                                         target_probs)
+    cache = mode_tree.compact_path(cache, start, path, plan.cfg)
+    return mode_base.Verdict(path, num_accepted, next_token), cache
+
+  def advance(self, plan, draft_params, drafts, step, uniforms):
+    tree, verdict = self.tree, step.verdict
+    last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]
+    nodes = jnp.asarray(continuation(tree))[last]  # [B, W]
+    stale = jnp.take_along_axis(step.target_probs, nodes[..., None], axis=1)  # [B, W, V]
+    old_chain = drafts.tokens[:, main_chain(tree)[1:] - 1]  # [B, W-1]
+    chain_uniforms = uniforms[:, :drafting.jacobi_uniforms(self.window, 'maximal')]
+    tokens, probs = drafting.jacobi_next(
+        chain_uniforms, stale, verdict.num_accepted, verdict.next_token, self.init,
+        protocol.image_token_range(plan.target), coupling='maximal', old_tokens=old_chain,
+        old_probs=drafts.probs)
+    return self._with_siblings(tokens, probs, uniforms), 0
+
+  def _with_siblings(self, chain_tokens, chain_probs, uniforms) -> mode_base.Drafts:
+    """Chain drafts int32[B, W-1] and their laws f32[B, W-1, V] -> the tree's `Drafts`,
+    the siblings drawn with the last D * (K - 1) of uniforms f32[B, draft_uniforms]."""
+    levels, extra = self.depth, self.branches - 1
+    sibling_uniforms = uniforms[:, uniforms.shape[1] - levels * extra:]
+    candidates = draw_siblings(sibling_uniforms.reshape(-1, levels, extra),
+                               chain_tokens[:, :levels], chain_probs[:, :levels])
+    return mode_base.Drafts(tokens=node_tokens(self.tree, candidates, chain_tokens),
+                            probs=chain_probs)
+
+
+def node_tokens(tree: verify.StaticTree, candidates, chain_tokens) -> jax.Array:
+  """The window's draft tokens int32[B, T-1] (node j = window entry j, j >= 1).
+
+  A node of depth d <= D with sibling index s carries candidate c_{d,s}
+  (candidates int32[B, D, K]); the chain beyond the tree carries chain_tokens
+  int32[B, W-1] (entry d - 1 at depth d).
+  """
+  levels = candidates.shape[1]
+  depths, siblings = tree.depths[1:], tree.sibling_index[1:]
+  in_tree = candidates[:, np.minimum(depths, levels) - 1, siblings]  # [B, T-1]
+  return jnp.where(depths <= levels, in_tree, chain_tokens[:, depths - 1]).astype(jnp.int32)

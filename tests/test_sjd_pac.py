@@ -1,0 +1,237 @@
+"""Tests of SJD-PAC (`specdec_jax.mode_pac.JacobiPAC`, arXiv 2603.18599).
+
+Whole loop: the joint law of the generated tokens on the Markov toy target
+equals the exact law (chi-square over the V**n = 64 sequences, N = 2**14
+images, p > 1e-4; power as tests/test_decode.py: any TV distance >= 0.04 is
+rejected with probability >= 0.99), and a broken proactive draft (greedy
+siblings, which the sibling renormalisation does not describe) fails it.
+
+One step: the first token emitted by one proactive level (old draft, maximal
+coupling to the new law q, K - 1 siblings without replacement, EAGLE-1 sibling
+walk against the target t) has law exactly t. Monte Carlo with 2**16 draws,
+chi-square over V = 6 tokens (5 degrees of freedom), p > 1e-4: a law whose
+chi-square divergence sum (o - t)^2 / t from t is >= 7.7e-4 (e.g. a TV
+distance of 0.013 moved between two tokens of mass ~0.2) is rejected with
+probability >= 0.99 (noncentral chi-square, noncentrality 2**16 x 7.7e-4 = 50).
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from specdec_jax import categorical
+from specdec_jax import decode
+from specdec_jax import drafting
+from specdec_jax import logits
+from specdec_jax import mode_pac
+from specdec_jax import rules
+from specdec_jax import testing
+from specdec_jax import verify
+from specdec_jax.app import generate as generate_app
+from specdec_jax.app import cli
+from specdec_jax.app import methods as methods_lib
+from specdec_jax.configs import generate as generate_config
+from tests.decode_support import NUM_SAMPLES
+from tests.decode_support import NUM_TOKENS
+from tests.decode_support import P_THRESHOLD
+from tests.decode_support import TARGET
+from tests.decode_support import VOCAB
+from tests.decode_support import _chi_square_pvalue
+from tests.decode_support import _params
+from tests.decode_support import _run
+
+SJD_PAC_CASES = (
+    ('sjd_pac_random', decode.JacobiPAC(3, branches=2, depth=2, init='random'),
+     logits.Sampling()),
+    ('sjd_pac_spatial_cfg', decode.JacobiPAC(3, branches=3, depth=1, init='spatial'),
+     logits.Sampling(cfg_scale=1.5)),
+    # Top-2 laws hold fewer tokens than the 3 candidates: siblings run out of mass.
+    ('sjd_pac_support_used_up', decode.JacobiPAC(3, branches=3, depth=2, init='random'),
+     logits.Sampling(top_k=2)),
+)
+
+
+def _greedy_siblings(uniforms, first, law):
+  """A broken proactive draft: the K - 1 most likely other tokens, not a random
+  draw without replacement (the law the sibling renormalisation assumes)."""
+  rest = jnp.where(jax.nn.one_hot(first, law.shape[-1], dtype=bool), -1.0, law)
+  others = jnp.argsort(-rest, axis=-1)[..., :uniforms.shape[-1]]
+  return jnp.concatenate([first[..., None], others.astype(jnp.int32)], axis=-1)
+
+
+class SjdPacExactnessTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*SJD_PAC_CASES)
+  def test_sjd_pac_joint_law_matches_target(self, mode, sampling):
+    result = _run(mode, sampling)
+    tokens = np.asarray(result.tokens)
+    chex.assert_shape(tokens, (NUM_SAMPLES, NUM_TOKENS))
+    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
+    p_value = _chi_square_pvalue(tokens, law)
+    self.assertGreater(p_value, P_THRESHOLD, f'{mode}: p = {p_value:.3g}')
+    self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
+
+  def test_sjd_pac_greedy_siblings_fail(self):
+    """Negative control: siblings taken greedily (top K - 1 of the law) while the
+    verification renormalises them as draws without replacement."""
+    mode = decode.JacobiPAC(3, branches=3, depth=2, init='random')
+    original = mode_pac.draw_siblings
+    mode_pac.draw_siblings = _greedy_siblings
+    decode.clear_compile_cache()
+    try:
+      sampling = logits.Sampling()
+      tokens = np.asarray(_run(mode, sampling).tokens)
+    finally:
+      mode_pac.draw_siblings = original
+      decode.clear_compile_cache()
+    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
+    self.assertLess(_chi_square_pvalue(tokens, law), P_THRESHOLD)
+
+
+def _one_level(draw, branches, old_law, new_law, target, num_draws, seed=0):
+  """First tokens emitted by one proactive level, f32 laws [V] -> int32[num_draws].
+
+  Per draw: an old draft x ~ old_law is carried to new_law by the maximal
+  coupling (SCD), siblings come from `draw`, and the K children of a depth-1
+  tree are verified against `target` (losslessly); the emitted token is the
+  accepted child, else the residual draw. Returns (tokens, accepted bool[]).
+  """
+  tree = verify.StaticTree.from_paths([(i,) for i in range(branches)])
+  vocab = target.shape[-1]
+
+  def one(key):
+    keys = jax.random.split(key, 4)
+    old = categorical.sample(jax.random.uniform(keys[0]), old_law)
+    first = drafting.maximal_coupling(jax.random.uniform(keys[1]), jax.random.uniform(keys[2]),
+                                      old, old_law, new_law)
+    uniforms = jax.random.uniform(keys[3], (branches - 1 + verify.tree_uniforms(tree),))
+    children = draw(uniforms[:branches - 1], first, new_law)
+    node_tokens = jnp.concatenate([jnp.zeros((1,), jnp.int32), children])
+    draft_probs = jnp.broadcast_to(new_law, (tree.num_nodes, vocab))
+    path, num_accepted, next_token = verify.verify_tree_with_uniforms(
+        rules.Lossless(), uniforms[branches - 1:], tree, node_tokens, draft_probs,
+        jnp.broadcast_to(target, (tree.num_nodes, vocab)))
+    emitted = jnp.where(num_accepted > 0, node_tokens[jnp.maximum(path[1], 0)], next_token)
+    return emitted, num_accepted > 0
+
+  keys = jax.random.split(jax.random.key(seed), num_draws)
+  tokens, accepted = jax.jit(jax.vmap(one))(keys)
+  return np.asarray(tokens), np.asarray(accepted)
+
+
+class SjdPacOneStepTest(absltest.TestCase):
+
+  VOCAB = 6
+  DRAWS = 2 ** 16
+
+  def _laws(self):
+    rng = np.random.default_rng(3)
+    make = lambda scale: jnp.asarray(jax.nn.softmax(scale * rng.normal(size=self.VOCAB)),
+                                     jnp.float32)
+    return make(1.5), make(1.5), make(1.5)  # old draft law, new (stale) law, target
+
+  def _pvalue(self, tokens, target):
+    counts = testing.histogram(tokens, self.VOCAB)
+    return testing.chi_square_pvalue(counts, np.asarray(target, np.float64))[0]
+
+  def test_sjd_pac_one_level_emits_the_target_law(self):
+    old, new, target = self._laws()
+    tokens, accepted = _one_level(mode_pac.draw_siblings, 3, old, new, target, self.DRAWS)
+    self.assertGreater(self._pvalue(tokens, target), P_THRESHOLD)
+    # The proactive candidates raise acceptance above the chain's single draft,
+    # whose closed form is sum_x min(q(x), t(x)).
+    single = float(jnp.sum(jnp.minimum(new, target)))
+    self.assertGreater(accepted.mean(), single + 0.05)
+
+  def test_sjd_pac_one_level_greedy_siblings_fail(self):
+    """The same test has the power to see greedy siblings (the whole-loop control)."""
+    old, new, target = self._laws()
+    tokens, _ = _one_level(_greedy_siblings, 3, old, new, target, self.DRAWS)
+    self.assertLess(self._pvalue(tokens, target), P_THRESHOLD)
+
+  def test_sjd_pac_siblings_are_distinct_and_start_with_the_main_draft(self):
+    law = jnp.array([0.5, 0.3, 0.2, 0.0])
+    uniforms = jax.random.uniform(jax.random.key(0), (100, 2))
+    first = jnp.full((100,), 1, jnp.int32)
+    picks = np.asarray(mode_pac.draw_siblings(uniforms, first, jnp.broadcast_to(law, (100, 4))))
+    np.testing.assert_array_equal(picks[:, 0], 1)
+    self.assertTrue(np.all(np.sort(picks[:, 1:], axis=1) == [0, 2]))  # the other two with mass
+    # A point mass (a fresh draft) leaves nothing to draw: the siblings repeat it.
+    point = jax.nn.one_hot(first, 4)
+    np.testing.assert_array_equal(mode_pac.draw_siblings(uniforms, first, point), 1)
+
+
+class SjdPacTreeTest(absltest.TestCase):
+
+  def test_sjd_pac_tree_shape(self):
+    tree = mode_pac.pac_tree(6, 3, 2)
+    self.assertEqual(tree.num_nodes, 1 + 3 + 9 + 3)  # root, K, K^2, chain to depth 5
+    self.assertEqual(tree.max_depth, 5)
+    np.testing.assert_array_equal(mode_pac.main_chain(tree), [0, 1, 4, 13, 14, 15])
+    mode = decode.JacobiPAC(6, branches=3, depth=2)
+    self.assertEqual((mode.width, mode.slots), (16, 5))
+    mask, depths = mode.layout(None)  # one static tree: the drafts are not read
+    chex.assert_shape(mask, (16, 16))
+    np.testing.assert_array_equal(depths, tree.depths)
+
+  def test_sjd_pac_continuation_follows_the_accepted_branch(self):
+    tree = mode_pac.pac_tree(6, 3, 2)
+    table = mode_pac.continuation(tree)
+    index = tree._index()  # pylint: disable=protected-access
+    # Last accepted node (1,): its first-sibling child (1, 0), then the main chain.
+    np.testing.assert_array_equal(table[index[(1,)], 2:], [index[(1, 0)], 13, 14, 15])
+    np.testing.assert_array_equal(table[0], mode_pac.main_chain(tree))
+
+
+class SjdPacValidationTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('sjd_pac_window_too_small', dict(window=1), r'JacobiPAC.window must be in \[2, '),
+      ('sjd_pac_window_too_large', dict(window=NUM_TOKENS + 1),
+       r'JacobiPAC.window must be in \[2, num_tokens=3\]'),
+      ('sjd_pac_one_branch', dict(branches=1), r'JacobiPAC.branches must be >= 2'),
+      ('sjd_pac_zero_depth', dict(depth=0), r'JacobiPAC.depth must be in \[1, window-1=2\]'),
+      ('sjd_pac_depth_past_window', dict(depth=3), r'JacobiPAC.depth must be in \[1, '),
+      ('sjd_pac_float_branches', dict(branches=2.5), 'branches'),
+      ('sjd_pac_bad_init', dict(init='zeros'), r"JacobiPAC.init must be 'random' or"),
+  )
+  def test_sjd_pac_bad_fields_are_refused_before_compiling(self, fields, message):
+    mode = decode.JacobiPAC(**{**dict(window=3, branches=2, depth=1), **fields})
+    with self.assertRaisesRegex(ValueError, message):
+      _run(mode, logits.Sampling(), num_images=2)
+
+  def test_sjd_pac_refuses_a_rule_without_tree_verification(self):
+    embeddings = jnp.asarray(np.random.default_rng(0).normal(size=(VOCAB, 4)), jnp.float32)
+    with self.assertRaisesRegex(ValueError, "does not support 'tree' decoding"):
+      _run(decode.JacobiPAC(3, 2, 1), logits.Sampling(), num_images=2,
+           rule=rules.Grouped(embeddings=embeddings, below=1, above=1))
+
+  def test_sjd_pac_runs_a_relaxed_tree_rule(self):
+    """Rules of the 'tree' mode compose (COOL-SD's schedule takes the chain's W - 1 slots)."""
+    result = _run(decode.JacobiPAC(3, 2, 1), logits.Sampling(), num_images=4,
+                  rule=rules.CoolSD(delta=2.0))
+    chex.assert_shape(result.tokens, (4, NUM_TOKENS))
+
+  def test_sjd_pac_method_and_config(self):
+    config = generate_config.get_config()
+    self.assertIn('sjd_pac', config.methods)
+    config.methods = ('vanilla', 'sjd_pac')
+    method = methods_lib.build_methods(config, None)[-1]
+    self.assertEqual(method.mode, decode.JacobiPAC(
+        window=config.jacobi_window, branches=config.pac_branches, depth=config.pac_depth))
+    self.assertEqual(method.hyperparameters, dict(
+        window=config.jacobi_window, branches=config.pac_branches, depth=config.pac_depth))
+    generate_app.check_config(config)
+    config.pac_branches = 1
+    with self.assertRaisesRegex(cli.ConfigError, r'config.pac_branches=1: must be an integer '
+                                r'>= 2'):
+      generate_app.check_config(config)
+
+
+if __name__ == '__main__':
+  absltest.main()
