@@ -58,7 +58,7 @@ def main(argv):
   calls, classes = {}, None
   for tree in trees:
     m = trees_lib.import_tree(tree, ('decode', 'logits', 'app.family', 'app.generate',
-                                     'configs.generate'))
+                                     'app.methods', 'configs.generate'))
     config = m['configs.generate'].get_config()
     if classes is None:  # the same images for every tree: the first tree's classes
       classes = tuple(int(c) for c in config.latency_classes)
@@ -66,7 +66,7 @@ def main(argv):
     sampling = m['logits'].Sampling(**config.sampling.to_dict())
     # The main command's own method definitions, in each tree's version.
     config.methods = METHODS
-    methods = m['app.generate'].build_methods(config, family)
+    methods = m['app.methods'].build_methods(config, family)
     # ... and its XLA options, in trees that have them.
     options = getattr(m['app.generate'], 'compiler_options', lambda _: None)(config)
     extra = () if options is None else (options,)

@@ -47,6 +47,7 @@ import tpu_compile_hlo as hlo
 import tpu_compile_lib as lib
 from specdec_jax import decode
 from specdec_jax import logits
+from specdec_jax import modes
 from specdec_jax import rules
 from specdec_jax import sharding
 from specdec_jax import verify
@@ -82,6 +83,7 @@ MODES = {
     'chain': decode.ChainDraft(4, 'eagle'),
     'jacobi': decode.Jacobi(5),
     'tree': decode.TreeDraft(TREE, 'eagle'),
+    'eagle2': decode.DynamicTreeDraft(24, 5, 4, 'eagle', drafts='sampled'),
 }
 TOPOLOGIES = ('v5e:2x2', 'v5e:2x4', 'v5p:2x2x1', 'v6e:2x2')
 BF16 = jnp.bfloat16
@@ -181,7 +183,7 @@ def measure(config: Config) -> dict:
   target_params = lib.abstract_params(target, mesh, sharding.LLAMA_RULES)
   draft = draft_params = None
   shared = 0
-  if isinstance(mode, (decode.ChainDraft, decode.TreeDraft)):
+  if isinstance(mode, modes.DrafterMode):
     draft = drafter
     draft_params = lib.abstract_params(drafter, mesh, sharding.LLAMA_RULES)
     # embed_tokens and lm_head are the target's own arrays (eagle.attach_head).

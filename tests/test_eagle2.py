@@ -296,6 +296,20 @@ class Eagle2DraftingTest(absltest.TestCase):
                                                                [-1, -1], [-1, -1]]])
 
 
+class Eagle2MainCommandTest(absltest.TestCase):
+
+  def test_eagle2_and_trees_compile_with_xla_defaults_in_the_main_command(self):
+    from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+    latency = dict(decode.CPU_LATENCY_OPTIONS)
+    tree_modes = (decode.DynamicTreeDraft(5, 2, 2), decode.JacobiPAC(3, 2, 1),
+                  decode.TreeDraft(verify.StaticTree.from_paths(((0,), (1,))), 'eagle'))
+    for mode in tree_modes:
+      self.assertIsNone(generate_app.mode_compiler_options(mode, latency), mode)
+    for mode in (decode.Vanilla(), decode.ChainDraft(2, 'eagle'), decode.Jacobi(3)):
+      self.assertEqual(generate_app.mode_compiler_options(mode, latency), latency)
+    self.assertEqual(generate_app.mode_compiler_options(tree_modes[0], FAST), FAST)
+
+
 class Eagle2BatchTest(absltest.TestCase):
 
   def test_eagle2_rows_match_batch_of_one(self):
