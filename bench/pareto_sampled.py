@@ -42,7 +42,10 @@ CSD_LAMS = (0.02, 0.05, 0.1, 0.2)
 def sweep_points() -> list[tuple]:
   points = [('vanilla', 'vanilla', None, 'vanilla', {}, 0),
             ('vanilla_seed1', 'vanilla_seed1', None, 'vanilla', {}, 1),
-            ('eagle', 'lossless', None, 'eagle', {}, 0)]
+            ('eagle', 'lossless', None, 'eagle', {}, 0),
+            ('eagle2', 'lossless', None, 'eagle2', {}, 0),
+            ('scd', 'lossless', None, 'scd', {}, 0),
+            ('sjd_pac', 'lossless', None, 'sjd_pac', {}, 0)]
   points += [(f'coolsd_{d:g}', 'coolsd', d, 'coolsd', {'coolsd_delta': d}, 0) for d in DELTAS]
   points += [(f'uniform_{d:g}', 'uniform', d, 'uniform', {'uniform_omega': d}, 0)
              for d in DELTAS]
