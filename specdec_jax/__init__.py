@@ -14,10 +14,12 @@ Modules:
   precision   the dtype rule: float32 on CPU, bfloat16 on GPU/TPU
   decode      the compiled decoding loop (vanilla, chain, tree, Jacobi)
   modes       decoding modes and the checks run before compiling
-  mode_base, mode_chain, mode_tree, mode_pac
-              the mode classes: loop protocol; vanilla, chain, Jacobi; tree;
-              SJD-PAC (Jacobi chain + proactive tree)
+  mode_base, mode_chain, mode_tree, mode_dynamic_tree, mode_pac
+              the mode classes: loop protocol; vanilla, chain, Jacobi; static
+              tree; EAGLE-2 dynamic tree; SJD-PAC (Jacobi chain + proactive tree)
   drafting    drafter adapters, chain/tree drafting, Jacobi window updates
+  dynamic_tree
+              EAGLE-2 tree growth per image (top-k or sampled children)
   metrics     per-image decoding counters
   sharding    meshes and partition rules for parameters and caches
   kv_cache    static-shape caches with per-row lengths

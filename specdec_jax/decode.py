@@ -165,13 +165,13 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
       pending = jnp.take_along_axis(state.tokens, state.num_generated[:, None] - 1, axis=1)
       window = mode.verify_window(pending, state.drafts)  # [B, T]
       window_mask, depths = mode.layout(state.drafts)
+      offsets = kv.row_depths(depths, num_images, window.shape[1])  # [B, T]
       if depths is not None and depths.ndim == 2:  # a tree per image: [B, T] -> rows
         window_mask, depths = as_rows(window_mask, cfg), as_rows(depths, cfg)
     with jax.named_scope('target_forward'):
       out = plan.target.forward(target_params, state.target_cache, as_rows(window, cfg),
                                 window_mask=window_mask, depths=depths)
     with jax.named_scope('target_probs'):
-      offsets = kv.row_depths(depths, out.logits.shape[0], window.shape[1])[::pairs]
       token_index = state.num_generated[:, None] + offsets  # [B, T]
       # Split by image, as the rows it came from (no logits move).
       target_probs = sharding.constrain_batch(

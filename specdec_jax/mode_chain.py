@@ -76,6 +76,21 @@ class ChainDraft(mode_base.DrafterMode):
     return mode_base.Drafts(tokens=tokens, probs=probs), cache
 
 
+def check_window_and_init(mode, num_tokens: int, target) -> None:
+  """The Jacobi family's checks (`Jacobi`, `mode_pac.JacobiPAC`): an int window in
+  [2, num_tokens], init 'random' or 'spatial', and a target whose image-token
+  range random drafts can be drawn from (ValueError naming the field)."""
+  name = type(mode).__name__
+  checks.check_int_field(mode, 'window')
+  if not 2 <= mode.window <= num_tokens:
+    raise ValueError(f'generate: {name}.window must be in [2, num_tokens={num_tokens}] '
+                     f'(1 pending token + window-1 drafts), got {mode.window}.')
+  if mode.init not in ('random', 'spatial'):
+    raise ValueError(f"generate: {name}.init must be 'random' or 'spatial', got "
+                     f'{mode.init!r}.')
+  protocol.image_token_range(target)  # random drafts are drawn from it: check it now
+
+
 @dataclasses.dataclass(frozen=True)
 class Jacobi(mode_base.Mode):
   """Speculative Jacobi decoding (SJD; GSD/CSD via their rules): window W, no draft model.
@@ -110,17 +125,10 @@ class Jacobi(mode_base.Mode):
 
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     del draft, draft_params, cond
-    checks.check_int_field(self, 'window')
-    if not 2 <= self.window <= num_tokens:
-      raise ValueError(f'generate: Jacobi.window must be in [2, num_tokens={num_tokens}] '
-                       f'(1 pending token + window-1 drafts), got {self.window}.')
-    if self.init not in ('random', 'spatial'):
-      raise ValueError(f"generate: Jacobi.init must be 'random' or 'spatial', got "
-                       f'{self.init!r}.')
+    check_window_and_init(self, num_tokens, target)
     if self.coupling not in drafting.COUPLINGS:
       raise ValueError(f'generate: Jacobi.coupling must be one of {drafting.COUPLINGS}, got '
                        f'{self.coupling!r}.')
-    protocol.image_token_range(target)  # random drafts are drawn from it: check it now
 
   def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
     tokens, probs = drafting.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size, self.init,

@@ -44,7 +44,7 @@ class TreeDrafts(mode_base.Drafts):
 
 
 @dataclasses.dataclass(frozen=True)
-class DynamicTreeDraft(mode_base.DrafterMode):
+class DynamicTreeDraft(mode_tree.NodeWindowMode):
   """EAGLE-2 dynamic trees (Li et al., EMNLP 2024), one per image.
 
   Fields as EAGLE-2's (and LANTERN's `total_token=59, depth=4, top_k=10`):
@@ -129,13 +129,6 @@ class DynamicTreeDraft(mode_base.DrafterMode):
     drafts = TreeDrafts(tokens=tree.tokens, probs=probs, depths=tree.depths,
                         ancestor_mask=tree.ancestor_mask, children=tree.children)
     return drafts, cache
-
-  def verify_window(self, pending, drafts):
-    return jnp.concatenate([pending, drafts.tokens[:, 1:]], axis=1)  # node 0 -> pending
-
-  def target_probs(self, plan, logits, token_index):
-    # Verification reads the target at most at D + 1 nodes: process those only.
-    return drafting.ImageLogits.from_rows(logits, token_index, plan.cfg)
 
   def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
     def one_image(uniforms, children, tokens, draft_probs, logits, token_index):

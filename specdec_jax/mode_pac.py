@@ -43,6 +43,7 @@ from specdec_jax import categorical
 from specdec_jax import checks
 from specdec_jax import drafting
 from specdec_jax import mode_base
+from specdec_jax import mode_chain
 from specdec_jax import mode_tree
 from specdec_jax import protocol
 from specdec_jax import rules as rules_lib
@@ -155,21 +156,15 @@ class JacobiPAC(mode_base.Mode):
 
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     del draft, draft_params, cond
-    for field in ('window', 'branches', 'depth'):
+    mode_chain.check_window_and_init(self, num_tokens, target)
+    for field in ('branches', 'depth'):
       checks.check_int_field(self, field)
-    if not 2 <= self.window <= num_tokens:
-      raise ValueError(f'generate: JacobiPAC.window must be in [2, num_tokens={num_tokens}] '
-                       f'(1 pending token + window-1 drafts), got {self.window}.')
     if self.branches < 2:
       raise ValueError(f'generate: JacobiPAC.branches must be >= 2 (candidates per branching '
                        f'position; 1 is Jacobi(coupling="maximal")), got {self.branches}.')
     if not 1 <= self.depth <= self.window - 1:
       raise ValueError(f'generate: JacobiPAC.depth must be in [1, window-1={self.window - 1}] '
                        f'(the draft positions that branch), got {self.depth}.')
-    if self.init not in ('random', 'spatial'):
-      raise ValueError(f"generate: JacobiPAC.init must be 'random' or 'spatial', got "
-                       f'{self.init!r}.')
-    protocol.image_token_range(target)  # random drafts are drawn from it: check it now
 
   def layout(self, drafts):
     """The static tree of every image: ancestor mask bool[T, T], depths int32[T]

@@ -49,8 +49,21 @@ def compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
   return kv.map_buffers(move, cache)  # per-layer tuple or stacked (scanned models)
 
 
+class NodeWindowMode(mode_base.DrafterMode):
+  """What the drafted tree modes share (this module's node convention): the window
+  is [pending, node tokens 1..N-1], and the target is processed only at the
+  nodes verification visits."""
+
+  def verify_window(self, pending, drafts):
+    return jnp.concatenate([pending, drafts.tokens[:, 1:]], axis=1)  # node 0 -> pending
+
+  def target_probs(self, plan, logits, token_index):
+    # Verification reads the target at most at D + 1 nodes: process those only.
+    return drafting.ImageLogits.from_rows(logits, token_index, plan.cfg)
+
+
 @dataclasses.dataclass(frozen=True)
-class TreeDraft(mode_base.DrafterMode):
+class TreeDraft(NodeWindowMode):
   """EAGLE-1 static tree drafting (`verify.StaticTree`), drafter as in ChainDraft."""
 
   tree: verify.StaticTree
@@ -96,13 +109,6 @@ class TreeDraft(mode_base.DrafterMode):
         drafter, draft_params, cache, root_logits, root_hidden, tree=self.tree,
         sampling=plan.sampling, cfg=plan.cfg, uniforms=uniforms, first_index=first_index)
     return mode_base.Drafts(tokens=tokens, probs=probs), cache
-
-  def verify_window(self, pending, drafts):
-    return jnp.concatenate([pending, drafts.tokens[:, 1:]], axis=1)  # node 0 -> pending
-
-  def target_probs(self, plan, logits, token_index):
-    # Verification reads the target at most at D + 1 nodes: process those only.
-    return drafting.ImageLogits.from_rows(logits, token_index, plan.cfg)
 
   def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
     def one_image(uniforms, tokens, draft_probs, logits, token_index):

@@ -344,9 +344,9 @@ def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_prob
   from draft_probs [N, V]) and deterministic trees (draft_probs None: each
   sibling's law is a point mass at its token)."""
   max_children = children.shape[1]
-  vocab = target_at(jnp.int32(0)).shape[-1] if draft_probs is None else draft_probs.shape[-1]
   node = jnp.int32(0)
   target = target_at(jnp.int32(0))
+  vocab = target.shape[-1]
   stopped = jnp.bool_(False)
   path = -jnp.ones((max_depth + 1,), jnp.int32).at[0].set(0)
   for depth in range(1, max_depth + 1):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +43,19 @@ def _chi_square_pvalue(tokens: np.ndarray, law: np.ndarray) -> float:
   V**n sequences; a zero-probability sequence gives p = 0."""
   counts = testing.histogram(testing.sequence_index(tokens, VOCAB), law.size)
   return testing.chi_square_pvalue(counts, law)[0]
+
+
+def assert_joint_law(test, result, mode, sampling) -> None:
+  """The whole-loop exactness check: result.tokens [NUM_SAMPLES, NUM_TOKENS] follow the
+  target's exact joint law (chi-square p > P_THRESHOLD) and, for a speculative mode,
+  some steps accepted drafts (tokens per target forward > 1.05)."""
+  tokens = np.asarray(result.tokens)
+  chex.assert_shape(tokens, (NUM_SAMPLES, NUM_TOKENS))
+  law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
+  p_value = _chi_square_pvalue(tokens, law)
+  test.assertGreater(p_value, P_THRESHOLD, f'{mode}: p = {p_value:.3g}')
+  if not isinstance(mode, decode.Vanilla):
+    test.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
 
 
 def _run(mode, sampling, *, num_images=NUM_SAMPLES, seed=7, rule=rules.Lossless(),

@@ -33,7 +33,6 @@ from specdec_jax.app import toy
 from tests.decode_support import VOCAB
 from tests.decode_support import CLASSES
 from tests.decode_support import NUM_TOKENS
-from tests.decode_support import NUM_SAMPLES
 from tests.decode_support import P_THRESHOLD
 from tests.decode_support import TREE
 from tests.decode_support import FAST
@@ -43,6 +42,7 @@ from tests.decode_support import EAGLE
 from tests.decode_support import _params
 from tests.decode_support import _cond
 from tests.decode_support import _chi_square_pvalue
+from tests.decode_support import assert_joint_law
 from tests.decode_support import _run
 
 
@@ -92,15 +92,7 @@ class ExactnessTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*LOSSLESS_CASES)
   def test_joint_law_matches_target(self, mode, sampling):
-    result = _run(mode, sampling)
-    tokens = np.asarray(result.tokens)
-    chex.assert_shape(tokens, (NUM_SAMPLES, NUM_TOKENS))
-    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
-    p_value = _chi_square_pvalue(tokens, law)
-    self.assertGreater(p_value, P_THRESHOLD, f'{mode}: p = {p_value:.3g}')
-    if not isinstance(mode, decode.Vanilla):
-      # Speculation actually happened: some steps accepted drafts.
-      self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
+    assert_joint_law(self, _run(mode, sampling), mode, sampling)
 
   def test_joint_law_with_cpu_latency_options(self):
     """The plain-reduction compile (CompilerOptionsTest) keeps the decode exact."""

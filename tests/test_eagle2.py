@@ -11,7 +11,6 @@ tree is closed under parents and differs per image.
 
 from __future__ import annotations
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,6 +35,7 @@ from tests.decode_support import P_THRESHOLD
 from tests.decode_support import TARGET
 from tests.decode_support import VOCAB
 from tests.decode_support import _chi_square_pvalue
+from tests.decode_support import assert_joint_law
 from tests.decode_support import _cond
 from tests.decode_support import _params
 
@@ -68,13 +68,7 @@ class Eagle2ExactnessTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*EAGLE2_CASES)
   def test_eagle2_joint_law_matches_target(self, mode, sampling):
-    result = _generate(mode, sampling)
-    tokens = np.asarray(result.tokens)
-    chex.assert_shape(tokens, (NUM_SAMPLES, NUM_TOKENS))
-    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
-    p_value = _chi_square_pvalue(tokens, law)
-    self.assertGreater(p_value, P_THRESHOLD, f'{mode}: p = {p_value:.3g}')
-    self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
+    assert_joint_law(self, _generate(mode, sampling), mode, sampling)
 
   def _p_value_with(self, name, replacement, mode, sampling) -> float:
     """The joint-law p-value with dynamic_tree.<name> replaced (a negative control)."""

@@ -36,12 +36,12 @@ from specdec_jax.app import generate as generate_app
 from specdec_jax.app import cli
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.configs import generate as generate_config
-from tests.decode_support import NUM_SAMPLES
 from tests.decode_support import NUM_TOKENS
 from tests.decode_support import P_THRESHOLD
 from tests.decode_support import TARGET
 from tests.decode_support import VOCAB
 from tests.decode_support import _chi_square_pvalue
+from tests.decode_support import assert_joint_law
 from tests.decode_support import _params
 from tests.decode_support import _run
 
@@ -68,13 +68,7 @@ class SjdPacExactnessTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*SJD_PAC_CASES)
   def test_sjd_pac_joint_law_matches_target(self, mode, sampling):
-    result = _run(mode, sampling)
-    tokens = np.asarray(result.tokens)
-    chex.assert_shape(tokens, (NUM_SAMPLES, NUM_TOKENS))
-    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
-    p_value = _chi_square_pvalue(tokens, law)
-    self.assertGreater(p_value, P_THRESHOLD, f'{mode}: p = {p_value:.3g}')
-    self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
+    assert_joint_law(self, _run(mode, sampling), mode, sampling)
 
   def test_sjd_pac_greedy_siblings_fail(self):
     """Negative control: siblings taken greedily (top K - 1 of the law) while the
