@@ -162,6 +162,9 @@ class Eagle2DynamicTreeVerifyTest(absltest.TestCase):
     relaxed = draws(rule)
     self.assertGreater(testing.chi_square_pvalue(relaxed, law / law.sum())[0], P_THRESHOLD)
     self.assertLess(testing.chi_square_pvalue(relaxed, target)[0], P_THRESHOLD)
+    with self.assertRaisesRegex(ValueError, r'uniforms must be \[D \* C \+ 1\] = \[4\]'):
+      verify.verify_dynamic_tree_with_uniforms(rules.Lossless(), uniforms[0, :3], children, 1,
+                                               node_tokens, lambda node: target)
 
 
 class Eagle2DraftingTest(absltest.TestCase):

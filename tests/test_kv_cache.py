@@ -124,6 +124,31 @@ class KVCacheTest(absltest.TestCase):
       np.testing.assert_array_equal(got, reference_mask(lengths, key_valid, num_new,
                                                         window_mask, capacity))
 
+  def test_per_row_tree_masks_and_depths_match_each_row_alone(self):
+    """bool[B, T, T] masks and int32[B, T] depths (EAGLE-2's per-image trees): row b
+    sees what its own [T, T] mask and [T] depths give it alone."""
+    rng = np.random.default_rng(1)
+    capacity, num_new = 10, 4
+    chain = np.tril(np.ones((num_new, num_new), bool))
+    tree = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)
+    masks = np.stack([chain, tree, tree])
+    depths = np.array([[0, 1, 2, 3], [0, 1, 1, 2], [0, 1, 1, 2]], np.int32)
+    lengths = np.array([0, 3, 6])
+    key_valid = rng.random((3, capacity)) > 0.3
+    cache = kv.init_cache(num_layers=1, batch_size=3, capacity=capacity, num_kv_heads=1,
+                          head_dim=2)
+    cache = cache.replace(lengths=jnp.asarray(lengths), key_valid=jnp.asarray(key_valid))
+    got = kv.attention_mask(cache, num_new, jnp.asarray(masks))
+    positions = kv.window_positions(cache, num_new, jnp.asarray(depths))
+    for row in range(3):
+      np.testing.assert_array_equal(got[row], reference_mask(
+          lengths, key_valid, num_new, masks[row], capacity)[row])
+      np.testing.assert_array_equal(positions[row], lengths[row] + depths[row])
+    with self.assertRaisesRegex(ValueError, r'window_mask must be \[T, T\] or \[B, T, T\]'):
+      kv.attention_mask(cache, num_new, jnp.asarray(masks[:2]))
+    with self.assertRaisesRegex(ValueError, r'depths must be \[T\] = \[4\] or \[B, T\]'):
+      kv.row_depths(jnp.asarray(depths[:2]), 3, num_new)
+
   def test_rollback_hides_stale_slots(self):
     """After writing 3 tokens and keeping 1, attention equals never having written 2."""
     heads, dim = 2, 4
