@@ -37,6 +37,11 @@ import numpy as np
 DELTAS = (1.5, 2.0, 3.0, 4.0, 6.0)
 LANTERN_LAMS = (1.5, 2.0, 3.0, 5.0, 8.0)
 CSD_LAMS = (0.02, 0.05, 0.1, 0.2)
+# The 2026 methods' relaxed variants (their *_rule hyperparameter): EAGLE-2's
+# tree with COOL-SD, SCD's and SJD-PAC's Jacobi drafts with CSD.
+EAGLE2_COOLSD_DELTAS = (2.0, 4.0)
+SCD_CSD_LAMS = (0.05, 0.2)
+SJD_PAC_CSD_LAMS = (0.2,)
 
 
 def sweep_points() -> list[tuple]:
@@ -52,6 +57,12 @@ def sweep_points() -> list[tuple]:
   points += [(f'lantern_pp_{lam:g}', 'lantern_pp', lam, 'lantern_pp',
               {'lantern_lam': lam, 'lantern_residual': 'optimal'}, 0) for lam in LANTERN_LAMS]
   points += [(f'csd_{lam:g}', 'csd', lam, 'csd', {'csd_lam': lam}, 0) for lam in CSD_LAMS]
+  points += [(f'eagle2_coolsd_{d:g}', 'eagle2_coolsd', d, 'eagle2',
+              {'eagle2_rule': 'coolsd', 'coolsd_delta': d}, 0) for d in EAGLE2_COOLSD_DELTAS]
+  points += [(f'scd_csd_{lam:g}', 'scd_csd', lam, 'scd', {'scd_rule': 'csd', 'csd_lam': lam}, 0)
+             for lam in SCD_CSD_LAMS]
+  points += [(f'sjd_pac_csd_{lam:g}', 'sjd_pac_csd', lam, 'sjd_pac',
+              {'sjd_pac_rule': 'csd', 'csd_lam': lam}, 0) for lam in SJD_PAC_CSD_LAMS]
   return points
 
 

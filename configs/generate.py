@@ -61,6 +61,12 @@ def get_config():
   config.eagle2_total_tokens = 24
   config.eagle2_depth = 5
   config.eagle2_top_k = 4
+  # The rule the 2026 methods verify with: 'lossless', or a relaxed variant
+  # (bench/pareto_sampled.py) 'uniform', 'coolsd', 'lantern_pp', 'csd' (with the
+  # hyperparameters above), and for scd also 'gsd' (GSD has no tree form).
+  config.eagle2_rule = 'lossless'
+  config.scd_rule = 'lossless'
+  config.sjd_pac_rule = 'lossless'
 
   # Which methods run, in order. 'vanilla' must come first (it is the
   # reference for speed and drift); 'vanilla_seed1' is a second vanilla run

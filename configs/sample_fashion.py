@@ -18,7 +18,8 @@ from specdec_jax.configs import generate
 HYPERPARAMETERS = ('draft_length', 'jacobi_window', 'pac_branches', 'pac_depth', 'coolsd_delta',
                    'uniform_omega', 'lantern_k', 'lantern_lam', 'lantern_residual', 'csd_lam',
                    'csd_tv_threshold', 'gsd_prob_threshold', 'gsd_dist_threshold',
-                   'eagle2_drafts', 'eagle2_total_tokens', 'eagle2_depth', 'eagle2_top_k')
+                   'eagle2_drafts', 'eagle2_total_tokens', 'eagle2_depth', 'eagle2_top_k',
+                   'eagle2_rule', 'scd_rule', 'sjd_pac_rule')
 
 
 def get_config():
@@ -31,7 +32,7 @@ def get_config():
   config.model = ml_collections.ConfigDict(dict(
       kind='fashion', bundle_dir='', checkpoint='', vq='', eagle='', draft_model='',
       dtype='auto', scan_layers=False))
-  # vanilla, eagle, draft_model, lantern_pp, uniform, coolsd, eagle2, sjd, scd, gsd, csd
+  # vanilla, eagle, draft_model, lantern_pp, uniform, coolsd, eagle2, sjd, scd, sjd_pac, gsd, csd
   config.method = 'eagle'
   config.hparams = ml_collections.ConfigDict({name: base[name] for name in HYPERPARAMETERS})
   config.sampling = base.sampling

@@ -219,7 +219,8 @@ class SjdPacValidationTest(parameterized.TestCase):
     self.assertEqual(method.mode, decode.JacobiPAC(
         window=config.jacobi_window, branches=config.pac_branches, depth=config.pac_depth))
     self.assertEqual(method.hyperparameters, dict(
-        window=config.jacobi_window, branches=config.pac_branches, depth=config.pac_depth))
+        window=config.jacobi_window, branches=config.pac_branches, depth=config.pac_depth,
+        rule='lossless'))
     generate_app.check_config(config)
     config.pac_branches = 1
     with self.assertRaisesRegex(cli.ConfigError, r'config.pac_branches=1: must be an integer '

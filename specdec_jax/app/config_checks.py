@@ -14,6 +14,7 @@ from specdec_jax import dynamic_tree
 from specdec_jax import rules
 from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
+from specdec_jax.app import methods as methods_lib
 
 SAMPLING = dict(
     cfg_scale=cli.number(minimum=1.0, note='1.0 = no guidance'),
@@ -39,7 +40,10 @@ HYPERPARAMETERS = dict(
     eagle2_drafts=cli.one_of(*dynamic_tree.DRAFTS),
     eagle2_total_tokens=cli.integer(2, note='and at most 1 + top_k + depth * top_k^2'),
     eagle2_depth=cli.integer(1),
-    eagle2_top_k=cli.integer(1, note='and at most the vocabulary size'))
+    eagle2_top_k=cli.integer(1, note='and at most the vocabulary size'),
+    eagle2_rule=cli.one_of(*methods_lib.TREE_RULE_NAMES),
+    scd_rule=cli.one_of(*methods_lib.RULE_NAMES),
+    sjd_pac_rule=cli.one_of(*methods_lib.TREE_RULE_NAMES))
 
 
 def main_command(method_names: tuple[str, ...]) -> dict:

@@ -30,6 +30,32 @@ class Method:
 METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp', 'uniform',
                 'coolsd', 'eagle2', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
 
+# The rules a method's `*_rule` hyperparameter may name (configs/generate.py:
+# eagle2_rule, scd_rule, sjd_pac_rule), each built with the hyperparameters of
+# the method of that name. GSD groups a chain of positions, so it has no tree form.
+RULE_NAMES = ('lossless', 'uniform', 'coolsd', 'lantern_pp', 'csd', 'gsd')
+TREE_RULE_NAMES = tuple(name for name in RULE_NAMES if name != 'gsd')
+
+
+def build_rule(name: str, config, family):
+  """The acceptance rule `name` (one of RULE_NAMES) with config's hyperparameters."""
+  if name == 'lossless':
+    return rules.Lossless()
+  if name == 'uniform':
+    return rules.UniformRelaxed(omega=config.uniform_omega)
+  if name == 'coolsd':
+    return rules.CoolSD(delta=config.coolsd_delta)
+  if name == 'lantern_pp':
+    return rules.LanternPP(neighbors=family.neighbors(config.lantern_k), k=config.lantern_k,
+                           lam=config.lantern_lam, residual_mode=config.lantern_residual)
+  if name == 'csd':
+    return rules.ContentAware(lam=config.csd_lam, tv_threshold=config.csd_tv_threshold)
+  if name == 'gsd':
+    return rules.Grouped(embeddings=family.token_embeddings(),
+                         prob_threshold=config.gsd_prob_threshold,
+                         dist_threshold=config.gsd_dist_threshold)
+  raise ValueError(f'unknown rule {name!r}; known: {RULE_NAMES}.')
+
 
 def build_methods(config, family) -> list[Method]:
   """The methods named in config.methods, with their hyperparameters."""
@@ -41,8 +67,11 @@ def build_methods(config, family) -> list[Method]:
   k, window = config.draft_length, config.jacobi_window
   eagle_chain = decode.ChainDraft(k=k, drafter='eagle')
   jacobi = decode.Jacobi(window=window, init='random')
-  # Built on demand: the LANTERN table (a codebook-sized neighbour search) and
-  # GSD's embeddings only for the methods that are run.
+  # Built on demand, so the LANTERN table and GSD's embeddings exist only for
+  # the methods that are run.
+  def rule(name):
+    return build_rule(name, config, family)
+
   catalogue = {
       'vanilla': lambda: Method('vanilla', decode.Vanilla()),
       'vanilla_seed1': lambda: Method('vanilla_seed1', decode.Vanilla(), seed_offset=1),
@@ -51,42 +80,33 @@ def build_methods(config, family) -> list[Method]:
       'draft_model': lambda: Method('draft_model', decode.ChainDraft(k=k, drafter='model'),
                                     rules.Lossless(), 'draft_model',
                                     hyperparameters=dict(draft_length=k)),
-      'lantern_pp': lambda: Method(
-          'lantern_pp', eagle_chain,
-          rules.LanternPP(neighbors=family.neighbors(config.lantern_k), k=config.lantern_k,
-                          lam=config.lantern_lam, residual_mode=config.lantern_residual),
-          'eagle', hyperparameters=dict(draft_length=k)),
-      'uniform': lambda: Method('uniform', eagle_chain,
-                                rules.UniformRelaxed(omega=config.uniform_omega), 'eagle',
+      'lantern_pp': lambda: Method('lantern_pp', eagle_chain, rule('lantern_pp'), 'eagle',
+                                   hyperparameters=dict(draft_length=k)),
+      'uniform': lambda: Method('uniform', eagle_chain, rule('uniform'), 'eagle',
                                 hyperparameters=dict(draft_length=k)),
-      'coolsd': lambda: Method('coolsd', eagle_chain, rules.CoolSD(delta=config.coolsd_delta),
-                               'eagle', hyperparameters=dict(draft_length=k)),
+      'coolsd': lambda: Method('coolsd', eagle_chain, rule('coolsd'), 'eagle',
+                               hyperparameters=dict(draft_length=k)),
       'eagle2': lambda: Method(
           'eagle2', decode.DynamicTreeDraft(total_tokens=config.eagle2_total_tokens,
                                             depth=config.eagle2_depth,
                                             top_k=config.eagle2_top_k, drafter='eagle',
                                             drafts=config.eagle2_drafts),
-          rules.Lossless(), 'eagle',
+          rule(config.eagle2_rule), 'eagle',
           hyperparameters=dict(total_tokens=config.eagle2_total_tokens,
                                depth=config.eagle2_depth, top_k=config.eagle2_top_k,
-                               drafts=config.eagle2_drafts)),
+                               drafts=config.eagle2_drafts, rule=config.eagle2_rule)),
       'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
       'scd': lambda: Method('scd', decode.Jacobi(window=window, init='random',
                                                  coupling='maximal'),
-                            rules.Lossless(), hyperparameters=dict(window=window)),
+                            rule(config.scd_rule),
+                            hyperparameters=dict(window=window, rule=config.scd_rule)),
       'sjd_pac': lambda: Method('sjd_pac', decode.JacobiPAC(
           window=window, branches=config.pac_branches, depth=config.pac_depth, init='random'),
-          rules.Lossless(), hyperparameters=dict(window=window, branches=config.pac_branches,
-                                                 depth=config.pac_depth)),
-      'gsd': lambda: Method('gsd', jacobi,
-                            rules.Grouped(embeddings=family.token_embeddings(),
-                                          prob_threshold=config.gsd_prob_threshold,
-                                          dist_threshold=config.gsd_dist_threshold),
-                            hyperparameters=dict(window=window)),
-      'csd': lambda: Method('csd', jacobi,
-                            rules.ContentAware(lam=config.csd_lam,
-                                               tv_threshold=config.csd_tv_threshold),
-                            hyperparameters=dict(window=window)),
+          rule(config.sjd_pac_rule),
+          hyperparameters=dict(window=window, branches=config.pac_branches,
+                               depth=config.pac_depth, rule=config.sjd_pac_rule)),
+      'gsd': lambda: Method('gsd', jacobi, rule('gsd'), hyperparameters=dict(window=window)),
+      'csd': lambda: Method('csd', jacobi, rule('csd'), hyperparameters=dict(window=window)),
   }
   return [catalogue[m]() for m in config.methods]
 

@@ -1,0 +1,92 @@
+"""The relaxed variants of the 2026 methods: `eagle2_rule`, `scd_rule`, `sjd_pac_rule`.
+
+configs/generate.py names the rule each of eagle2, scd and sjd_pac verifies
+with; `app.methods.build_methods` must build that rule with the shared rule
+hyperparameters, the config checks must refuse GSD for the tree-verified
+methods, and the rule must reach the decode: on the Markov toy target a CSD
+variant that always relaxes (lam = 1, TV filter off) commits clearly more
+tokens per forward than the lossless rule from the same keys (512 images,
+3-token images: SCD lossless 1.26, with CSD 1.91; the test asks for a gap
+of 0.3, a rule that did not reach the decode gives none).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from specdec_jax import logits
+from specdec_jax import rules
+from specdec_jax.app import cli
+from specdec_jax.app import generate as generate_app
+from specdec_jax.app import methods as methods_lib
+from specdec_jax.configs import generate as generate_config
+from tests.decode_support import VOCAB
+from tests.decode_support import _run
+
+
+class _StubFamily:
+  """What `build_rule` reads of a family: LANTERN's table and GSD's embeddings."""
+
+  def neighbors(self, k):
+    return np.full((VOCAB, k), -1, np.int32)  # no neighbours (NO_NEIGHBOR)
+
+  def token_embeddings(self):
+    return np.eye(VOCAB, dtype=np.float32)
+
+
+def _method(method: str, **fields):
+  config = generate_config.get_config()
+  config.methods = ('vanilla', method)
+  config.update(fields)
+  generate_app.check_config(config)
+  return methods_lib.build_methods(config, _StubFamily())[-1], config
+
+
+class MethodRuleTest(parameterized.TestCase):
+
+  @parameterized.product(
+      method=('eagle2', 'scd', 'sjd_pac'),
+      rule_name=('lossless', 'uniform', 'coolsd', 'lantern_pp', 'csd'))
+  def test_eagle2_scd_sjd_pac_build_the_named_rule(self, method, rule_name):
+    expected = dict(lossless=rules.Lossless, uniform=rules.UniformRelaxed, coolsd=rules.CoolSD,
+                    lantern_pp=rules.LanternPP, csd=rules.ContentAware)[rule_name]
+    built, config = _method(method, **{f'{method}_rule': rule_name})
+    self.assertIs(type(built.rule), expected)
+    self.assertEqual(built.hyperparameters['rule'], rule_name)
+    # The rule's hyperparameters are the shared ones of the method of that name.
+    reference = methods_lib.build_rule(rule_name, config, _StubFamily())
+    self.assertEqual(methods_lib.rule_hyperparameters(built.rule),
+                     methods_lib.rule_hyperparameters(reference))
+
+  def test_scd_takes_gsd(self):
+    built, _ = _method('scd', scd_rule='gsd')
+    self.assertIsInstance(built.rule, rules.Grouped)
+
+  @parameterized.parameters('eagle2', 'sjd_pac')
+  def test_eagle2_and_sjd_pac_refuse_gsd_before_loading(self, method):
+    with self.assertRaisesRegex(cli.ConfigError,
+                                rf"config.{method}_rule='gsd': must be one of \('lossless', "):
+      _method(method, **{f'{method}_rule': 'gsd'})
+
+  def test_eagle2_scd_sjd_pac_rules_default_to_lossless(self):
+    for method in ('eagle2', 'scd', 'sjd_pac'):
+      self.assertIsInstance(_method(method)[0].rule, rules.Lossless)
+
+  @parameterized.parameters(('scd', 'scd_rule'), ('sjd_pac', 'sjd_pac_rule'))
+  def test_scd_and_sjd_pac_relaxed_rule_reaches_the_decode(self, method, field):
+    """Same keys, same mode: only the configured rule differs."""
+    lossless, _ = _method(method, jacobi_window=3, pac_depth=1)
+    relaxed, _ = _method(method, jacobi_window=3, pac_depth=1, csd_lam=1.0,
+                         csd_tv_threshold=1.0, **{field: 'csd'})
+    self.assertEqual(lossless.mode, relaxed.mode)
+    sampling = logits.Sampling()
+    rates = [float(np.mean(_run(m.mode, sampling, num_images=512, rule=m.rule)
+                           .metrics.tokens_per_target_forward)) for m in (lossless, relaxed)]
+    self.assertLess(rates[0], 1.8, rates)
+    self.assertGreater(rates[1], rates[0] + 0.3, rates)
+
+
+if __name__ == '__main__':
+  absltest.main()
