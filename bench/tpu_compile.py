@@ -51,7 +51,10 @@ from specdec_jax import modes
 from specdec_jax import rules
 from specdec_jax import sharding
 from specdec_jax import verify
-from specdec_jax.app import compile_cache
+try:
+  from specdec_jax.app import compile_cache
+except ImportError:  # checkouts before the persistent cache (bench/with_tree.py): none to switch off
+  compile_cache = None
 from specdec_jax.models import chameleon
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
@@ -83,8 +86,9 @@ MODES = {
     'chain': decode.ChainDraft(4, 'eagle'),
     'jacobi': decode.Jacobi(5),
     'tree': decode.TreeDraft(TREE, 'eagle'),
-    'eagle2': decode.DynamicTreeDraft(24, 5, 4, 'eagle', drafts='sampled'),
 }
+if hasattr(decode, 'DynamicTreeDraft'):  # absent in checkouts before EAGLE-2 (bench/with_tree.py)
+  MODES['eagle2'] = decode.DynamicTreeDraft(24, 5, 4, 'eagle', drafts='sampled')
 TOPOLOGIES = ('v5e:2x2', 'v5e:2x4', 'v5p:2x2x1', 'v6e:2x2')
 BF16 = jnp.bfloat16
 
@@ -316,7 +320,8 @@ def _commit() -> str:
 
 def main(argv):
   del argv
-  compile_cache.enable(compile_cache.OFF)  # compile times are its measurements
+  if compile_cache is not None:
+    compile_cache.enable(compile_cache.OFF)  # compile times are its measurements
   if _COMPARE.value:
     before, after = (json.load(open(path))['results'] for path in _COMPARE.value)
     print(comparison(before, after))

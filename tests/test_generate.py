@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from unittest import mock
 
 from absl.testing import absltest
@@ -150,6 +151,21 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(row['tokens_per_forward'], 2.5)
       self.assertAlmostEqual(row['host_overhead_s'], 0.001)
     self.assertEqual(out['vanilla']['speedup'], 1.0)
+
+  def test_untimed_passes_run_two_methods_at_once_in_order(self):
+    """in_threads(f, items, 2) runs two items together (each waits at a barrier for
+    the other) and returns results in the items' order; with one thread the same
+    barrier is never met (the negative control)."""
+    def meet(item):
+      barrier.wait(timeout=10)
+      return item * 10
+
+    barrier = threading.Barrier(2)
+    self.assertEqual(generate.in_threads(meet, [3, 1, 2, 5], 2), [30, 10, 20, 50])
+    barrier = threading.Barrier(2)
+    with self.assertRaises(threading.BrokenBarrierError):
+      generate.in_threads(lambda item: barrier.wait(timeout=0.2), [1, 2], 1)
+    self.assertEqual(generate.in_threads(lambda item: item + 1, [4], 2), [5])
 
   def test_compiler_options_follow_the_config(self):
     config = generate_config.get_config()

@@ -23,6 +23,7 @@ the columns, class names beside the rows), prints a table and writes
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import time
@@ -127,6 +128,19 @@ def quality_measures(family: family_lib.Family, labels: np.ndarray, tokens: np.n
                                 class_accuracy=evaluation.class_accuracy(class_logits, labels))
 
 
+def in_threads(function, items, threads: int) -> list:
+  """[function(item) for item in items], `threads` at a time (in order).
+
+  XLA compiles without holding Python's GIL and one XLA:CPU compilation keeps
+  about one core busy, so two threads nearly halve the compile-bound untimed
+  passes on 2 cores (bench/parallel_compile.py). Nothing timed runs this way.
+  """
+  if threads <= 1 or len(items) <= 1:
+    return [function(item) for item in items]
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    return list(pool.map(function, items))
+
+
 def _timed_call(method: methods_lib.Method, family: family_lib.Family, label: int, sampling,
                 seed: int, options: dict | None = None):
   """A function running one batch-1 decode of `label` (compiling on its first call)."""
@@ -146,10 +160,12 @@ def _timed_call(method: methods_lib.Method, family: family_lib.Family, label: in
 
 
 def latency_pass(methods: list[methods_lib.Method], family: family_lib.Family, classes, sampling,
-                 seed: int, rounds: int, options: dict | None = None) -> dict:
+                 seed: int, rounds: int, options: dict | None = None,
+                 compile_threads: int = 1) -> dict:
   """Batch-1 latency (one image, its CFG rows) of every method, best of `rounds` per class.
 
-  Every method's decode of every class is compiled and run once first. Then
+  Every method's decode of every class is compiled and run once first
+  (`compile_threads` methods at a time, untimed). Then
   each round runs every class once with every method in turn (the methods'
   order rotated by one each round), so all methods' times are drawn from the
   same stretch of time: these machines are noisy and drift over minutes, and
@@ -165,13 +181,20 @@ def latency_pass(methods: list[methods_lib.Method], family: family_lib.Family, c
     of these runs, compile_s, host_overhead_s = a repeated call's wall time
     minus its device run time (median))}.
   """
-  calls, first_tokens = {}, {}
-  compile_s = {m.name: 0.0 for m in methods}
-  tokens_per_forward = {m.name: [] for m in methods}
-  for method in methods:
+  def first_runs(method):
+    """Compiles the method's batch-1 program and runs each class once."""
+    out = []
     for label in classes:
       call = _timed_call(method, family, label, sampling, seed, options)
       result, _ = call()
+      out.append((label, call, result))
+    return out
+
+  calls, first_tokens = {}, {}
+  compile_s = {m.name: 0.0 for m in methods}
+  tokens_per_forward = {m.name: [] for m in methods}
+  for method, runs in zip(methods, in_threads(first_runs, methods, compile_threads)):
+    for label, call, result in runs:
       compile_s[method.name] += result.compile_seconds
       tokens_per_forward[method.name].append(
           result.metrics.summary()['tokens_per_target_forward'])
@@ -215,26 +238,32 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   latency_classes = tuple(int(c) for c in config.latency_classes)
   methods = methods_lib.build_methods(config, family)
   options = compiler_options(config)
+  evaluate_started = time.perf_counter()
   pictures, features, quality = {}, {}, {}
   logging.info('quality pass: %d images (%d tokens each); latency pass: 1 image%s, '
                'classes %s, best of %d interleaved rounds; %d methods', len(labels),
                family.num_tokens, ' with CFG' * sampling.uses_cfg, latency_classes,
                config.timing_repeats, len(methods))
-  for index, method in enumerate(methods):
+  def quality_of(method):
     started = time.perf_counter()
     tokens, summary, compile_s = quality_pass(method, family, labels, sampling, config.seed,
                                               options)
-    images, features[method.name], measures = quality_measures(family, labels, tokens, sampling)
+    images, method_features, measures = quality_measures(family, labels, tokens, sampling)
+    wall_s = time.perf_counter() - started
+    logging.info('%-14s quality: tokens/forward %.2f  nll %.4f  frechet %.2f  accuracy %.2f  '
+                 '(%.0f s)', method.name, summary['tokens_per_target_forward'], measures['nll'],
+                 measures['frechet'], measures['class_accuracy'], wall_s)
+    return images, method_features, dict(summary=summary, measures=measures,
+                                         compile_s=compile_s, wall_s=wall_s)
+
+  for method, (images, method_features, record) in zip(
+      methods, in_threads(quality_of, methods, config.compile_threads)):
     pictures[method.name] = images  # rows of classes: labels are sorted
-    quality[method.name] = dict(summary=summary, measures=measures, compile_s=compile_s,
-                                wall_s=time.perf_counter() - started)
-    logging.info('[%d/%d] %-14s quality: tokens/forward %.2f  nll %.4f  frechet %.2f  '
-                 'accuracy %.2f  (%.0f s)', index + 1, len(methods), method.name,
-                 summary['tokens_per_target_forward'], measures['nll'], measures['frechet'],
-                 measures['class_accuracy'], quality[method.name]['wall_s'])
+    features[method.name] = method_features
+    quality[method.name] = record
   started = time.perf_counter()
   latencies = latency_pass(methods, family, latency_classes, sampling, config.seed,
-                           config.timing_repeats, options)
+                           config.timing_repeats, options, config.compile_threads)
   latency_wall_s = time.perf_counter() - started
   reference = quality[methods[0].name]['measures']
   # Drift from the target itself: the Frechet distance of each method's features to
@@ -283,6 +312,8 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
       num_images=len(labels), images_per_class=config.images_per_class,
       latency_classes=list(latency_classes), timing_repeats=config.timing_repeats,
       latency_wall_s=latency_wall_s,
+      compile_threads=config.compile_threads,
+      evaluate_wall_s=time.perf_counter() - evaluate_started,
       compiler_options=options,
       tokens_per_image=family.num_tokens,
       classifier_test_accuracy=family.classifier_test_accuracy,
