@@ -126,7 +126,9 @@ def profile_mode(name: str, family, options, repeats: int, trace_calls: int,
   cond = family.target.cfg_cond(family.target_params, jnp.array([label]))
   kwargs = mode_kwargs(name, family)
   decode.clear_compile_cache()
-  options = generate_app.mode_compiler_options(kwargs['mode'], options)  # as the main command
+  # As the main command compiles the mode (checkouts before per-mode options used one set).
+  per_mode = getattr(generate_app, 'mode_compiler_options', lambda mode, options: options)
+  options = per_mode(kwargs['mode'], options)
   call = lambda: decode.generate(family.target, family.target_params, cond, num_tokens=196,
                                  key=jax.random.key(0), sampling=logits.Sampling(cfg_scale=2.0),
                                  compiler_options=options, **kwargs)

@@ -47,6 +47,7 @@ The drafter re-runs the frontier levels already drafted at each expansion
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -138,7 +139,9 @@ def tree_from_candidates(scores, tokens, parents, depths, num_nodes: int, top_k:
   take = lambda x: jnp.take_along_axis(x, chosen, axis=1)
   parent_candidate = take(parents)
   # Node i + 1 is chosen[i]; a parent candidate maps to its node id (0: the root).
-  parent_node = jax.vmap(jnp.searchsorted)(chosen, jnp.maximum(parent_candidate, 0)) + 1
+  # 'compare_all': one [T, T] comparison instead of a nested binary-search loop.
+  search = functools.partial(jnp.searchsorted, method='compare_all')
+  parent_node = jax.vmap(search)(chosen, jnp.maximum(parent_candidate, 0)) + 1
   parent_node = jnp.where(parent_candidate < 0, 0, parent_node)
   node_parents = jnp.concatenate([jnp.full((batch, 1), -1, jnp.int32),
                                   parent_node.astype(jnp.int32)], axis=1)
