@@ -131,10 +131,9 @@ def quality_measures(family: family_lib.Family, labels: np.ndarray, tokens: np.n
 def in_threads(function, items, threads: int) -> list:
   """[function(item) for item in items], `threads` at a time (in order).
 
-  XLA compiles without holding Python's GIL, so one method's compilation
-  overlaps another's tracing and running: on 2 cores two threads compiled
-  six methods' batch-1 programs 1.11-1.21x faster than one
-  (bench/parallel_compile.py). Nothing timed runs this way.
+  XLA compiles without the GIL, so one method's compilation overlaps another's
+  tracing and running (bench/parallel_compile.py: 1.11-1.21x faster on 2 cores
+  for six methods' batch-1 programs). Nothing timed runs this way.
   """
   if threads <= 1 or len(items) <= 1:
     return [function(item) for item in items]
