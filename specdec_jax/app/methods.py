@@ -31,10 +31,14 @@ METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp'
                 'coolsd', 'eagle2', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
 
 # The rules a method's `*_rule` hyperparameter may name (configs/generate.py:
-# eagle2_rule, scd_rule, sjd_pac_rule), each built with the hyperparameters of
-# the method of that name. GSD groups a chain of positions, so it has no tree form.
-RULE_NAMES = ('lossless', 'uniform', 'coolsd', 'lantern_pp', 'csd', 'gsd')
-TREE_RULE_NAMES = tuple(name for name in RULE_NAMES if name != 'gsd')
+# eagle2_rule, scd_rule, sjd_pac_rule), each built by `build_rule` with the
+# hyperparameters of the method of that name. The tree-verified methods take
+# those whose class declares the tree mode (GSD has no tree form).
+RULE_CLASSES = dict(lossless=rules.Lossless, uniform=rules.UniformRelaxed, coolsd=rules.CoolSD,
+                    lantern_pp=rules.LanternPP, csd=rules.ContentAware, gsd=rules.Grouped)
+RULE_NAMES = tuple(RULE_CLASSES)
+TREE_RULE_NAMES = tuple(name for name, rule in RULE_CLASSES.items()
+                        if rules.TREE in rule.supports_modes)
 
 
 def build_rule(name: str, config, family):
