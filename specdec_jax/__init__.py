@@ -13,6 +13,7 @@ Modules:
   topk        top-k / top-p filtering: one sort, blocked (vocab-parallel), approx
   precision   the dtype rule: float32 on CPU, bfloat16 on GPU/TPU
   decode      the compiled decoding loop (vanilla, chain, tree, Jacobi)
+  program_cache  compiled decodes by signature, compiled once across threads
   modes       decoding modes and the checks run before compiling
   mode_base, mode_chain, mode_tree, mode_dynamic_tree, mode_pac
               the mode classes: loop protocol; vanilla, chain, Jacobi; static

@@ -52,6 +52,7 @@ from specdec_jax import logits as logits_lib
 from specdec_jax import metrics as metrics_lib
 from specdec_jax import mode_base
 from specdec_jax import modes as modes_lib
+from specdec_jax import program_cache
 from specdec_jax import randomness
 from specdec_jax import sharding
 # XLA options for decodes: part of this module's API (generate(compiler_options=...)).
@@ -214,7 +215,7 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
 
 # ---------------------------------------------------------------- public API
 
-_COMPILED: dict = {}  # (plan, options, argument signature) -> compiled program
+_COMPILED = program_cache.ProgramCache()  # (plan, options, argument signature) -> program
 _PREPARED: dict = {}  # generate()'s call signature -> (plan, compiled program)
 
 def clear_compile_cache() -> None:
@@ -291,18 +292,17 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
                   draft_params, draft_cond, capacity, mesh)
   args = _arguments(plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                     target_rules, draft_rules)
-  signature = (plan, options, _signature(args))
-  compiled = _COMPILED.get(signature)
-  if compiled is None:
+
+  def compile_program():
     start = time.perf_counter()
-    # A fresh wrapper: our cache above is the only one, so nothing traced
-    # with a different `_decode` (tests patch it) is ever reused.
+    # A fresh wrapper (our cache is the only one): no trace of a patched `_decode` is reused.
     program = jax.jit(lambda *a: _decode(*a), static_argnums=0)
     compiled = program.lower(plan, *args).compile(compiler_options=dict(options) or None)
-    _COMPILED[signature] = compiled
     logging.info('generate: compiled %s for %d images x %d tokens in %.2f s',
                  type(mode).__name__, plan.num_images, num_tokens, time.perf_counter() - start)
-  return plan, compiled, args
+    return compiled
+
+  return plan, _COMPILED.get_or_compile((plan, options, _signature(args)), compile_program), args
 
 
 def vocab_parallel_sampling(sampling: logits_lib.Sampling, target, mesh) -> logits_lib.Sampling:

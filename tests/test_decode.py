@@ -12,6 +12,7 @@ law is >= 0.0061 (e.g. any TV distance >= 0.04) is rejected with probability
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 
 import chex
@@ -208,6 +209,27 @@ class GroupedThroughEngineTest(absltest.TestCase):
 
 
 class RepeatedCallTest(absltest.TestCase):
+
+  def test_threads_asking_for_one_program_compile_it_once(self):
+    """Two threads decoding the same shapes at once (different keys) trace the loop
+    once (chex.assert_max_traces n=1 fails on a second trace, which two threads that
+    both found the cache empty would make) and get their own tokens."""
+    decode.clear_compile_cache()
+    original = decode._decode
+    decode._decode = chex.assert_max_traces(original, n=1)
+    try:
+      with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(
+            lambda seed: _run(decode.ChainDraft(2, 'model'), logits.Sampling(), num_images=4,
+                              seed=seed), (3, 4)))
+    finally:
+      decode._decode = original
+      chex.clear_trace_counter()
+      decode.clear_compile_cache()
+    self.assertFalse(np.array_equal(np.asarray(results[0].tokens),
+                                    np.asarray(results[1].tokens)))
+    alone = _run(decode.ChainDraft(2, 'model'), logits.Sampling(), num_images=4, seed=4)
+    np.testing.assert_array_equal(np.asarray(results[1].tokens), np.asarray(alone.tokens))
 
   def test_repeated_call_skips_validation_and_compilation(self):
     """A second generate() with the same shapes (new key, new parameter values, new
