@@ -16,7 +16,12 @@ def get_config():
   config = ml_collections.ConfigDict()
   config.bundle_dir = ''  # '' = the bundled family shipped inside the package
   config.seed = 0
-  config.images_per_class = 10  # quality pass: a batch of 10 x this many images
+  config.images_per_class = 10  # quality pass: 10 x this many images
+  # Quality-pass images per decode call (0: all at once). 1 reuses the latency pass's
+  # batch-1 programs: on 2 CPU cores a batch of 100 decodes no faster per image than
+  # one image, and compiling each method's batch-100 program took 20-40 s of the main
+  # command's time (docs/results.md). On an accelerator, use 0.
+  config.quality_batch = 1
   # Latency pass: one image with CFG per class, every class (how many tokens an
   # iteration accepts varies from image to image; three images under-sampled it).
   config.latency_classes = tuple(range(10))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import decode
+from specdec_jax import logits
 from specdec_jax.app import cli
 from specdec_jax.app import demo
 from specdec_jax.app import family as family_lib
@@ -112,6 +113,39 @@ class GenerateTest(absltest.TestCase):
         self.assertGreater(row['nll_gap_se'], 0.0)
       # On CPU the decodes were compiled with the plain-reduction options.
       self.assertEqual(saved['compiler_options'], decode.CPU_LATENCY_OPTIONS)
+
+  def test_quality_pass_tokens_depend_only_on_seed_and_image_index(self):
+    """Any quality_batch gives image i the tokens of a decode of image i alone with
+    the method's key folded with i (what one call over all images gives it too)."""
+    with tempfile.TemporaryDirectory() as tmp:
+      family = family_lib.load(tiny_bundle(os.path.join(tmp, 'bundle')))
+      config = generate_config.get_config()
+      config.methods = ('vanilla', 'eagle')
+      sampling = logits.Sampling(**config.sampling.to_dict())
+      eagle_method = methods_lib.build_methods(config, family)[1]
+      labels = np.array([0, 3, 5, 7, 9], np.int32)
+      passes = {batch: generate.quality_pass(eagle_method, family, labels, sampling, 4,
+                                             batch=batch) for batch in (1, 2)}
+      # Batch 1: images 0 and 4; batch 2: image 4, alone in the last, short chunk (the
+      # same program as the lone decode; other batch sizes may round differently).
+      for index, batches in ((0, (1,)), (4, (1, 2))):
+        alone = decode.generate(
+            family.target, family.target_params,
+            generate.cond_rows(family.target, family.target_params,
+                               jnp.asarray(labels[index:index + 1]), sampling),
+            key=jax.random.fold_in(jax.random.key(4 + 1000 * eagle_method.seed_offset),
+                                   index)[None],
+            **generate.decode_kwargs(eagle_method, family, labels[index:index + 1], sampling))
+        for batch in batches:
+          np.testing.assert_array_equal(passes[batch][0][index], np.asarray(alone.tokens)[0])
+      for tokens, summary, compile_s in passes.values():
+        self.assertEqual(tokens.shape, (5, family.num_tokens))
+        self.assertGreater(compile_s, 0.0)
+        self.assertGreaterEqual(summary['tokens_per_target_forward'], 1.0)
+        self.assertLen(summary['acceptance_per_position'], config.draft_length)
+      with self.assertRaisesRegex(cli.ConfigError, 'config.quality_batch=-1'):
+        config.quality_batch = -1
+        generate.check_config(config)
 
   def test_latency_pass_interleaves_every_method_and_keeps_the_best(self):
     """Rounds run every class with every method in turn, the order rotated each

@@ -55,7 +55,7 @@ def main_command(method_names: tuple[str, ...]) -> dict:
   return dict(
       bundle_dir=cli.STRING, seed=cli.integer(0), images_per_class=cli.integer(1),
       latency_classes=cli.integers(0, nonempty=True), timing_repeats=cli.integer(1),
-      compile_threads=cli.integer(1),
+      compile_threads=cli.integer(1), quality_batch=cli.integer(0),
       side_by_side_per_class=cli.integer(1), grid_scale=cli.integer(1),
       xla_cpu_single_thread=cli.BOOL, xla_cpu_plain_reductions=cli.BOOL,
       compilation_cache=cli.STRING, sampling=SAMPLING, methods=methods, **HYPERPARAMETERS)

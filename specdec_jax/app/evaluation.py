@@ -1,4 +1,5 @@
-"""Quality measures for generated images: Frechet distance, class accuracy, NLL.
+"""Quality measures for generated images (Frechet distance, class accuracy, NLL) and
+the main command's results table.
 
 Legend: N samples, F feature width, L tokens per image, V vocabulary.
 """
@@ -67,3 +68,21 @@ def standard_error(values) -> float:
     raise ValueError(f'standard_error: needs a vector of at least 2 values, got shape '
                      f'{values.shape}.')
   return float(np.std(values, ddof=1) / np.sqrt(values.size))
+
+
+def format_table(results: dict, classifier_accuracy: float) -> str:
+  header = (f'{"method":14s} {"tokens/fwd":>10s} {"latency":>9s} {"speedup":>8s} '
+            f'{"nll_gap":>8s} {"+-s.e.":>7s} {"fd target":>9s} {"fd data":>8s} '
+            f'{"class acc":>9s}')
+  lines = [header, '-' * len(header)]
+  for name, row in results.items():
+    lines.append(f'{name:14s} {row["tokens_per_forward"]:10.2f} '
+                 f'{1e3 * row["latency_s"]:7.0f}ms {row["speedup"]:7.2f}x '
+                 f'{row["nll_gap"]:+8.4f} {row["nll_gap_se"]:7.4f} '
+                 f'{row["frechet_to_target"]:9.2f} {row["frechet"]:8.2f} '
+                 f'{row["class_accuracy"]:9.2f}')
+  lines.append(f'(latency: one image, batch 1; nll_gap +- its standard error over the images; '
+               f'fd target: Frechet distance to vanilla\'s images (vanilla_seed1: the noise '
+               f'floor), fd data: to the test split; classifier test accuracy on real images: '
+               f'{classifier_accuracy:.3f})')
+  return '\n'.join(lines)

@@ -6,7 +6,8 @@ On the bundled Fashion-MNIST family (patch tokenizer, LlamaGen-architecture
 target, EAGLE-1 head, small draft GPT, evaluation classifier) it runs each
 method of `configs/generate.py` twice:
 
-- quality pass: `images_per_class` images of every class in one batch;
+- quality pass: `images_per_class` images of every class, `quality_batch`
+  per call (image i's tokens depend only on the seed and i);
   tokens_per_forward, nll_gap (target NLL of the generated tokens minus that
   of the vanilla samples, under the same guided distribution), frechet (in
   the classifier's feature space, against the test split) and
@@ -37,6 +38,7 @@ import numpy as np
 
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
+from specdec_jax import randomness
 from specdec_jax import rules
 from specdec_jax.app import cli
 from specdec_jax.app import compile_cache
@@ -101,17 +103,26 @@ def decode_kwargs(method: methods_lib.Method, family: family_lib.Family, labels,
 
 
 def quality_pass(method: methods_lib.Method, family: family_lib.Family, labels: np.ndarray,
-                 sampling, seed: int, options: dict | None = None):
-  """One batch of every class: (tokens int32[N, L], metrics summary, compile seconds).
+                 sampling, seed: int, options: dict | None = None, batch: int = 0):
+  """Every image of `labels`: (tokens int32[N, L], metrics summary, compile seconds).
 
-  One key for the batch: the engine folds it with each image's index, so image
-  i's tokens depend only on (seed, i) and the method.
+  Image i's key is the method's key folded with i (`randomness.per_image_keys`,
+  what one call with one key gives), so its tokens depend only on (seed, i) and
+  the method, whatever `batch` (images per call; 0: all N in one call).
   """
-  target_cond = cond_rows(family.target, family.target_params, jnp.asarray(labels), sampling)
-  result = decode.generate(family.target, family.target_params, target_cond,
-                           key=jax.random.key(seed + 1000 * method.seed_offset),
-                           **decode_kwargs(method, family, labels, sampling, options))
-  return np.asarray(result.tokens), result.metrics.summary(), result.compile_seconds
+  keys = randomness.per_image_keys(jax.random.key(seed + 1000 * method.seed_offset), len(labels))
+  tokens, metrics, compile_seconds = [], [], 0.0
+  for start in range(0, len(labels), batch or len(labels)):
+    rows = labels[start:start + (batch or len(labels))]
+    result = decode.generate(
+        family.target, family.target_params,
+        cond_rows(family.target, family.target_params, jnp.asarray(rows), sampling),
+        key=keys[start:start + len(rows)], **decode_kwargs(method, family, rows, sampling, options))
+    tokens.append(np.asarray(result.tokens))
+    metrics.append(jax.tree.map(np.asarray, result.metrics))
+    compile_seconds += result.compile_seconds
+  metrics = jax.tree.map(lambda *parts: np.concatenate(parts), *metrics)
+  return np.concatenate(tokens), metrics.summary(), compile_seconds
 
 
 def quality_measures(family: family_lib.Family, labels: np.ndarray, tokens: np.ndarray,
@@ -247,7 +258,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   def quality_of(method):
     started = time.perf_counter()
     tokens, summary, compile_s = quality_pass(method, family, labels, sampling, config.seed,
-                                              options)
+                                              options, config.quality_batch)
     images, method_features, measures = quality_measures(family, labels, tokens, sampling)
     wall_s = time.perf_counter() - started
     logging.info('%-14s quality: tokens/forward %.2f  nll %.4f  frechet %.2f  accuracy %.2f  '
@@ -323,27 +334,9 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
   with open(path + '.tmp', 'w') as f:
     json.dump(output, f, indent=1, default=float)
   os.replace(path + '.tmp', path)
-  print(format_table(results, family.classifier_test_accuracy))
+  print(evaluation.format_table(results, family.classifier_test_accuracy))
   print(f'wrote {path}, {len(results)} PNG grids and side_by_side.png to {out_dir}')
   return output
-
-
-def format_table(results: dict, classifier_accuracy: float) -> str:
-  header = (f'{"method":14s} {"tokens/fwd":>10s} {"latency":>9s} {"speedup":>8s} '
-            f'{"nll_gap":>8s} {"+-s.e.":>7s} {"fd target":>9s} {"fd data":>8s} '
-            f'{"class acc":>9s}')
-  lines = [header, '-' * len(header)]
-  for name, row in results.items():
-    lines.append(f'{name:14s} {row["tokens_per_forward"]:10.2f} '
-                 f'{1e3 * row["latency_s"]:7.0f}ms {row["speedup"]:7.2f}x '
-                 f'{row["nll_gap"]:+8.4f} {row["nll_gap_se"]:7.4f} '
-                 f'{row["frechet_to_target"]:9.2f} {row["frechet"]:8.2f} '
-                 f'{row["class_accuracy"]:9.2f}')
-  lines.append(f'(latency: one image, batch 1; nll_gap +- its standard error over the images; '
-               f'fd target: Frechet distance to vanilla\'s images (vanilla_seed1: the noise '
-               f'floor), fd data: to the test split; classifier test accuracy on real images: '
-               f'{classifier_accuracy:.3f})')
-  return '\n'.join(lines)
 
 
 def define_flags() -> None:
