@@ -1,0 +1,138 @@
+"""Tokens per forward of the Jacobi methods against the window W, over many images (not a test).
+
+  python bench/jacobi_acceptance.py --out bench/results/jacobi_acceptance
+
+Issue targets for the 2026 Jacobi methods are ratios of tokens per target
+forward at one window: SCD (arXiv 2510.24211) and SJD-PAC (arXiv
+2603.18599) against SJD. `bench/jacobi_window.py` times one image per class
+(speed); this bench counts acceptance, so it decodes --images images per
+(window, method) in one batch with the main command's methods and
+hyperparameters (`app.methods.build_methods`, configs/generate.py), all from
+the same key, and reports each method's mean tokens per forward with its
+standard error over images, its ratio to SJD at the same window (delta
+method, images treated as independent) and its acceptance per window
+position (the share of verify steps that accepted draft i,
+`DecodeMetrics.summary`). Counts do not depend on machine
+load. Resumable: rows already in the JSON are kept. Prints a table, writes
+JSON and a PNG (tokens per forward against W).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+
+_OUT = flags.DEFINE_string('out', 'bench/results/jacobi_acceptance', 'Output folder.')
+_WINDOWS = flags.DEFINE_list('windows', ['8', '16', '32', '64'], 'Jacobi windows W.')
+_METHODS = flags.DEFINE_list('methods', ['sjd', 'scd', 'sjd_pac'],
+                             "Main-command Jacobi methods; 'sjd' is the reference.")
+_IMAGES = flags.DEFINE_integer('images', 200, 'Images per (window, method), every class in turn.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Key of every decode.')
+
+
+def ratio_row(row: dict, reference: dict) -> dict:
+  """Tokens per forward relative to the reference row, with its delta-method s.e."""
+  ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
+  if row is reference:
+    return dict(row, ratio_to_sjd=1.0, ratio_stderr=0.0)
+  relative = ((row['stderr'] / row['tokens_per_forward']) ** 2
+              + (reference['stderr'] / reference['tokens_per_forward']) ** 2) ** 0.5
+  return dict(row, ratio_to_sjd=ratio, ratio_stderr=ratio * relative)
+
+
+def plot(path: str, rows: list[dict], methods: list[str]) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6.4, 4.0))
+  for name in methods:
+    mine = sorted((r for r in rows if r['method'] == name), key=lambda r: r['window'])
+    ax.errorbar([r['window'] for r in mine], [r['tokens_per_forward'] for r in mine],
+                yerr=[r['stderr'] for r in mine], marker='o', ms=4, capsize=2, label=name)
+  ax.set_xscale('log', base=2)
+  ax.set_xlabel('Jacobi window W')
+  ax.set_ylabel('tokens per target forward')
+  ax.set_title('Bundled family: Jacobi acceptance against the window')
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main(argv):
+  del argv
+  generate_app.use_single_thread_xla()
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from specdec_jax import decode, logits  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
+  from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
+
+  if _METHODS.value[0] != 'sjd':
+    raise ValueError(f"--methods must start with 'sjd' (the reference), got {_METHODS.value}.")
+  os.makedirs(_OUT.value, exist_ok=True)
+  json_path = os.path.join(_OUT.value, 'jacobi_acceptance.json')
+  done = {}
+  if os.path.exists(json_path):
+    with open(json_path) as f:
+      saved = json.load(f)
+    if saved['images'] == _IMAGES.value and saved['seed'] == _SEED.value:
+      done = {(r['window'], r['method']): r for r in saved['rows']}
+  family = family_lib.load()
+  labels = (np.arange(_IMAGES.value) % family.num_classes).astype(np.int32)
+  for window in [int(w) for w in _WINDOWS.value]:
+    config = generate_config.get_config()
+    config.jacobi_window = window
+    config.methods = ('vanilla', *_METHODS.value)
+    sampling = logits.Sampling(**config.sampling.to_dict())
+    for method in methods_lib.build_methods(config, family)[1:]:
+      if (window, method.name) in done:
+        continue
+      start = time.perf_counter()
+      cond = generate_app.cond_rows(family.target, family.target_params, jnp.asarray(labels),
+                                    sampling)
+      result = decode.generate(family.target, family.target_params, cond,
+                               key=jax.random.key(_SEED.value),
+                               **generate_app.decode_kwargs(method, family, labels, sampling))
+      per_image = np.asarray(result.metrics.tokens_per_target_forward, np.float64)
+      done[(window, method.name)] = dict(
+          window=window, method=method.name, tokens_per_forward=float(per_image.mean()),
+          stderr=float(per_image.std(ddof=1) / np.sqrt(per_image.size)),
+          acceptance_per_position=result.metrics.summary()['acceptance_per_position'],
+          seconds=time.perf_counter() - start)
+      print(f'W={window} {method.name}: {per_image.mean():.3f} tokens per forward '
+            f'({time.perf_counter() - start:.0f} s)', flush=True)
+      with open(json_path, 'w') as f:  # after every row: a killed run resumes
+        json.dump({'images': _IMAGES.value, 'seed': _SEED.value,
+                   'rows': list(done.values())}, f, indent=1)
+  rows = []
+  print('| W | method | tokens / forward | s.e. | / SJD at W |')
+  print('|---|---|---|---|---|')
+  for window in [int(w) for w in _WINDOWS.value]:
+    reference = done[(window, 'sjd')]
+    for name in _METHODS.value:
+      row = ratio_row(done[(window, name)], reference)
+      rows.append(row)
+      print(f"| {window} | {name} | {row['tokens_per_forward']:.3f} | {row['stderr']:.3f} | "
+            f"{row['ratio_to_sjd']:.3f} +- {row['ratio_stderr']:.3f} |")
+  with open(json_path, 'w') as f:
+    json.dump({'images': _IMAGES.value, 'seed': _SEED.value, 'sampling':
+               generate_config.get_config().sampling.to_dict(), 'rows': rows}, f, indent=1)
+  plot(os.path.join(_OUT.value, 'jacobi_acceptance.png'), rows, _METHODS.value)
+  print('wrote', _OUT.value)
+
+
+if __name__ == '__main__':
+  app.run(main)
