@@ -40,25 +40,6 @@ _MAX_OFFSET = flags.DEFINE_integer('max_offset', 32, 'Largest offset j measured.
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the images, positions and perturbations.')
 
 
-def guided_probs(family, sampling, labels, tokens):
-  """The target's sampling law of every image token, teacher-forced.
-
-  labels int32[N], tokens int32[N, L] -> float32[N, L, V] (entry i: the law of token i).
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from models import llamagen  # pylint: disable=g-import-not-at-top
-  config = family.target.config
-  inputs = tokens[:, :-1]
-  cond = llamagen.forward_logits(family.target_params, config, labels, inputs)
-  uncond = None
-  if sampling.uses_cfg:
-    uncond = llamagen.forward_logits(family.target_params, config,
-                                     jnp.full_like(labels, config.num_classes), inputs)
-  positions = jnp.arange(tokens.shape[1])[None, :]
-  return jax.block_until_ready(sampling.probs(cond, uncond, token_index=positions))
-
-
 def perturb(rng, probs, tokens, num_positions: int, max_offset: int):
   """Per image, `num_positions` positions i with i + max_offset < L, each token i
   redrawn from probs[i] without the original token.
@@ -102,7 +83,6 @@ def plot(path: str, offsets, mean, stderr, grid_width: int) -> None:
 def main(argv):
   del argv
   generate_app.use_single_thread_xla()
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import logits  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
@@ -118,7 +98,7 @@ def main(argv):
   tokens, _, _ = generate_app.quality_pass(vanilla, family, labels, sampling, _SEED.value)
   tokens = np.asarray(tokens)
   print(f'{len(tokens)} vanilla images of {tokens.shape[1]} tokens', flush=True)
-  probs = np.asarray(guided_probs(family, sampling, jnp.asarray(labels), jnp.asarray(tokens)))
+  probs = np.asarray(family.guided_probs(labels, tokens, sampling))
   rng = np.random.default_rng(_SEED.value)
   max_offset = _MAX_OFFSET.value
   images, positions, perturbed = perturb(rng, probs, tokens, _POSITIONS.value, max_offset)
@@ -126,8 +106,7 @@ def main(argv):
   distances = []  # [M, max_offset]
   for start in range(0, len(images), 256):
     rows = slice(start, start + 256)
-    changed = np.asarray(guided_probs(family, sampling, jnp.asarray(labels[images[rows]]),
-                                      jnp.asarray(perturbed[rows])))
+    changed = np.asarray(family.guided_probs(labels[images[rows]], perturbed[rows], sampling))
     after = positions[rows, None] + offsets[None, :]  # [m, J]
     original = probs[images[rows][:, None], after]  # [m, J, V]
     new = np.take_along_axis(changed, after[..., None], axis=1)

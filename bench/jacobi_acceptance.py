@@ -41,9 +41,9 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Key of every decode.')
 
 def ratio_row(row: dict, reference: dict) -> dict:
   """Tokens per forward relative to the reference row, with its delta-method s.e."""
-  ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
   if row is reference:
     return dict(row, ratio_to_sjd=1.0, ratio_stderr=0.0)
+  ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
   relative = ((row['stderr'] / row['tokens_per_forward']) ** 2
               + (reference['stderr'] / reference['tokens_per_forward']) ** 2) ** 0.5
   return dict(row, ratio_to_sjd=ratio, ratio_stderr=ratio * relative)

@@ -147,6 +147,26 @@ class GenerateTest(absltest.TestCase):
         config.quality_batch = -1
         generate.check_config(config)
 
+  def test_guided_probs_are_the_law_of_each_token_given_the_ones_before(self):
+    """Entry i is a distribution that depends on tokens < i only (changing token 5
+    moves entry 6 but not entries 0..5), and at the tokens it gives guided_image_nlls."""
+    with tempfile.TemporaryDirectory() as tmp:
+      family = family_lib.load(tiny_bundle(os.path.join(tmp, 'bundle')))
+      sampling = logits.Sampling(cfg_scale=2.0)
+      labels = np.array([2, 7], np.int32)
+      tokens = np.random.default_rng(0).integers(0, 32, (2, family.num_tokens)).astype(np.int32)
+      probs = np.asarray(family.guided_probs(labels, tokens, sampling))
+      self.assertEqual(probs.shape, (2, family.num_tokens, 32))
+      np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+      chosen = np.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+      np.testing.assert_allclose(-np.log(chosen).mean(1),
+                                 family.guided_image_nlls(labels, tokens, sampling), rtol=1e-5)
+      changed = tokens.copy()
+      changed[:, 5] = (changed[:, 5] + 1) % 32
+      moved = np.asarray(family.guided_probs(labels, changed, sampling))
+      np.testing.assert_allclose(moved[:, :6], probs[:, :6], atol=1e-6)
+      self.assertGreater(np.abs(moved[:, 6] - probs[:, 6]).max(), 1e-4)
+
   def test_latency_pass_interleaves_every_method_and_keeps_the_best(self):
     """Rounds run every class with every method in turn, the order rotated each
     round; each (method, class) keeps its best time; speedups are against the

@@ -117,6 +117,12 @@ class Family:
     log_probs = _guided_log_probs(self.target, self.target_params, labels, tokens, sampling)
     return evaluation.image_nlls(log_probs)
 
+  def guided_probs(self, labels, tokens, sampling) -> jax.Array:
+    """The law decoding samples image token i from, given tokens [N, L]'s first i:
+    float32[N, L, V], teacher-forced (what `guided_nll` reads at the tokens)."""
+    return _guided_probs(self.target, self.target_params, jnp.asarray(labels, jnp.int32),
+                         jnp.asarray(tokens, jnp.int32), sampling)
+
   def manifest_summary(self) -> dict:
     return {part: self.manifest.get(part, {}).get('final_metrics', {}) for part in PARTS}
 
@@ -127,8 +133,8 @@ def _classifier_apply(params, images):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
-def _guided_log_probs(target, params, labels, tokens, sampling):
-  """log p(token) [N, L] under Sampling.probs of teacher-forced logits."""
+def _guided_probs(target, params, labels, tokens, sampling):
+  """Sampling.probs of teacher-forced logits: float32[N, L, V] for tokens [N, L]."""
   config = target.config
   inputs = tokens[:, :-1]
   cond_logits = llamagen.forward_logits(params, config, labels, inputs)
@@ -137,9 +143,14 @@ def _guided_log_probs(target, params, labels, tokens, sampling):
     null = jnp.full_like(labels, config.num_classes)
     uncond_logits = llamagen.forward_logits(params, config, null, inputs)
   positions = jnp.arange(tokens.shape[1])[None, :]
-  probs = sampling.probs(cond_logits, uncond_logits, token_index=positions)
-  chosen = jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
-  return jnp.log(chosen)
+  return sampling.probs(cond_logits, uncond_logits, token_index=positions)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _guided_log_probs(target, params, labels, tokens, sampling):
+  """log p(token) [N, L] under `_guided_probs`."""
+  probs = _guided_probs(target, params, labels, tokens, sampling)
+  return jnp.log(jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0])
 
 
 def write_bundle(directory, *, tokenizer, tokenizer_params, target, target_params, eagle,

@@ -112,8 +112,9 @@ def quality_pass(method: methods_lib.Method, family: family_lib.Family, labels: 
   """
   keys = randomness.per_image_keys(jax.random.key(seed + 1000 * method.seed_offset), len(labels))
   tokens, metrics, compile_seconds = [], [], 0.0
-  for start in range(0, len(labels), batch or len(labels)):
-    rows = labels[start:start + (batch or len(labels))]
+  size = batch or len(labels)
+  for start in range(0, len(labels), size):
+    rows = labels[start:start + size]
     result = decode.generate(
         family.target, family.target_params,
         cond_rows(family.target, family.target_params, jnp.asarray(rows), sampling),
