@@ -143,6 +143,8 @@ class GenerateTest(absltest.TestCase):
         self.assertGreater(compile_s, 0.0)
         self.assertGreaterEqual(summary['tokens_per_target_forward'], 1.0)
         self.assertLen(summary['acceptance_per_position'], config.draft_length)
+      with self.assertRaisesRegex(ValueError, 'batch must be >= 0'):
+        generate.quality_pass(eagle_method, family, labels, sampling, 4, batch=-1)
       with self.assertRaisesRegex(cli.ConfigError, 'config.quality_batch=-1'):
         config.quality_batch = -1
         generate.check_config(config)

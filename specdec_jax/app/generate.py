@@ -112,6 +112,8 @@ def quality_pass(method: methods_lib.Method, family: family_lib.Family, labels: 
   """
   keys = randomness.per_image_keys(jax.random.key(seed + 1000 * method.seed_offset), len(labels))
   tokens, metrics, compile_seconds = [], [], 0.0
+  if batch < 0:
+    raise ValueError(f'quality_pass: batch must be >= 0 (0: every image in one call), got {batch}.')
   size = batch or len(labels)
   for start in range(0, len(labels), size):
     rows = labels[start:start + size]
