@@ -74,6 +74,9 @@ _TOPK_BLOCKS = flags.DEFINE_integer(
     "choice, the mesh's 'model' size when it divides the vocabulary.")
 _HLO_DIR = flags.DEFINE_string('hlo_dir', None, 'Write each compiled program\'s optimized HLO '
                                 'text here (one file per configuration).')
+_PER_ROW_WRITES = flags.DEFINE_bool(
+    'per_row_cache_writes', False, "Write the KV cache row by row even for one image "
+    "(KVCache.shared_length off, the engine before 9634d5c), to compare the two writes.")
 _COMPARE = flags.DEFINE_list('compare', None, 'BEFORE.json,AFTER.json: print a markdown table '
                              'of their differences (configurations in both) and exit.')
 
@@ -326,12 +329,16 @@ def main(argv):
     before, after = (json.load(open(path))['results'] for path in _COMPARE.value)
     print(comparison(before, after))
     return
+  if _PER_ROW_WRITES.value:
+    from specdec_jax import mode_base  # pylint: disable=g-import-not-at-top
+    mode_base.Plan.shared_lengths = lambda self, cache: cache.replace(shared_length=False)
   configs = configurations(_QUICK.value)
   if _ONLY.value:
     configs = [c for c in configs if re.search(_ONLY.value, c.name)]
   if _EXCLUDE.value:
     configs = [c for c in configs if not re.search(_EXCLUDE.value, c.name)]
-  header = {'label': _LABEL.value, 'scan_layers': _SCAN.value, 'bench_commit': _commit(),
+  header = {'label': _LABEL.value, 'scan_layers': _SCAN.value,
+            'per_row_cache_writes': _PER_ROW_WRITES.value, 'bench_commit': _commit(),
             'jax': jax.__version__,
             'decode_module': decode.__file__, 'started': time.strftime('%Y-%m-%d %H:%M:%S UTC',
                                                                       time.gmtime())}
