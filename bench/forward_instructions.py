@@ -39,6 +39,9 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bundle_pieces  # pylint: disable=g-import-not-at-top  (bench/bundle_pieces.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/forward_instructions.json', 'JSON results.')
 _PIECE = flags.DEFINE_string('piece', None, 'Internal: the piece a child process runs.')
@@ -46,8 +49,8 @@ _PIECES = flags.DEFINE_list('pieces', ['target_t1', 'target_t5', 'vanilla', 'cha
                             'Pieces to count.')
 _ITERS = flags.DEFINE_integer('iters', 20, 'Forwards per counted call (target_t1/target_t5).')
 _PARALLEL = flags.DEFINE_integer('parallel', 2, 'Children under valgrind at a time.')
-K = 4
-NUM_TOKENS = 196
+K = bundle_pieces.K
+NUM_TOKENS = bundle_pieces.NUM_TOKENS
 # Idle workers of XLA:CPU's thread pool looking for tasks (GlobalSteal, PopBack,
 # ...): instructions that depend on timing, not on the program's work.
 THREAD_POOL = re.compile(r'Eigen::(ThreadPoolTempl|RunQueue|EventCount)|EigenEnvironment')
@@ -57,9 +60,7 @@ def build_piece(name: str):
   """(call, units, unit): a no-argument callable and how many forwards or tokens it runs."""
   from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
   generate_app.use_single_thread_xla()
-  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from specdec_jax import decode, kv_cache as kv, logits, rules  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
 
@@ -69,27 +70,13 @@ def build_piece(name: str):
   cond = target.cfg_cond(family.target_params, jnp.array([3]))
   if name in ('target_t1', 'target_t5'):
     num_new = 1 if name == 'target_t1' else K + 1
-    cache = target.prefill(family.target_params, target.init_cache(2, 220), cond).cache
-    cache = kv.set_lengths(cache, jnp.array([100, 100])).replace(shared_length=True)
+    cache, _ = bundle_pieces.forward_caches(family, cond)
     tokens = jnp.zeros((2, num_new), jnp.int32)
-
-    def body(_, carry):
-      cache, tokens = carry
-      out = target.forward(family.target_params, cache, tokens)
-      return kv.set_lengths(out.cache, cache.lengths), jnp.argmax(out.logits, -1).astype(jnp.int32)
-
-    run = jax.jit(lambda carry: jax.lax.fori_loop(0, _ITERS.value, body, carry),
-                  compiler_options=options)
-    return (lambda: run((cache, tokens))), _ITERS.value, 'forward'
+    forward = lambda cache, tokens, _: target.forward(family.target_params, cache, tokens)
+    run = bundle_pieces.forward_loop(forward, _ITERS.value, options)
+    return (lambda: run((cache, tokens, None))), _ITERS.value, 'forward'
   if name in ('vanilla', 'chain'):
-    kwargs = dict(mode=decode.Vanilla())
-    if name == 'chain':
-      kwargs = dict(mode=decode.ChainDraft(k=K, drafter='eagle'), draft=family.eagle,
-                    draft_params=family.eagle_params, rule=rules.UniformRelaxed(omega=2.0))
-    call = lambda: decode.generate(target, family.target_params, cond, num_tokens=NUM_TOKENS,
-                                   key=jax.random.key(0), sampling=logits.Sampling(cfg_scale=2.0),
-                                   compiler_options=options, **kwargs)
-    return call, NUM_TOKENS, 'token'
+    return bundle_pieces.decode_call(family, cond, options, name), NUM_TOKENS, 'token'
   raise ValueError(f'unknown piece {name!r}; use target_t1, target_t5, vanilla or chain.')
 
 

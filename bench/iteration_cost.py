@@ -26,30 +26,20 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bundle_pieces  # pylint: disable=g-import-not-at-top  (bench/bundle_pieces.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/iteration_cost.json', 'JSON results.')
 _PASSES = flags.DEFINE_integer('passes', 3, 'Measurement passes.')
 _REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed calls per measurement (best is kept).')
-K = 4
+K = bundle_pieces.K
 
 
 def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int,
                 options: dict | None) -> float:
   """ms per forward: a jitted fori_loop of `iters` forwards at a fixed cache length."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
-
-  def body(_, carry):
-    cache, tokens, features = carry
-    out = forward(cache, tokens, features)
-    next_tokens = jnp.argmax(out.logits, -1).astype(jnp.int32)
-    next_features = features if features is None else out.hidden
-    return kv.set_lengths(out.cache, cache.lengths), next_tokens, next_features
-
-  run = jax.jit(lambda carry: jax.lax.fori_loop(0, iters, body, carry), compiler_options=options)
+  run = bundle_pieces.forward_loop(forward, iters, options)
   return timing.best_ms(lambda: run((cache, tokens, features)), repeats) / iters
 
 
@@ -60,21 +50,16 @@ def main(argv):
   compile_cache.enable()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from specdec_jax import decode, kv_cache as kv, logits, rules  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
 
   family = family_lib.load()
   target, eagle = family.target, family.eagle
   cond = target.cfg_cond(family.target_params, jnp.array([3]))
-  num_tokens, repeats = 196, _REPEATS.value
+  num_tokens, repeats = bundle_pieces.NUM_TOKENS, _REPEATS.value
   # One image's two CFG rows share a length: the decode writes their caches with one
   # dynamic_update_slice per layer (KVCache.shared_length), and so do these forwards.
-  cache = target.prefill(family.target_params, target.init_cache(2, 220), cond).cache
-  cache = kv.set_lengths(cache, jnp.array([100, 100])).replace(shared_length=True)
-  eagle_cache = kv.set_lengths(eagle.init_cache(2, 220), jnp.array([100, 100])).replace(
-      shared_length=True)
+  cache, eagle_cache = bundle_pieces.forward_caches(family, cond)
   width = family.target.config.dim
-  sampling = logits.Sampling(cfg_scale=2.0)
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
   options = generate_app.compiler_options(generate_config.get_config())  # the main command's
 
@@ -85,14 +70,10 @@ def main(argv):
   def eagle_forward(cache, tokens, features):
     return eagle.forward(family.eagle_params, cache, tokens, features)
 
-  def decode_ms(**kwargs):
-    call = lambda: decode.generate(target, family.target_params, cond, num_tokens=num_tokens,
-                                   compiler_options=options,
-                                   key=jax.random.key(0), sampling=sampling, **kwargs)
+  def decode_ms(method):
+    call = bundle_pieces.decode_call(family, cond, options, method)
     return timing.best_ms(call, repeats), call
 
-  sd_kwargs = dict(mode=decode.ChainDraft(k=K, drafter='eagle'), draft=eagle,
-                   draft_params=family.eagle_params, rule=rules.UniformRelaxed(omega=2.0))
   passes = []
   print('| pass | target T=1 | target T=5 | ratio | EAGLE T=1 | EAGLE T=5 | vanilla / token '
         '| SD / iteration | of which other | tokens / iteration | speedup |')
@@ -105,8 +86,8 @@ def main(argv):
                                            options)
       row[f'eagle_t{t}_ms'] = _forward_ms(eagle_forward, eagle_cache, tokens,
                                           jnp.zeros((2, t, width)), 200, repeats, options)
-    vanilla_ms, _ = decode_ms(mode=decode.Vanilla())
-    sd_ms, sd_call = decode_ms(**sd_kwargs)
+    vanilla_ms, _ = decode_ms('vanilla')
+    sd_ms, sd_call = decode_ms('chain')
     iterations = int(sd_call().metrics.verify_steps[0])
     row.update(vanilla_ms=vanilla_ms, sd_ms=sd_ms, sd_iterations=iterations,
                vanilla_ms_per_token=vanilla_ms / num_tokens, sd_ms_per_iteration=sd_ms / iterations)

@@ -1,0 +1,69 @@
+"""Pieces of a batch-1 SD iteration on the bundled family, shared by the bench scripts
+that time them (bench/iteration_cost.py) and count their instructions
+(bench/forward_instructions.py).
+
+One image with CFG (2 cache rows), the main command's XLA options; callers
+set XLA:CPU's flags (`generate.use_single_thread_xla`) before calling these.
+"""
+
+from __future__ import annotations
+
+K = 4  # EAGLE-1 chain draft length
+NUM_TOKENS = 196  # image tokens of the bundle
+CACHE_LENGTH = 100  # where the forwards write, mid-image
+CACHE_CAPACITY = 220
+
+
+def forward_caches(family, cond):
+  """(target cache, EAGLE cache): 2 rows at length CACHE_LENGTH, sharing it
+  (`KVCache.shared_length`, as the decode writes one image's rows)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
+  target, eagle = family.target, family.eagle
+  lengths = jnp.array([CACHE_LENGTH, CACHE_LENGTH])
+  cache = target.prefill(family.target_params, target.init_cache(2, CACHE_CAPACITY), cond).cache
+  cache = kv.set_lengths(cache, lengths).replace(shared_length=True)
+  eagle_cache = kv.set_lengths(eagle.init_cache(2, CACHE_CAPACITY), lengths).replace(
+      shared_length=True)
+  return cache, eagle_cache
+
+
+def forward_loop(forward, iters: int, options: dict | None):
+  """A jitted call running `iters` forwards at a fixed cache length.
+
+  forward(cache, tokens, features) -> output with .cache, .logits (and .hidden
+  when features is not None). The returned function takes the carry
+  (cache, tokens [2, T], features [2, T, E] or None); each forward's argmax
+  tokens and hidden states feed the next, and the cache lengths are reset.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
+
+  def body(_, carry):
+    cache, tokens, features = carry
+    out = forward(cache, tokens, features)
+    next_tokens = jnp.argmax(out.logits, -1).astype(jnp.int32)
+    next_features = features if features is None else out.hidden
+    return kv.set_lengths(out.cache, cache.lengths), next_tokens, next_features
+
+  return jax.jit(lambda carry: jax.lax.fori_loop(0, iters, body, carry),
+                 compiler_options=options)
+
+
+def decode_call(family, cond, options: dict | None, method: str):
+  """A no-argument call of one whole-image decode, key 0: method 'vanilla' or
+  'chain' (the EAGLE-1 chain, k = K, with UniformRelaxed(omega 2))."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec_jax import decode, logits, rules  # pylint: disable=g-import-not-at-top
+  if method == 'vanilla':
+    kwargs = dict(mode=decode.Vanilla())
+  elif method == 'chain':
+    kwargs = dict(mode=decode.ChainDraft(k=K, drafter='eagle'), draft=family.eagle,
+                  draft_params=family.eagle_params, rule=rules.UniformRelaxed(omega=2.0))
+  else:
+    raise ValueError(f"decode_call: method must be 'vanilla' or 'chain', got {method!r}.")
+  return lambda: decode.generate(family.target, family.target_params, cond,
+                                 num_tokens=NUM_TOKENS, key=jax.random.key(0),
+                                 sampling=logits.Sampling(cfg_scale=2.0),
+                                 compiler_options=options, **kwargs)
