@@ -83,14 +83,18 @@ def sample_distinct(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
   """
   probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
   index = jnp.arange(probs.shape[-1], dtype=jnp.int32)
-  taken = jnp.zeros(probs.shape, bool)
+  taken = None  # bool[..., V] once a token is drawn
   picks = []
   for draw in range(uniforms.shape[-1]):
-    remaining = jnp.where(taken, 0.0, probs)
+    remaining = probs if taken is None else jnp.where(taken, 0.0, probs)
     pick = sample(uniforms[..., draw], remaining)
-    has_mass = jnp.any(remaining > 0, axis=-1)
-    pick = jnp.where(has_mass, pick, jnp.argmax(~taken, axis=-1).astype(jnp.int32))
-    taken = taken | (index == pick[..., None])
+    # The lowest index not drawn yet is 0 before the first draw; written as an argmax
+    # over the all-False mask, XLA would constant-fold that argmax at every call site,
+    # seconds of compilation each at [100, 4, 256].
+    lowest_free = 0 if taken is None else jnp.argmax(~taken, axis=-1).astype(jnp.int32)
+    pick = jnp.where(jnp.any(remaining > 0, axis=-1), pick, lowest_free)
+    is_pick = index == pick[..., None]
+    taken = is_pick if taken is None else taken | is_pick
     picks.append(pick)
   return jnp.stack(picks, axis=-1)
 
