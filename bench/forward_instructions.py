@@ -21,7 +21,8 @@ latter (vanilla / chain: the speedup if every instruction cost the same
 time) and each piece's five heaviest other functions. The children run
 --parallel at a time; each takes a few minutes (compilation under
 valgrind). Prints a table and writes JSON. Needs valgrind (Debian's
-`valgrind` package).
+`valgrind` package). Valgrind does not emulate AVX-512, so on any x86 host
+the counts are those of XLA's and YNNPACK's AVX2 code paths.
 """
 
 from __future__ import annotations
