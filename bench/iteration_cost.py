@@ -8,11 +8,17 @@ main command's XLA options (`generate.compiler_options`), as it runs. Measures, 
     T = 1 and T = k + 1 (jitted fori_loops of forwards at cache length 100,
     so host dispatch is excluded);
   * whole-image decodes: vanilla and UniformRelaxed(omega 2) with the EAGLE
-    head at k = 4 (best of --repeats), per token and per verify iteration;
+    head at k = 4, per token and per verify iteration;
   * "other": the iteration minus its forwards (one verify forward, the
     head's catch-up over k + 1 tokens and k - 1 drafting steps), i.e.
-    sampling, random numbers, verification and loop bookkeeping.
-Each pass prints one table row; ratios are within a pass. Writes JSON.
+    sampling, random numbers, verification and loop bookkeeping;
+  * the forwards-only bound: vanilla's time over the SD decode's forwards
+    alone (iterations x the forwards above), the speedup with "other" at
+    zero. A target above that bound cannot be reached by cutting the loop's
+    own work; only cheaper forwards or more tokens per iteration reach it.
+Each pass runs --repeats rounds that call all six pieces in turn (order rotated
+each round) and keeps each piece's best, so a pass's ratios come from one
+stretch of time. Each pass prints one table row. Writes JSON.
 """
 
 from __future__ import annotations
@@ -32,15 +38,17 @@ from specdec_jax.app import generate as generate_app  # pylint: disable=g-import
 
 _OUT = flags.DEFINE_string('out', 'bench/results/iteration_cost.json', 'JSON results.')
 _PASSES = flags.DEFINE_integer('passes', 3, 'Measurement passes.')
-_REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed calls per measurement (best is kept).')
+_REPEATS = flags.DEFINE_integer('repeats', 7, 'Interleaved rounds per pass (best is kept).')
 K = bundle_pieces.K
 
 
-def _forward_ms(forward, cache, tokens, features, iters: int, repeats: int,
-                options: dict | None) -> float:
-  """ms per forward: a jitted fori_loop of `iters` forwards at a fixed cache length."""
-  run = bundle_pieces.forward_loop(forward, iters, options)
-  return timing.best_ms(lambda: run((cache, tokens, features)), repeats) / iters
+FORWARDS_PER_CALL = 200
+
+
+def _forward_call(forward, cache, tokens, features, options: dict | None):
+  """A call of a jitted fori_loop of FORWARDS_PER_CALL forwards at a fixed cache length."""
+  run = bundle_pieces.forward_loop(forward, FORWARDS_PER_CALL, options)
+  return lambda: run((cache, tokens, features))
 
 
 def main(argv):
@@ -70,39 +78,42 @@ def main(argv):
   def eagle_forward(cache, tokens, features):
     return eagle.forward(family.eagle_params, cache, tokens, features)
 
-  def decode_ms(method):
-    call = bundle_pieces.decode_call(family, cond, options, method)
-    return timing.best_ms(call, repeats), call
+  calls = {}
+  for t in (1, K + 1):
+    tokens = jnp.zeros((2, t), jnp.int32)
+    calls[f'target_t{t}_ms'] = _forward_call(target_forward, cache, tokens, None, options)
+    calls[f'eagle_t{t}_ms'] = _forward_call(eagle_forward, eagle_cache, tokens,
+                                            jnp.zeros((2, t, width)), options)
+  calls['vanilla_ms'] = bundle_pieces.decode_call(family, cond, options, 'vanilla')
+  calls['sd_ms'] = bundle_pieces.decode_call(family, cond, options, 'chain')
+  iterations = int(calls['sd_ms']().metrics.verify_steps[0])
 
   passes = []
   print('| pass | target T=1 | target T=5 | ratio | EAGLE T=1 | EAGLE T=5 | vanilla / token '
-        '| SD / iteration | of which other | tokens / iteration | speedup |')
-  print('|---|---|---|---|---|---|---|---|---|---|---|')
+        '| SD / iteration | of which other | tokens / iteration | speedup | forwards-only bound |')
+  print('|---|---|---|---|---|---|---|---|---|---|---|---|')
   for index in range(_PASSES.value):
-    row = {}
-    for t in (1, K + 1):
-      tokens = jnp.zeros((2, t), jnp.int32)
-      row[f'target_t{t}_ms'] = _forward_ms(target_forward, cache, tokens, None, 200, repeats,
-                                           options)
-      row[f'eagle_t{t}_ms'] = _forward_ms(eagle_forward, eagle_cache, tokens,
-                                          jnp.zeros((2, t, width)), 200, repeats, options)
-    vanilla_ms, _ = decode_ms('vanilla')
-    sd_ms, sd_call = decode_ms('chain')
-    iterations = int(sd_call().metrics.verify_steps[0])
-    row.update(vanilla_ms=vanilla_ms, sd_ms=sd_ms, sd_iterations=iterations,
+    row = timing.best_ms_interleaved(calls, repeats)
+    for name in calls:
+      if name.startswith(('target_', 'eagle_')):
+        row[name] /= FORWARDS_PER_CALL
+    vanilla_ms, sd_ms = row['vanilla_ms'], row['sd_ms']
+    row.update(sd_iterations=iterations,
                vanilla_ms_per_token=vanilla_ms / num_tokens, sd_ms_per_iteration=sd_ms / iterations)
     forwards = row[f'target_t{K + 1}_ms'] + row[f'eagle_t{K + 1}_ms'] + (K - 1) * row['eagle_t1_ms']
     row['sd_other_ms_per_iteration'] = row['sd_ms_per_iteration'] - forwards
     row['speedup'] = vanilla_ms / sd_ms
+    row['forwards_only_speedup'] = vanilla_ms / (iterations * forwards)
     passes.append(row)
     print(f"| {index} | {row['target_t1_ms']:.3f} | {row[f'target_t{K + 1}_ms']:.3f} | "
           f"{row[f'target_t{K + 1}_ms'] / row['target_t1_ms']:.2f} | {row['eagle_t1_ms']:.3f} | "
           f"{row[f'eagle_t{K + 1}_ms']:.3f} | {row['vanilla_ms_per_token']:.3f} | "
           f"{row['sd_ms_per_iteration']:.3f} | {row['sd_other_ms_per_iteration']:.3f} | "
-          f"{num_tokens / iterations:.2f} | {row['speedup']:.2f}x |", flush=True)
+          f"{num_tokens / iterations:.2f} | {row['speedup']:.2f}x | "
+          f"{row['forwards_only_speedup']:.2f}x |", flush=True)
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  result = {'times_in': 'ms, best of repeats', 'k': K, 'rows': 2, 'num_tokens': num_tokens,
-            'backend': jax.default_backend(), 'passes': passes}
+  result = {'times_in': 'ms, best of interleaved rounds', 'k': K, 'rows': 2, 'num_tokens': num_tokens,
+            'backend': jax.default_backend(), 'host': timing.host(), 'passes': passes}
   with open(_OUT.value, 'w') as f:
     json.dump(result, f, indent=1)
   print('wrote', _OUT.value)

@@ -18,3 +18,42 @@ def best_ms(fn, repeats: int) -> float:
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - start)
   return 1e3 * min(times)
+
+
+def best_ms_interleaved(fns: dict, rounds: int) -> dict:
+  """Best wall time in ms of each fn() over `rounds` rounds that call every fn once,
+  after one untimed call of each (compile): {name: ms}, fns {name: fn}.
+
+  Interleaving draws every fn's times from the same stretch of time, so their
+  ratios hold on a host whose speed drifts between seconds; the order is rotated
+  by one each round, so no fn always runs first.
+  """
+  import jax  # pylint: disable=g-import-not-at-top  (scripts set XLA flags before JAX starts)
+  for fn in fns.values():
+    jax.block_until_ready(fn())
+  names = list(fns)
+  times = {name: [] for name in names}
+  for index in range(rounds):
+    shift = index % len(names)
+    for name in names[shift:] + names[:shift]:
+      start = time.perf_counter()
+      jax.block_until_ready(fns[name]())
+      times[name].append(time.perf_counter() - start)
+  return {name: 1e3 * min(values) for name, values in times.items()}
+
+
+def host() -> dict:
+  """The CPU the timings ran on: model name, vector extensions that matter to
+  XLA:CPU's kernels, and core count (Linux /proc/cpuinfo; empty fields elsewhere)."""
+  import os  # pylint: disable=g-import-not-at-top
+  fields = {}
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        fields.setdefault(key.strip(), value.strip())
+  except OSError:
+    pass
+  flags = fields.get('flags', '').split()
+  return {'cpu': fields.get('model name', ''), 'cores': os.cpu_count(),
+          'avx512': 'avx512f' in flags, 'avx2': 'avx2' in flags}
