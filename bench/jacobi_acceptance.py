@@ -37,6 +37,21 @@ _METHODS = flags.DEFINE_list('methods', ['sjd', 'scd', 'sjd_pac'],
                              "Main-command Jacobi methods; 'sjd' is the reference.")
 _IMAGES = flags.DEFINE_integer('images', 200, 'Images per (window, method), every class in turn.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Key of every decode.')
+_PAC_TREES = flags.DEFINE_list(
+    'pac_trees', [], "More SJD-PAC proactive trees 'KxD' (K candidates at each of the first D "
+    "drafts) beside configs/generate.py's; their rows are named 'sjd_pac_KxD'.")
+
+
+def pac_variants(config) -> list[tuple[str, int, int]]:
+  """(row name, K, D) of every SJD-PAC tree to decode: the config's, named 'sjd_pac',
+  then each of --pac_trees."""
+  variants = [('sjd_pac', config.pac_branches, config.pac_depth)]
+  for text in _PAC_TREES.value:
+    branches, _, depth = text.partition('x')
+    if not (branches.isdigit() and depth.isdigit()):
+      raise ValueError(f"--pac_trees entries are 'KxD' (e.g. 4x2), got {text!r}.")
+    variants.append((f'sjd_pac_{text}', int(branches), int(depth)))
+  return variants
 
 
 def ratio_row(row: dict, reference: dict) -> dict:
@@ -97,8 +112,18 @@ def main(argv):
     config.jacobi_window = window
     config.methods = ('vanilla', *_METHODS.value)
     sampling = logits.Sampling(**config.sampling.to_dict())
+    methods = []
     for method in methods_lib.build_methods(config, family)[1:]:
-      if (window, method.name) in done:
+      if method.name != 'sjd_pac':
+        methods.append((method.name, method))
+        continue
+      for name, branches, depth in pac_variants(config):
+        tree_config = config.copy_and_resolve_references()
+        tree_config.pac_branches, tree_config.pac_depth = branches, depth
+        tree_config.methods = ('vanilla', 'sjd_pac')
+        methods.append((name, methods_lib.build_methods(tree_config, family)[1]))
+    for name, method in methods:
+      if (window, name) in done:
         continue
       start = time.perf_counter()
       cond = generate_app.cond_rows(family.target, family.target_params, jnp.asarray(labels),
@@ -107,22 +132,27 @@ def main(argv):
                                key=jax.random.key(_SEED.value),
                                **generate_app.decode_kwargs(method, family, labels, sampling))
       per_image = np.asarray(result.metrics.tokens_per_target_forward, np.float64)
-      done[(window, method.name)] = dict(
-          window=window, method=method.name, tokens_per_forward=float(per_image.mean()),
+      done[(window, name)] = dict(
+          window=window, method=name, hyperparameters=method.hyperparameters,
+          tokens_per_forward=float(per_image.mean()),
           stderr=float(per_image.std(ddof=1) / np.sqrt(per_image.size)),
           acceptance_per_position=result.metrics.summary()['acceptance_per_position'],
           seconds=time.perf_counter() - start)
-      print(f'W={window} {method.name}: {per_image.mean():.3f} tokens per forward '
+      print(f'W={window} {name}: {per_image.mean():.3f} tokens per forward '
             f'({time.perf_counter() - start:.0f} s)', flush=True)
       with open(json_path, 'w') as f:  # after every row: a killed run resumes
         json.dump({'images': _IMAGES.value, 'seed': _SEED.value,
                    'rows': list(done.values())}, f, indent=1)
+  # Every row decoded so far (this run's windows and methods and a resumed run's).
+  names = list(dict.fromkeys([*_METHODS.value, *sorted(name for _, name in done)]))
   rows = []
   print('| W | method | tokens / forward | s.e. | / SJD at W |')
   print('|---|---|---|---|---|')
-  for window in [int(w) for w in _WINDOWS.value]:
+  for window in sorted({window for window, _ in done}):
     reference = done[(window, 'sjd')]
-    for name in _METHODS.value:
+    for name in names:
+      if (window, name) not in done:
+        continue
       row = ratio_row(done[(window, name)], reference)
       rows.append(row)
       print(f"| {window} | {name} | {row['tokens_per_forward']:.3f} | {row['stderr']:.3f} | "
@@ -130,7 +160,7 @@ def main(argv):
   with open(json_path, 'w') as f:
     json.dump({'images': _IMAGES.value, 'seed': _SEED.value, 'sampling':
                generate_config.get_config().sampling.to_dict(), 'rows': rows}, f, indent=1)
-  plot(os.path.join(_OUT.value, 'jacobi_acceptance.png'), rows, _METHODS.value)
+  plot(os.path.join(_OUT.value, 'jacobi_acceptance.png'), rows, names)
   print('wrote', _OUT.value)
 
 
