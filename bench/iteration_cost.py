@@ -112,8 +112,9 @@ def main(argv):
           f"{num_tokens / iterations:.2f} | {row['speedup']:.2f}x | "
           f"{row['forwards_only_speedup']:.2f}x |", flush=True)
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  result = {'times_in': 'ms, best of interleaved rounds', 'k': K, 'rows': 2, 'num_tokens': num_tokens,
-            'backend': jax.default_backend(), 'host': timing.host(), 'passes': passes}
+  result = {'times_in': 'ms, best of interleaved rounds', 'k': K, 'rows': 2,
+            'num_tokens': num_tokens, 'backend': jax.default_backend(), 'host': timing.host(),
+            'passes': passes}
   with open(_OUT.value, 'w') as f:
     json.dump(result, f, indent=1)
   print('wrote', _OUT.value)
