@@ -1,0 +1,118 @@
+"""What the target's and the drafter's forwards cost when they alternate (not a test).
+
+  python bench/forward_interleaving.py --out bench/results/forward_interleaving.json
+  python bench/forward_interleaving.py --cpus=0 --out bench/results/forward_interleaving_pinned.json
+
+`bench/iteration_cost.py` splits an SD iteration into its forwards, each
+timed in a loop of its own, and "other", the rest. This bench asks how much
+of "other" is the forwards themselves running slower when they alternate,
+as they do in the decode, rather than the loop's bookkeeping. On the
+bundled family, one image with CFG (2 cache rows), the main command's XLA
+options, three jitted loops of --iterations steps each:
+  * target: the target's forward over k + 1 = 5 tokens;
+  * eagle: the EAGLE head's catch-up over 5 tokens and k - 1 = 3 one-token
+    drafting forwards (the drafter's forwards of one chain iteration);
+  * both: the two in turn, each step feeding the next (the decode's order,
+    with no sampling, verification or bookkeeping between them).
+Reported per step: each loop's best time over --rounds interleaved rounds,
+and the excess of `both` over `target` + `eagle`. --cpus pins the process
+to those cores before JAX starts (the main command runs on all of them).
+Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bundle_pieces  # pylint: disable=g-import-not-at-top  (bench/bundle_pieces.py)
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
+from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+
+_OUT = flags.DEFINE_string('out', 'bench/results/forward_interleaving.json', 'JSON results.')
+_ITERATIONS = flags.DEFINE_integer('iterations', 100, 'Steps per timed loop.')
+_ROUNDS = flags.DEFINE_integer('rounds', 7, 'Interleaved rounds per pass (best is kept).')
+_PASSES = flags.DEFINE_integer('passes', 3, 'Measurement passes.')
+_CPUS = flags.DEFINE_list('cpus', [], 'Cores to pin the process to (default: all).')
+K = bundle_pieces.K
+
+
+def step_loops(family, options: dict | None, iterations: int) -> dict:
+  """{'target', 'eagle', 'both'}: no-argument calls of jitted loops of `iterations` steps."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
+  target, eagle = family.target, family.eagle
+  cond = target.cfg_cond(family.target_params, jnp.array([3]))
+  cache, eagle_cache = bundle_pieces.forward_caches(family, cond)
+  width = target.config.dim
+
+  def target_step(carry):
+    target_cache, eagle_cache, tokens, features = carry
+    out = target.forward(family.target_params, target_cache, tokens)
+    tokens = jnp.argmax(out.logits, -1).astype(jnp.int32)
+    return kv.set_lengths(out.cache, target_cache.lengths), eagle_cache, tokens, out.hidden
+
+  def eagle_step(carry):
+    target_cache, eagle_cache, tokens, features = carry
+    out = eagle.forward(family.eagle_params, eagle_cache, tokens, features)
+    draft_cache = out.cache
+    draft = jnp.argmax(out.logits[:, -1:], -1).astype(jnp.int32)
+    hidden = out.hidden[:, -1:]
+    for _ in range(K - 1):
+      out = eagle.forward(family.eagle_params, draft_cache, draft, hidden)
+      draft_cache, hidden = out.cache, out.hidden
+      draft = jnp.argmax(out.logits, -1).astype(jnp.int32)
+    # The draft feeds the next step's tokens, as the drafts feed the next verify.
+    tokens = tokens.at[:, :1].set(draft)
+    return target_cache, kv.set_lengths(draft_cache, eagle_cache.lengths), tokens, features
+
+  steps = {'target': target_step, 'eagle': eagle_step,
+           'both': lambda carry: eagle_step(target_step(carry))}
+  carry = (cache, eagle_cache, jnp.zeros((2, K + 1), jnp.int32), jnp.zeros((2, K + 1, width)))
+  calls = {}
+  for name, step in steps.items():
+    run = jax.jit(lambda c, step=step: jax.lax.fori_loop(0, iterations, lambda _, x: step(x), c),
+                  compiler_options=options)
+    calls[name] = lambda run=run: run(carry)
+  return calls
+
+
+def main(argv):
+  del argv
+  if _CPUS.value:
+    os.sched_setaffinity(0, {int(c) for c in _CPUS.value})  # before JAX starts its threads
+  generate_app.use_single_thread_xla()
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
+  from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
+  options = generate_app.compiler_options(generate_config.get_config())
+  calls = step_loops(family_lib.load(), options, _ITERATIONS.value)
+  passes = []
+  print('| pass | target ms / step | eagle ms / step | both ms / step | both - (target + eagle) |')
+  print('|---|---|---|---|---|')
+  for index in range(_PASSES.value):
+    ms = timing.best_ms_interleaved(calls, _ROUNDS.value)
+    row = {f'{name}_ms': value / _ITERATIONS.value for name, value in ms.items()}
+    row['excess_ms'] = row['both_ms'] - row['target_ms'] - row['eagle_ms']
+    passes.append(row)
+    print(f"| {index} | {row['target_ms']:.3f} | {row['eagle_ms']:.3f} | {row['both_ms']:.3f} | "
+          f"{row['excess_ms']:.3f} |", flush=True)
+  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+  with open(_OUT.value, 'w') as f:
+    json.dump({'times_in': 'ms per step, best of interleaved rounds', 'k': K, 'rows': 2,
+               'iterations': _ITERATIONS.value, 'cpus': sorted(os.sched_getaffinity(0)),
+               'backend': jax.default_backend(), 'host': timing.host(), 'passes': passes},
+              f, indent=1)
+  print('wrote', _OUT.value)
+
+
+if __name__ == '__main__':
+  app.run(main)
