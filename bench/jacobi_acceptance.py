@@ -42,16 +42,15 @@ _PAC_TREES = flags.DEFINE_list(
     "drafts) beside configs/generate.py's; their rows are named 'sjd_pac_KxD'.")
 
 
-def pac_variants(config) -> list[tuple[str, int, int]]:
-  """(row name, K, D) of every SJD-PAC tree to decode: the config's, named 'sjd_pac',
-  then each of --pac_trees."""
-  variants = [('sjd_pac', config.pac_branches, config.pac_depth)]
+def extra_pac_trees() -> list[tuple[str, int, int]]:
+  """(row name, K, D) of each --pac_trees entry 'KxD'."""
+  trees = []
   for text in _PAC_TREES.value:
     branches, _, depth = text.partition('x')
     if not (branches.isdigit() and depth.isdigit()):
       raise ValueError(f"--pac_trees entries are 'KxD' (e.g. 4x2), got {text!r}.")
-    variants.append((f'sjd_pac_{text}', int(branches), int(depth)))
-  return variants
+    trees.append((f'sjd_pac_{text}', int(branches), int(depth)))
+  return trees
 
 
 def ratio_row(row: dict, reference: dict) -> dict:
@@ -97,6 +96,7 @@ def main(argv):
 
   if _METHODS.value[0] != 'sjd':
     raise ValueError(f"--methods must start with 'sjd' (the reference), got {_METHODS.value}.")
+  pac_trees = extra_pac_trees()  # checked before any decode
   os.makedirs(_OUT.value, exist_ok=True)
   json_path = os.path.join(_OUT.value, 'jacobi_acceptance.json')
   done = {}
@@ -114,10 +114,10 @@ def main(argv):
     sampling = logits.Sampling(**config.sampling.to_dict())
     methods = []
     for method in methods_lib.build_methods(config, family)[1:]:
+      methods.append((method.name, method))
       if method.name != 'sjd_pac':
-        methods.append((method.name, method))
         continue
-      for name, branches, depth in pac_variants(config):
+      for name, branches, depth in pac_trees:  # beside the configured tree
         tree_config = config.copy_and_resolve_references()
         tree_config.pac_branches, tree_config.pac_depth = branches, depth
         tree_config.methods = ('vanilla', 'sjd_pac')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -45,7 +46,6 @@ def best_ms_interleaved(fns: dict, rounds: int) -> dict:
 def host() -> dict:
   """The CPU the timings ran on: model name, vector extensions that matter to
   XLA:CPU's kernels, and core count (Linux /proc/cpuinfo; empty fields elsewhere)."""
-  import os  # pylint: disable=g-import-not-at-top
   fields = {}
   try:
     with open('/proc/cpuinfo') as f:
