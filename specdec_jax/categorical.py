@@ -19,7 +19,8 @@ tree of passes over the row).
 A zero-probability token is never drawn: the chosen index is the first whose
 cumulative sum exceeds the threshold, which is always an index with mass; if
 rounding leaves the threshold at or above the last cumulative value, the
-last index with mass is taken instead. A row without mass gives index 0.
+first index whose cumulative sum reaches the total (the last with mass) is
+taken instead. A row without mass gives index 0.
 """
 
 from __future__ import annotations
@@ -31,14 +32,19 @@ import jax.numpy as jnp
 BLOCK = 128
 
 
-def _first_above(cumulative: jax.Array, threshold: jax.Array, mass: jax.Array) -> jax.Array:
-  """First index i with cumulative[..., i] > threshold[...]; if none, the last index
-  with mass > 0 (0 if there is none). cumulative, mass [..., m] -> int32[...]."""
-  above = cumulative > threshold[..., None]
-  first = jnp.argmax(above, axis=-1)
-  index = jnp.arange(mass.shape[-1], dtype=jnp.int32)
-  last_with_mass = jnp.max(jnp.where(mass > 0, index, 0), axis=-1)
-  return jnp.where(jnp.any(above, axis=-1), first, last_with_mass).astype(jnp.int32)
+def _first_above(cumulative: jax.Array, threshold: jax.Array) -> jax.Array:
+  """First index i with cumulative[..., i] > threshold[...]; if none, the first index
+  whose cumulative sum reaches the total (the last index with mass; 0 if there is
+  none). cumulative [..., m] (non-decreasing), threshold [...] -> int32[...].
+
+  One min-reduction over the indices (XLA fuses the comparisons into it), not an
+  argmax, an any and a max: at batch 1 each reduction is a kernel of its own.
+  """
+  total = cumulative[..., -1:]
+  hit = (cumulative > threshold[..., None]) | (cumulative >= total)
+  size = cumulative.shape[-1]
+  index = jnp.arange(size, dtype=jnp.int32)
+  return jnp.min(jnp.where(hit, index, size), axis=-1)
 
 
 def sample(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
@@ -55,20 +61,20 @@ def sample(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
   vocab = probs.shape[-1]
   if vocab <= 4 * BLOCK:
     cumulative = jnp.cumsum(probs, axis=-1)
-    return _first_above(cumulative, uniforms * cumulative[..., -1], probs)
+    return _first_above(cumulative, uniforms * cumulative[..., -1])
   num_blocks = -(-vocab // BLOCK)
   padded = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * BLOCK - vocab)])
   blocks = padded.reshape(probs.shape[:-1] + (num_blocks, BLOCK))  # [..., nb, BLOCK]
   block_mass = jnp.sum(blocks, axis=-1)  # [..., nb]
   block_cumulative = jnp.cumsum(block_mass, axis=-1)
   threshold = uniforms * block_cumulative[..., -1]
-  block = _first_above(block_cumulative, threshold, block_mass)  # [...]
+  block = _first_above(block_cumulative, threshold)  # [...]
   before = jnp.where(
       block > 0,
       jnp.take_along_axis(block_cumulative, jnp.maximum(block - 1, 0)[..., None], axis=-1)[..., 0],
       0.0)
   inside = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]  # [..., BLOCK]
-  offset = _first_above(jnp.cumsum(inside, axis=-1), threshold - before, inside)
+  offset = _first_above(jnp.cumsum(inside, axis=-1), threshold - before)
   return block * BLOCK + offset
 
 

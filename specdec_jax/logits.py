@@ -54,8 +54,10 @@ def process_logits(logits: jax.Array, *, temperature=1.0, top_k: int = 0, top_p=
   nucleus = bool(top_p < 1.0) if nucleus is None else nucleus
   if greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-  logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p, nucleus=nucleus,
-                         topk_method=topk_method, topk_recall=topk_recall,
+  # A product, not a quotient: XLA treats a division as expensive and gives it a
+  # kernel of its own, while a product fuses into the softmax's reductions.
+  logits = filter_logits(logits * (1.0 / temperature), top_k=top_k, top_p=top_p,
+                         nucleus=nucleus, topk_method=topk_method, topk_recall=topk_recall,
                          topk_blocks=topk_blocks)
   return jax.nn.softmax(logits, axis=-1)
 
