@@ -202,3 +202,12 @@ def check_values(target, draft, mode, cond, draft_cond) -> None:
     check = getattr(draft, 'check_cond', None)
     if check is not None and _concrete(draft_cond):
       check(draft_cond)
+
+
+def check_attention_phases(phases) -> int:
+  """`generate`'s attention_phases: an int >= 1 (1: one loop attending over the whole cache)."""
+  if isinstance(phases, bool) or not isinstance(phases, (int, np.integer)) or phases < 1:
+    raise ValueError(f'generate: attention_phases must be an int >= 1 (1 attends over the whole '
+                     f'cache in one loop; P > 1 splits the decode into P loops whose '
+                     f'attention reads a growing prefix of the cache), got {phases!r}.')
+  return int(phases)

@@ -52,6 +52,7 @@ from specdec_jax import logits as logits_lib
 from specdec_jax import metrics as metrics_lib
 from specdec_jax import mode_base
 from specdec_jax import modes as modes_lib
+from specdec_jax import phases
 from specdec_jax import program_cache
 from specdec_jax import randomness
 from specdec_jax import sharding
@@ -66,6 +67,7 @@ DecodeMode = modes_lib.DecodeMode
 window_width, draft_slots = modes_lib.window_width, modes_lib.draft_slots
 required_capacity = modes_lib.required_capacity
 as_rows = drafting.as_rows
+vocab_parallel_sampling = sharding.vocab_parallel_sampling
 _Plan = mode_base.Plan
 
 # ---------------------------------------------------------------- results and state
@@ -131,7 +133,9 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
 
   # Prefill and the first token (always plain AR).
   pairs = plan.rows_per_image
-  cache = plan.shared_lengths(plan.target.init_cache(num_images * pairs, plan.target_capacity))
+  # With attention phases the cache starts at the first phase's span (`phases`).
+  slots = (plan.attention_spans + (plan.target_capacity,))[0]
+  cache = plan.shared_lengths(plan.target.init_cache(num_images * pairs, slots))
   out = plan.target.prefill(target_params, sharding.constrain_cache(cache, mesh, pairs), cond)
   # Every random number of the decode, drawn now: the loop body runs no PRNG.
   noise = randomness.loop_uniforms(row_keys, plan.num_tokens,
@@ -152,7 +156,7 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
   state = LoopState(step=jnp.int32(1), tokens=buffer, num_generated=num_generated,
                     target_cache=out.cache, drafts=drafts, metrics=metrics)
 
-  def condition(state):
+  def unfinished(state):
     return jnp.any(state.num_generated < plan.num_tokens)
 
   def body(state: LoopState) -> LoopState:
@@ -209,7 +213,12 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
         drafts=drafts.replace(cache=sharding.constrain_cache(drafts.cache, mesh, pairs)),
         metrics=metrics)
 
-  state = jax.lax.while_loop(condition, body, state)
+  state = phases.run(  # one while_loop per attention phase (one without phases)
+      state, body, unfinished, phase_spans=plan.attention_spans,
+      capacity=plan.target_capacity, width=window_width(mode),
+      lengths=lambda s: s.target_cache.lengths,
+      grown=lambda s, slots: s.replace(target_cache=sharding.constrain_cache(
+          phases.grow(s.target_cache, slots), mesh, pairs)))
   return state.tokens[:, :plan.num_tokens], state.metrics
 
 
@@ -257,7 +266,7 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_para
 
 
 def plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
-             draft_params, draft_cond, capacity, mesh) -> _Plan:
+             draft_params, draft_cond, capacity, mesh, attention_phases: int = 1) -> _Plan:
   """Validates one call's arguments and builds its static plan (the compile key).
 
   The plan holds `sampling=None`: the sampling values are traced arguments
@@ -277,19 +286,21 @@ def plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule,
       num_tokens=num_tokens)
   return _Plan(target=target, draft=draft, mode=mode, sampling=None, num_tokens=num_tokens,
                num_images=num_images, cfg=sampling.uses_cfg, target_capacity=capacity,
-               draft_capacity=draft_capacity, mesh=mesh)
+               draft_capacity=draft_capacity, mesh=mesh,
+               attention_spans=phases.spans(prefix, num_tokens, window_width(mode), capacity,
+                                            attention_phases))
 
 
 def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
              draft_params, draft_cond, capacity, mesh, target_rules, draft_rules,
-             options) -> tuple:
+             options, attention_phases: int = 1) -> tuple:
   """Validates one call's arguments and compiles (or reuses) its program.
 
   Returns:
     (plan, compiled program, this call's traced arguments).
   """
   plan = plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
-                  draft_params, draft_cond, capacity, mesh)
+                  draft_params, draft_cond, capacity, mesh, attention_phases)
   args = _arguments(plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                     target_rules, draft_rules)
 
@@ -305,25 +316,11 @@ def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule,
   return plan, _COMPILED.get_or_compile((plan, options, _signature(args)), compile_program), args
 
 
-def vocab_parallel_sampling(sampling: logits_lib.Sampling, target, mesh) -> logits_lib.Sampling:
-  """topk_blocks = the mesh's 'model' size m when left at 1 and m divides V.
-
-  With a vocab-parallel LM head each device then sorts its own V/m logits and
-  only k candidates per block move, not the [..., V] row (docs/tpu.md).
-  """
-  if mesh is None or sampling.topk_blocks != 1 or 'model' not in mesh.axis_names:
-    return sampling
-  model_size = int(mesh.shape['model'])
-  if model_size > 1 and int(target.vocab_size) % model_size == 0:
-    return dataclasses.replace(sampling, topk_blocks=model_size)
-  return sampling
-
-
 def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(),
              sampling: logits_lib.Sampling = logits_lib.Sampling(), rule=None, draft=None,
              draft_params=None, draft_cond=None, capacity: int | None = None,
              mesh=None, target_rules=sharding.LLAMA_RULES, draft_rules=sharding.LLAMA_RULES,
-             compiler_options: dict | None = None) -> DecodeResult:
+             compiler_options: dict | None = None, attention_phases: int = 1) -> DecodeResult:
   """Generates num_tokens image tokens per image in one compiled while_loop.
 
   Args:
@@ -358,6 +355,9 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     compiler_options: passed to XLA when compiling (part of the cache key);
       e.g. `FAST_COMPILE` for tests on CPU, `CPU_LATENCY_OPTIONS` for
       batch-1 decoding on CPU.
+    attention_phases: P > 1 runs P loops on a target cache that grows between
+      them, so attention reads only the slots each can reach (`phases`): the
+      same law, P times the loop's compilation (docs/engine.md).
   Returns:
     DecodeResult(tokens int32[B, n], metrics, compile_seconds, run_seconds);
     compile_seconds (validation plus compilation) is 0.0 when a call with the
@@ -376,7 +376,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
   # A repeated call skips validation and compilation: its cheap signature finds the program
   # (new values of rule hyperparameters, cfg_scale, temperature and top_p reuse it).
   call_signature = checks.call_signature(lambda: (
-      target, draft, mode, num_tokens, capacity, mesh, options,
+      target, draft, mode, num_tokens, capacity, mesh, options, attention_phases,
       checks.rules_key(mesh, target_rules, draft_rules),
       _signature((target_params, draft_params, cond, draft_cond, key, rule, sampling))))
   prepared = _PREPARED.get(call_signature)
@@ -385,7 +385,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     start = time.perf_counter()
     plan, compiled, args = _prepare(target, target_params, cond, num_tokens, key, mode,
                                     sampling, rule, draft, draft_params, draft_cond, capacity,
-                                    mesh, target_rules, draft_rules, options)
+                                    mesh, target_rules, draft_rules, options, attention_phases)
     compile_seconds = time.perf_counter() - start
     _PREPARED[call_signature] = (plan, compiled)
   else:

@@ -353,7 +353,8 @@ def map_buffers(fn, cache: KVCache) -> KVCache:
   """Applies fn(buffer, slot_axis) -> buffer to every layer's keys and values.
 
   fn gets keys [B, K, D, S] with slot_axis KEY_SLOT_AXIS and values
-  [B, K, S, D] with VALUE_SLOT_AXIS, and returns the same shape. Keeps the
+  [B, K, S, D] with VALUE_SLOT_AXIS, and returns the same shape (`phases.grow`:
+  more slots; `key_valid` is then the caller's to match). Keeps the
   arrangement: a stacked cache maps with `jax.vmap` over the layer axis, so
   callers (tree compaction, resharding) need not know which one they hold.
   """

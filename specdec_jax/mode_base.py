@@ -60,6 +60,7 @@ class Plan:
   target_capacity: int
   draft_capacity: int
   mesh: Any
+  attention_spans: tuple[int, ...] = ()
 
   @property
   def rows_per_image(self) -> int:

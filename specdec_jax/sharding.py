@@ -19,6 +19,7 @@ the decode loop pins with `with_sharding_constraint` every iteration.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Sequence
 
@@ -155,3 +156,18 @@ def constrain_batch(tree, mesh: Mesh | None):
   return jax.tree.map(
       lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(x, mesh))
       if getattr(x, 'ndim', 0) >= 1 else x, tree)
+
+
+def vocab_parallel_sampling(sampling, target, mesh):
+  """A `logits.Sampling` with topk_blocks = the mesh's 'model' size m when left at 1
+  and m divides V (`decode.generate` applies it).
+
+  With a vocab-parallel LM head each device then sorts its own V/m logits and
+  only k candidates per block move, not the [..., V] row (docs/tpu.md).
+  """
+  if mesh is None or sampling.topk_blocks != 1 or 'model' not in mesh.axis_names:
+    return sampling
+  model_size = int(mesh.shape['model'])
+  if model_size > 1 and int(target.vocab_size) % model_size == 0:
+    return dataclasses.replace(sampling, topk_blocks=model_size)
+  return sampling

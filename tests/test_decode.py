@@ -350,6 +350,7 @@ class BadInputTest(parameterized.TestCase):
       ('no_draft', dict(draft=None), 'needs draft='),
       ('bad_init', dict(mode=decode.Jacobi(3, 'diagonal')), 'Jacobi.init'),
       ('scd_bad_coupling', dict(mode=decode.Jacobi(3, coupling='gumbel')), 'Jacobi.coupling'),
+      ('attention_phases', dict(attention_phases=0), 'attention_phases must be an int'),
   )
   def test_rejected_before_compilation(self, overrides, message):
     with self.assertRaisesRegex(ValueError, message):

@@ -57,7 +57,7 @@ CONFIG_CHECKS = dict(
                scan_layers=cli.BOOL),
     method=cli.one_of(*sample_model.METHODS), hparams=config_checks.HYPERPARAMETERS,
     sampling=config_checks.SAMPLING, classes=cli.integers(0), prompts=cli.STRING,
-    num_images=cli.integer(1), batch_per_device=cli.integer(1),
+    num_images=cli.integer(1), batch_per_device=cli.integer(1), attention_phases=cli.integer(1),
     model_parallel=cli.integer(1), seed=cli.integer(0), out_dir=cli.NONEMPTY_STRING,
     chunk_size=cli.integer(1), write_png=cli.BOOL, xla_cpu_single_thread=cli.BOOL,
     fast_compile=cli.BOOL, stop_after_chunks=cli.integer(0), break_lock=cli.BOOL,
@@ -176,7 +176,8 @@ class Sampler:
                                                        self.sampling))
     result = decode.generate(
         self.family.target, self.family.target_params, rows, mesh=self.mesh,
-        key=global_keys(step.key_indices(), self.config.seed, self.row_sharding), **kwargs)
+        key=global_keys(step.key_indices(), self.config.seed, self.row_sharding),
+        attention_phases=self.config.attention_phases, **kwargs)
     metrics = {field.name: rows_of(getattr(result.metrics, field.name), self.my_rows)
                for field in dataclasses.fields(result.metrics)}
     return rows_of(result.tokens, self.my_rows), metrics, result.compile_seconds
