@@ -31,17 +31,21 @@ from specdec_jax import drafting
 from specdec_jax import rule_base
 
 
+def is_int(value) -> bool:
+  """A Python or NumPy int, not a bool (nor a float or string)."""
+  return not isinstance(value, bool) and isinstance(value, (int, np.integer))
+
+
 def check_int_field(owner, name: str) -> None:
   """Raises unless the field `name` of a mode is a Python or NumPy int (not a bool)."""
   value = getattr(owner, name)
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+  if not is_int(value):
     raise ValueError(f'generate: {type(owner).__name__}.{name} must be an int, got {value!r}.')
 
 
 def check_num_tokens(num_tokens) -> int:
   """num_tokens as an int >= 1 (a bool, float or string is refused)."""
-  if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or (
-      num_tokens < 1):
+  if not is_int(num_tokens) or num_tokens < 1:
     raise ValueError(f'generate: num_tokens must be an int >= 1 (image tokens per image), '
                      f'got {num_tokens!r}.')
   return int(num_tokens)
@@ -49,11 +53,19 @@ def check_num_tokens(num_tokens) -> int:
 
 def check_capacity(capacity):
   """capacity as given, if None or an int (target cache slots); else ValueError."""
-  if capacity is not None and (isinstance(capacity, bool)
-                               or not isinstance(capacity, (int, np.integer))):
+  if capacity is not None and not is_int(capacity):
     raise ValueError(f'generate: capacity must be an int (target cache slots) or None, got '
                      f'{capacity!r}.')
   return capacity
+
+
+def check_attention_phases(phases) -> int:
+  """`generate`'s attention_phases: an int >= 1 (1: one loop attending over the whole cache)."""
+  if not is_int(phases) or phases < 1:
+    raise ValueError(f'generate: attention_phases must be an int >= 1 (1 attends over the whole '
+                     f'cache in one loop; P > 1 splits the decode into P loops whose '
+                     f'attention reads a growing prefix of the cache), got {phases!r}.')
+  return int(phases)
 
 
 def compiler_options_key(options) -> tuple:
@@ -202,12 +214,3 @@ def check_values(target, draft, mode, cond, draft_cond) -> None:
     check = getattr(draft, 'check_cond', None)
     if check is not None and _concrete(draft_cond):
       check(draft_cond)
-
-
-def check_attention_phases(phases) -> int:
-  """`generate`'s attention_phases: an int >= 1 (1: one loop attending over the whole cache)."""
-  if isinstance(phases, bool) or not isinstance(phases, (int, np.integer)) or phases < 1:
-    raise ValueError(f'generate: attention_phases must be an int >= 1 (1 attends over the whole '
-                     f'cache in one loop; P > 1 splits the decode into P loops whose '
-                     f'attention reads a growing prefix of the cache), got {phases!r}.')
-  return int(phases)
