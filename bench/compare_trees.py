@@ -7,9 +7,10 @@ Speed changes of a few percent are below this machine's run-to-run noise
 (10-30% between processes). This imports the `specdec_jax` package of each
 tree in turn into one process (each with its own bundled family), then
 times their decodes interleaved: every round runs each (tree, method,
-class) once, and each keeps its best. Methods: vanilla, UniformRelaxed and
-COOL-SD as each tree's main command defines them (its `build_methods`,
-`decode_kwargs`, XLA options and configs/generate.py); one image with CFG per class of
+class) once, and each keeps its best. Methods (--methods, vanilla first;
+default vanilla, UniformRelaxed and COOL-SD) as each tree's main command
+defines them (its `build_methods`, `decode_kwargs`, XLA options and
+configs/generate.py); one image with CFG per class of
 the first tree's `latency_classes`, as the main command's latency pass,
 with the same key per class in every tree. speedup = the
 tree's vanilla / the method, both from the same rounds. Prints a table and
@@ -34,7 +35,8 @@ import trees as trees_lib  # pylint: disable=g-import-not-at-top  (bench/trees.p
 _TREES = flags.DEFINE_list('trees', None, 'Two or more repository checkouts.', required=True)
 _OUT = flags.DEFINE_string('out', 'bench/results/compare_trees.json', 'JSON results.')
 _ROUNDS = flags.DEFINE_integer('rounds', 15, 'Timed rounds (best per call is kept).')
-METHODS = ('vanilla', 'uniform', 'coolsd')  # main-command method names (vanilla first)
+_METHODS = flags.DEFINE_list('methods', ['vanilla', 'uniform', 'coolsd'],
+                             'Main-command method names (vanilla first).')
 _LABELS = flags.DEFINE_list('labels', None, 'A description of each tree (stored in the JSON).')
 
 
@@ -65,7 +67,7 @@ def main(argv):
     family = m['app.family'].load()
     sampling = m['logits'].Sampling(**config.sampling.to_dict())
     # The main command's own method definitions, in each tree's version.
-    config.methods = METHODS
+    config.methods = tuple(_METHODS.value)
     methods = m['app.methods'].build_methods(config, family)
     # ... and its XLA options, in trees that have them.
     options = getattr(m['app.generate'], 'compiler_options', lambda _: None)(config)
@@ -94,7 +96,7 @@ def main(argv):
   print('|---|---|---|---|---|')
   for tree in trees:
     vanilla_s = mean(tree, 'vanilla', best)
-    for name in METHODS:
+    for name in _METHODS.value:
       seconds = mean(tree, name, best)
       label = _LABELS.value[trees.index(tree)] if _LABELS.value else ''
       row = dict(tree=tree, label=label, **trees_lib.commit_of(tree), method=name,

@@ -126,7 +126,7 @@ class DecoderStack(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim, self.ffn_dim,
         norm_eps=self.norm_eps, rope='half', qk_norm=self.qk_norm,
         swin_norm=self.swin_norm, dtype=self.dtype, param_dtype=self.param_dtype,
-        name=name)
+        merge_projections=not self.scan_layers, name=name)
     if self.scan_layers:
       x, cache = layers.scan_layers(make_layer(layers.SCANNED), self.num_layers, x, cos, sin,
                                     cache, window_mask)

@@ -45,15 +45,77 @@ class SwiGLU(nn.Module):
   use_bias: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  merge_projections: bool = True  # gate and up as one matmul on CPU (`project`)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    dense = lambda features, name: nn.Dense(
-        features, use_bias=self.use_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype, name=name)
-    gate = dense(self.hidden_dim, 'gate')(x)
-    up = dense(self.hidden_dim, 'up')(x)
-    return dense(x.shape[-1], 'down')(jax.nn.silu(gate) * up)
+    weights = [DenseParams(self.hidden_dim, self.use_bias, self.param_dtype, name=name)(x.shape[-1])
+               for name in ('gate', 'up')]
+    gate, up = project(x, weights, self.dtype, self.merge_projections)
+    down = nn.Dense(x.shape[-1], use_bias=self.use_bias, dtype=self.dtype,
+                    param_dtype=self.param_dtype, name='down')
+    return down(jax.nn.silu(gate) * up)
+
+
+class DenseParams(nn.Module):
+  """An `nn.Dense`'s parameters (same names, shapes, initialisers), for `project`.
+
+  Returns (kernel [E, F], bias [F] or None) for E = in_features.
+  """
+
+  features: int
+  use_bias: bool = False
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array | None]:
+    kernel = self.param('kernel', nn.linear.default_kernel_init,
+                        (in_features, self.features), self.param_dtype)
+    bias = (self.param('bias', nn.initializers.zeros_init(), (self.features,), self.param_dtype)
+            if self.use_bias else None)
+    return kernel, bias
+
+
+def project(x: jax.Array, weights, dtype: Any, merge: bool) -> list[jax.Array]:
+  """x through several dense layers that read it: [x @ kernel_i + bias_i], as `nn.Dense`.
+
+  Args:
+    x: [..., E].
+    weights: (kernel [E, F_i], bias [F_i] or None) per layer (`DenseParams`).
+    dtype: computation dtype (`nn.Dense(dtype=...)`).
+    merge: on XLA:CPU, one matmul over the concatenated kernels instead of one
+      per layer (the concatenation depends only on the parameters, so XLA
+      hoists it out of the decode loop: 3 kernels fewer per decoder layer, a
+      1-token forward of the bundled target about 10% faster). Other backends
+      keep one matmul per layer (their compilers merge such dots themselves,
+      and a concatenation along a model-parallel axis would move weights
+      between devices). Off for scanned layers, whose parameters are sliced
+      inside the scan, so the concatenation would run every layer.
+  Returns:
+    [..., F_i] per layer, in `dtype` (promoted as `nn.Dense` does).
+  """
+  promoted = [nn.dtypes.promote_dtype(x, kernel, bias, dtype=dtype) for kernel, bias in weights]
+  x = promoted[0][0]
+  pairs = [(kernel, bias) for _, kernel, bias in promoted]
+
+  def one_per_layer(x, pairs):
+    return [_dense(x, kernel, bias) for kernel, bias in pairs]
+
+  def merged(x, pairs):
+    kernel = jnp.concatenate([k for k, _ in pairs], axis=1)
+    biases = [b for _, b in pairs]
+    bias = None if biases[0] is None else jnp.concatenate(biases)
+    sizes = np.cumsum([k.shape[1] for k, _ in pairs])[:-1]
+    return jnp.split(_dense(x, kernel, bias), sizes, axis=-1)
+
+  if not merge or len(pairs) == 1:
+    return one_per_layer(x, pairs)
+  return jax.lax.platform_dependent(x, pairs, cpu=merged, default=one_per_layer)
+
+
+def _dense(x, kernel, bias):
+  y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+  return y if bias is None else y + bias
 
 
 def rope_1d_angles(positions: jax.Array, head_dim: int, theta: float = 10000.0) -> jax.Array:
@@ -139,17 +201,17 @@ class CachedSelfAttention(nn.Module):
   use_bias: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  merge_projections: bool = True  # q, k and v as one matmul on CPU (`project`)
 
   @nn.compact
   def __call__(self, x, cos, sin, cache: kv.KVCache, layer: int, window_mask=None):
     """x [B, T, E]; cos/sin float32[B, T, D/2] -> ([B, T, E], cache)."""
-    batch, num_new, _ = x.shape
-    dense = lambda features, name: nn.Dense(
-        features, use_bias=self.use_bias, dtype=self.dtype,
-        param_dtype=self.param_dtype, name=name)
-    q = dense(self.num_heads * self.head_dim, 'q_proj')(x)
-    k = dense(self.num_kv_heads * self.head_dim, 'k_proj')(x)
-    v = dense(self.num_kv_heads * self.head_dim, 'v_proj')(x)
+    batch, num_new, width = x.shape
+    weights = [DenseParams(features, self.use_bias, self.param_dtype, name=name)(width)
+               for features, name in ((self.num_heads * self.head_dim, 'q_proj'),
+                                      (self.num_kv_heads * self.head_dim, 'k_proj'),
+                                      (self.num_kv_heads * self.head_dim, 'v_proj'))]
+    q, k, v = project(x, weights, self.dtype, self.merge_projections)
     q = q.reshape(batch, num_new, self.num_heads, self.head_dim)
     k = k.reshape(batch, num_new, self.num_kv_heads, self.head_dim)
     v = v.reshape(batch, num_new, self.num_kv_heads, self.head_dim)
@@ -160,7 +222,9 @@ class CachedSelfAttention(nn.Module):
     q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     out, cache = attention.cached_attention(q, k, v, cache, layer, window_mask)
     out = out.reshape(batch, num_new, self.num_heads * self.head_dim)
-    return dense(x.shape[-1], 'o_proj')(out), cache
+    o_proj = nn.Dense(width, use_bias=self.use_bias, dtype=self.dtype,
+                      param_dtype=self.param_dtype, name='o_proj')
+    return o_proj(out), cache
 
 
 class DecoderLayer(nn.Module):
@@ -182,6 +246,7 @@ class DecoderLayer(nn.Module):
   input_norm: bool = True
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  merge_projections: bool = True  # see `project`; False for scanned layers
 
   @nn.compact
   def __call__(self, x, cos, sin, cache: kv.KVCache, layer: int, window_mask=None):
@@ -189,8 +254,9 @@ class DecoderLayer(nn.Module):
     attn = CachedSelfAttention(
         self.num_heads, self.num_kv_heads, self.head_dim, rope=self.rope,
         qk_norm=self.qk_norm, dtype=self.dtype, param_dtype=self.param_dtype,
-        name='self_attn')
-    mlp = SwiGLU(self.ffn_dim, dtype=self.dtype, param_dtype=self.param_dtype, name='mlp')
+        merge_projections=self.merge_projections, name='self_attn')
+    mlp = SwiGLU(self.ffn_dim, dtype=self.dtype, param_dtype=self.param_dtype,
+                 merge_projections=self.merge_projections, name='mlp')
     post_norm = RMSNorm(self.norm_eps, self.param_dtype, name='post_attention_layernorm')
     norm_in = (RMSNorm(self.norm_eps, self.param_dtype, name='input_layernorm')
                if self.input_norm else (lambda y: y))

@@ -164,7 +164,7 @@ class GPTModule(nn.Module):
     make_layer = lambda: layers.DecoderLayer(
         num_heads=c.n_head, num_kv_heads=c.n_kv_head, head_dim=c.head_dim,
         ffn_dim=c.ffn_dim, norm_eps=c.norm_eps, rope='interleaved', dtype=dtype,
-        param_dtype=dtype)
+        param_dtype=dtype, merge_projections=not c.scan_layers)
     # Scanned: one module `layers` with stacked params; else `layers_{i}`.
     self.layers = make_layer() if c.scan_layers else [make_layer() for _ in range(c.n_layer)]
     self.norm = layers.RMSNorm(c.norm_eps, dtype)
