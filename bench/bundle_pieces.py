@@ -11,19 +11,35 @@ from __future__ import annotations
 K = 4  # EAGLE-1 chain draft length
 NUM_TOKENS = 196  # image tokens of the bundle
 CACHE_LENGTH = 100  # where the forwards write, mid-image
-CACHE_CAPACITY = 220
 
 
-def forward_caches(family, cond):
+def decode_mode(method: str):
+  """The decode mode of `decode_call`'s method 'vanilla' or 'chain'."""
+  from specdec_jax import decode  # pylint: disable=g-import-not-at-top
+  if method == 'vanilla':
+    return decode.Vanilla()
+  if method == 'chain':
+    return decode.ChainDraft(k=K, drafter='eagle')
+  raise ValueError(f"method must be 'vanilla' or 'chain', got {method!r}.")
+
+
+def forward_caches(family, cond, method: str = 'chain'):
   """(target cache, EAGLE cache): 2 rows at length CACHE_LENGTH, sharing it
-  (`KVCache.shared_length`, as the decode writes one image's rows)."""
+  (`KVCache.shared_length`, as the decode writes one image's rows), with the
+  slots that `decode_call(method)`'s whole-image decode allocates (its
+  attention reads all of them, so its forwards cost what these do)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec_jax import decode  # pylint: disable=g-import-not-at-top
   from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
   target, eagle = family.target, family.eagle
+  mode, prefix = decode_mode(method), int(target.prefix_length(cond))
+  target_slots = decode.required_capacity(prefix, NUM_TOKENS, mode)
+  eagle_slots = decode_mode('chain').draft_capacity(draft=eagle, cond=cond, prefix=prefix,
+                                                    num_tokens=NUM_TOKENS)
   lengths = jnp.array([CACHE_LENGTH, CACHE_LENGTH])
-  cache = target.prefill(family.target_params, target.init_cache(2, CACHE_CAPACITY), cond).cache
+  cache = target.prefill(family.target_params, target.init_cache(2, target_slots), cond).cache
   cache = kv.set_lengths(cache, lengths).replace(shared_length=True)
-  eagle_cache = kv.set_lengths(eagle.init_cache(2, CACHE_CAPACITY), lengths).replace(
+  eagle_cache = kv.set_lengths(eagle.init_cache(2, eagle_slots), lengths).replace(
       shared_length=True)
   return cache, eagle_cache
 
@@ -56,13 +72,10 @@ def decode_call(family, cond, options: dict | None, method: str):
   'chain' (the EAGLE-1 chain, k = K, with UniformRelaxed(omega 2))."""
   import jax  # pylint: disable=g-import-not-at-top
   from specdec_jax import decode, logits, rules  # pylint: disable=g-import-not-at-top
-  if method == 'vanilla':
-    kwargs = dict(mode=decode.Vanilla())
-  elif method == 'chain':
-    kwargs = dict(mode=decode.ChainDraft(k=K, drafter='eagle'), draft=family.eagle,
-                  draft_params=family.eagle_params, rule=rules.UniformRelaxed(omega=2.0))
-  else:
-    raise ValueError(f"decode_call: method must be 'vanilla' or 'chain', got {method!r}.")
+  kwargs = dict(mode=decode_mode(method))
+  if method == 'chain':
+    kwargs.update(draft=family.eagle, draft_params=family.eagle_params,
+                  rule=rules.UniformRelaxed(omega=2.0))
   return lambda: decode.generate(family.target, family.target_params, cond,
                                  num_tokens=NUM_TOKENS, key=jax.random.key(0),
                                  sampling=logits.Sampling(cfg_scale=2.0),

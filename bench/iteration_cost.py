@@ -6,7 +6,9 @@ One image with CFG (2 cache rows), XLA:CPU on one thread per op and with the
 main command's XLA options (`generate.compiler_options`), as it runs. Measures, in one process:
   * target forward at T = 1 and T = k + 1 tokens and EAGLE-head forwards at
     T = 1 and T = k + 1 (jitted fori_loops of forwards at cache length 100,
-    so host dispatch is excluded);
+    so host dispatch is excluded), on caches with the slots the decodes
+    allocate (T = 1: vanilla's, the others: the chain's), since attention
+    reads every slot;
   * whole-image decodes: vanilla and UniformRelaxed(omega 2) with the EAGLE
     head at k = 4, per token and per verify iteration;
   * "other": the iteration minus its forwards (one verify forward, the
@@ -66,7 +68,8 @@ def main(argv):
   num_tokens, repeats = bundle_pieces.NUM_TOKENS, _REPEATS.value
   # One image's two CFG rows share a length: the decode writes their caches with one
   # dynamic_update_slice per layer (KVCache.shared_length), and so do these forwards.
-  cache, eagle_cache = bundle_pieces.forward_caches(family, cond)
+  vanilla_cache, _ = bundle_pieces.forward_caches(family, cond, 'vanilla')
+  cache, eagle_cache = bundle_pieces.forward_caches(family, cond, 'chain')
   width = family.target.config.dim
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
   options = generate_app.compiler_options(generate_config.get_config())  # the main command's
@@ -81,7 +84,8 @@ def main(argv):
   calls = {}
   for t in (1, K + 1):
     tokens = jnp.zeros((2, t), jnp.int32)
-    calls[f'target_t{t}_ms'] = _forward_call(target_forward, cache, tokens, None, options)
+    calls[f'target_t{t}_ms'] = _forward_call(target_forward, vanilla_cache if t == 1 else cache,
+                                             tokens, None, options)
     calls[f'eagle_t{t}_ms'] = _forward_call(eagle_forward, eagle_cache, tokens,
                                             jnp.zeros((2, t, width)), options)
   calls['vanilla_ms'] = bundle_pieces.decode_call(family, cond, options, 'vanilla')
@@ -113,6 +117,8 @@ def main(argv):
           f"{row['forwards_only_speedup']:.2f}x |", flush=True)
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   result = {'times_in': 'ms, best of interleaved rounds', 'k': K, 'rows': 2,
+            'cache_slots': dict(target_t1=vanilla_cache.capacity, target=cache.capacity,
+                                eagle=eagle_cache.capacity),
             'num_tokens': num_tokens, 'backend': jax.default_backend(), 'host': timing.host(),
             'passes': passes}
   with open(_OUT.value, 'w') as f:
