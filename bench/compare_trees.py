@@ -6,8 +6,9 @@
 Speed changes of a few percent are below this machine's run-to-run noise
 (10-30% between processes). This imports the `specdec_jax` package of each
 tree in turn into one process (each with its own bundled family), then
-times their decodes interleaved: every round runs each (tree, method,
-class) once, and each keeps its best. Methods (--methods, vanilla first;
+times their decodes interleaved (`timing.best_ms_interleaved`): every round
+runs each (tree, method, class) once, in an order rotated by one each
+round, and each keeps its best. Methods (--methods, vanilla first;
 default vanilla, UniformRelaxed and COOL-SD) as each tree's main command
 defines them (its `build_methods`, `decode_kwargs`, XLA options and
 configs/generate.py); one image with CFG per class of
@@ -23,13 +24,13 @@ import functools
 import json
 import os
 import sys
-import time
 
 from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 import trees as trees_lib  # pylint: disable=g-import-not-at-top  (bench/trees.py)
 
 _TREES = flags.DEFINE_list('trees', None, 'Two or more repository checkouts.', required=True)
@@ -80,15 +81,10 @@ def main(argv):
             _decode, m['decode'], family, cond, jax.random.key(label), kwargs)
   tokens_per_forward = {}
   for key, call in calls.items():  # compile
-    result = call()
-    tokens_per_forward[key] = result.metrics.summary()['tokens_per_target_forward']
-  best = dict.fromkeys(calls, np.inf)
-  for index in range(_ROUNDS.value):
-    for key, call in calls.items():
-      start = time.perf_counter()
-      jax.block_until_ready(call().tokens)
-      best[key] = min(best[key], time.perf_counter() - start)
-    print(f'round {index + 1}/{_ROUNDS.value}', flush=True)
+    tokens_per_forward[key] = call().metrics.summary()['tokens_per_target_forward']
+  best = {key: ms / 1e3 for key, ms in timing.best_ms_interleaved(
+      {key: (lambda call=call: call().tokens) for key, call in calls.items()},
+      _ROUNDS.value, progress=True).items()}
 
   mean = lambda tree, name, table: float(np.mean([table[(tree, name, c)] for c in classes]))
   rows = []

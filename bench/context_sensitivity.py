@@ -31,6 +31,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/context_sensitivity', 'Output folder.')
@@ -63,10 +64,7 @@ def perturb(rng, probs, tokens, num_positions: int, max_offset: int):
 
 
 def plot(path: str, offsets, mean, stderr, grid_width: int) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6.4, 4.0))
+  fig, ax = plotting.subplots()
   ax.errorbar(offsets, mean, yerr=stderr, marker='o', ms=3, capsize=2)
   ax.axvline(grid_width, color='grey', ls=':', lw=1)
   ax.text(grid_width + 0.3, max(mean) * 0.9, 'token below', color='grey', fontsize=8)
@@ -75,9 +73,7 @@ def plot(path: str, offsets, mean, stderr, grid_width: int) -> None:
   ax.set_ylabel('TV(next-token law, original vs perturbed)')
   ax.set_title('Bundled target: how fast a changed token is forgotten')
   ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  plotting.save(fig, path)
 
 
 def main(argv):

@@ -29,6 +29,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_acceptance', 'Output folder.')
@@ -64,10 +65,7 @@ def ratio_row(row: dict, reference: dict) -> dict:
 
 
 def plot(path: str, rows: list[dict], methods: list[str]) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(6.4, 4.0))
+  fig, ax = plotting.subplots()
   for name in methods:
     mine = sorted((r for r in rows if r['method'] == name), key=lambda r: r['window'])
     ax.errorbar([r['window'] for r in mine], [r['tokens_per_forward'] for r in mine],
@@ -78,9 +76,7 @@ def plot(path: str, rows: list[dict], methods: list[str]) -> None:
   ax.set_title('Bundled family: Jacobi acceptance against the window')
   ax.grid(alpha=0.3)
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  plotting.save(fig, path)
 
 
 def main(argv):

@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+import plotting  # bench/plotting.py
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
@@ -79,10 +80,7 @@ def interpolate(x_points, y_points, x):
 
 
 def plot(rows: list, path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  figure, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+  figure, axes = plotting.subplots(1, 2, figsize=(12, 4.8))
   families = sorted({r['family'] for r in rows})
   markers = dict(vanilla='s', vanilla_seed1='s', lossless='*', coolsd='o', uniform='^',
                  lantern_pp_optimal='D', lantern_pp_published_llamagen='d', csd='v')
@@ -104,9 +102,7 @@ def plot(rows: list, path: str) -> None:
   axes[0].legend(fontsize=8)
   figure.suptitle('Relaxed speculative decoding on the bundled Fashion-MNIST family '
                   '(lower is better, right is faster)', fontsize=10)
-  figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
+  plotting.save(figure, path, dpi=110)
 
 
 def main(argv=None) -> dict:

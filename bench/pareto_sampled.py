@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+import plotting  # bench/plotting.py
+
 # (point name, family, knob value, method, hyperparameter overrides, seed).
 DELTAS = (1.5, 2.0, 3.0, 4.0, 6.0)
 LANTERN_LAMS = (1.5, 2.0, 3.0, 5.0, 8.0)
@@ -101,10 +103,7 @@ def features_of(folder: str, family) -> dict:
 
 
 def plot(rows: list, floor: float, path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  figure, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+  figure, axes = plotting.subplots(1, 2, figsize=(12, 4.8))
   families = sorted({r['family'] for r in rows} - {'vanilla', 'vanilla_seed1'})
   for axis, measure, label in (
       (axes[0], 'frechet_to_target', "Frechet distance to the target's samples (drift)"),
@@ -130,9 +129,7 @@ def plot(rows: list, floor: float, path: str) -> None:
   figure.suptitle(f'Relaxed speculative decoding on the bundled Fashion-MNIST family, '
                   f'{rows[0]["images"]} images per point (lower is better, right is faster)',
                   fontsize=10)
-  figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
+  plotting.save(figure, path, dpi=110)
 
 
 def main(argv=None) -> dict:

@@ -11,8 +11,9 @@ thread per op as the main command runs it):
   * ChainDraft(k=4, EAGLE head) + UniformRelaxed(omega 2), per verify
     iteration (random weights accept little, but an iteration's work does
     not depend on how much it accepts).
-The shapes are timed round-robin, `--rounds` times each, and the best time of
-each is kept, so slow phases of a noisy machine hit every shape alike.
+The shapes are timed round-robin (`timing.best_ms_interleaved`), `--rounds`
+times each, and the best time of each is kept, so slow phases of a noisy
+machine hit every shape alike.
 `predicted` = tokens per iteration (`--tokens_per_iteration`, what the
 trained family accepts) x vanilla per token / SD per iteration: the batch-1
 speedup the shape would give at that acceptance. Prints a table, writes JSON.
@@ -24,13 +25,13 @@ import functools
 import json
 import os
 import sys
-import time
 
 from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/target_shapes.json', 'JSON results.')
@@ -88,25 +89,22 @@ def main(argv):
         shape=f'{layers}x{dim}x{heads}', layers=layers, dim=dim, heads=heads,
         ffn_dim=config.ffn_dim,
         target_parameters=sum(x.size for x in jax.tree.leaves(target_params)),
-        sd_iterations=iterations, vanilla=vanilla, sd=sd, vanilla_ms=[], sd_ms=[]))
+        sd_iterations=iterations, vanilla=vanilla, sd=sd))
     print(f'compiled {layers}x{dim}x{heads}', flush=True)
 
-  for round_index in range(_ROUNDS.value):
-    for candidate in candidates:
-      for name in ('vanilla', 'sd'):
-        start = time.perf_counter()
-        jax.block_until_ready(candidate[name]())
-        candidate[f'{name}_ms'].append(1e3 * (time.perf_counter() - start))
-    print(f'round {round_index + 1}/{_ROUNDS.value}', flush=True)
+  best = timing.best_ms_interleaved(
+      {(index, name): (lambda call=c[name]: call().tokens)
+       for index, c in enumerate(candidates) for name in ('vanilla', 'sd')},
+      _ROUNDS.value, progress=True)
 
   tokens = _TOKENS_PER_ITERATION.value
   rows = []
   print('| shape | parameters | SwiGLU width | vanilla ms / token | SD ms / iteration '
         f'| predicted speedup at {tokens} tokens / iteration |')
   print('|---|---|---|---|---|---|')
-  for c in candidates:
-    per_token = min(c['vanilla_ms']) / NUM_TOKENS
-    per_iteration = min(c['sd_ms']) / c['sd_iterations']
+  for index, c in enumerate(candidates):
+    per_token = best[(index, 'vanilla')] / NUM_TOKENS
+    per_iteration = best[(index, 'sd')] / c['sd_iterations']
     row = {k: c[k] for k in ('shape', 'layers', 'dim', 'heads', 'ffn_dim', 'target_parameters',
                              'sd_iterations')}
     row.update(vanilla_ms_per_token=per_token, sd_ms_per_iteration=per_iteration,

@@ -21,13 +21,13 @@ def best_ms(fn, repeats: int) -> float:
   return 1e3 * min(times)
 
 
-def best_ms_interleaved(fns: dict, rounds: int) -> dict:
+def best_ms_interleaved(fns: dict, rounds: int, progress: bool = False) -> dict:
   """Best wall time in ms of each fn() over `rounds` rounds that call every fn once,
   after one untimed call of each (compile): {name: ms}, fns {name: fn}.
 
   Interleaving draws every fn's times from the same stretch of time, so their
   ratios hold on a host whose speed drifts between seconds; the order is rotated
-  by one each round, so no fn always runs first.
+  by one each round, so no fn always runs first. progress: print a line per round.
   """
   import jax  # pylint: disable=g-import-not-at-top  (scripts set XLA flags before JAX starts)
   for fn in fns.values():
@@ -40,6 +40,8 @@ def best_ms_interleaved(fns: dict, rounds: int) -> dict:
       start = time.perf_counter()
       jax.block_until_ready(fns[name]())
       times[name].append(time.perf_counter() - start)
+    if progress:
+      print(f'round {index + 1}/{rounds}', flush=True)
   return {name: 1e3 * min(values) for name, values in times.items()}
 
 
