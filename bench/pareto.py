@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from pareto_knobs import CSD_LAMS, DELTAS, LANTERN_LAMS  # bench/pareto_knobs.py
 import plotting  # bench/plotting.py
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
@@ -38,10 +39,6 @@ from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.configs import generate as generate_config
-
-DELTAS = (1.5, 2.0, 3.0, 4.0, 6.0)
-LANTERN_LAMS = (1.5, 2.0, 3.0, 5.0, 8.0)
-CSD_LAMS = (0.02, 0.05, 0.1, 0.2)
 
 
 def sweep_methods(config, family, draft_length: int, window: int, lantern_k: int) -> list:

@@ -33,12 +33,9 @@ import time
 
 import numpy as np
 
+from pareto_knobs import CSD_LAMS, DELTAS, LANTERN_LAMS  # bench/pareto_knobs.py
 import plotting  # bench/plotting.py
 
-# (point name, family, knob value, method, hyperparameter overrides, seed).
-DELTAS = (1.5, 2.0, 3.0, 4.0, 6.0)
-LANTERN_LAMS = (1.5, 2.0, 3.0, 5.0, 8.0)
-CSD_LAMS = (0.02, 0.05, 0.1, 0.2)
 # The 2026 methods' relaxed variants (their *_rule hyperparameter): EAGLE-2's
 # tree with COOL-SD, SCD's and SJD-PAC's Jacobi drafts with CSD.
 EAGLE2_COOLSD_DELTAS = (2.0, 4.0)
@@ -47,6 +44,7 @@ SJD_PAC_CSD_LAMS = (0.2,)
 
 
 def sweep_points() -> list[tuple]:
+  """(point name, family, knob value, method, hyperparameter overrides, seed) per point."""
   points = [('vanilla', 'vanilla', None, 'vanilla', {}, 0),
             ('vanilla_seed1', 'vanilla_seed1', None, 'vanilla', {}, 1),
             ('eagle', 'lossless', None, 'eagle', {}, 0),
