@@ -86,11 +86,12 @@ def project(x: jax.Array, weights, dtype: Any, merge: bool) -> list[jax.Array]:
     merge: on XLA:CPU, one matmul over the concatenated kernels instead of one
       per layer (the concatenation depends only on the parameters, so XLA
       hoists it out of the decode loop: 3 kernels fewer per decoder layer, a
-      1-token forward of the bundled target about 10% faster). Other backends
-      keep one matmul per layer (their compilers merge such dots themselves,
-      and a concatenation along a model-parallel axis would move weights
-      between devices). Off for scanned layers, whose parameters are sliced
-      inside the scan, so the concatenation would run every layer.
+      1-token forward of the bundled target about 10% faster; the price is a
+      second copy of these kernels during a call). Other backends keep one
+      matmul per layer: there a kernel launch matters less, accelerator
+      memory more, and a concatenation along a model-parallel axis would
+      move weights between devices. Off for scanned layers, whose parameters
+      are sliced inside the scan, so the concatenation would run every layer.
   Returns:
     [..., F_i] per layer, in `dtype` (promoted as `nn.Dense` does).
   """
