@@ -47,7 +47,10 @@ def get_config():
       cfg_scale=2.0, cfg_interval=-1, temperature=1.0, top_k=0, top_p=1.0))
 
   config.draft_length = 4  # k for drafter chains
-  config.jacobi_window = 8  # W for SJD / SCD / SJD-PAC / GSD / CSD
+  # W for SJD / SCD / SJD-PAC / GSD / CSD. On 2 CPU cores smaller windows run faster
+  # (W = 2: 0.83-0.88x vanilla, W = 8: 0.55-0.57x; bench/results/jacobi_window_small.json)
+  # but accept less; 8 shows the methods' acceptance apart (docs/results.md).
+  config.jacobi_window = 8
   # SJD-PAC's proactive tree: K candidates at each of the first D drafts (the released
   # code's default tree_width=3, tree_depth=3, which counts the root: D = 2).
   config.pac_branches = 3
