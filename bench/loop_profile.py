@@ -3,8 +3,10 @@
   python bench/loop_profile.py --out bench/results/loop_profile.json
 
 On the bundled Fashion-MNIST family, one image with CFG (2 cache rows), the
-main command's XLA options, for four modes: vanilla, the EAGLE-1 chain
-(UniformRelaxed(2), k = 4), an EAGLE-1 static tree and SJD (Jacobi window 8).
+main command's XLA options (per mode, as it compiles them), for the modes
+vanilla, chain (the EAGLE-1 chain, UniformRelaxed(2), k = 4), tree (an
+EAGLE-1 static tree), jacobi (SJD, window 8), and the main command's
+eagle2 and sjd_pac (--modes; default the first four).
 For each mode, in one process:
   * kernels per iteration from the compiled program (`hlo_kernels`), by the
     loop's named pieces (window, target_forward, target_probs, verify,
@@ -68,7 +70,10 @@ def mode_kwargs(name: str, family) -> dict:
   if name == 'eagle2':  # the main command's method 'eagle2' (configs/generate.py)
     return dict(mode=decode.DynamicTreeDraft(total_tokens=24, depth=5, top_k=4,
                                              drafts="sampled"), rule=rules.Lossless(), **eagle)
-  raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree, jacobi or eagle2.')
+  if name == 'sjd_pac':  # the main command's method 'sjd_pac' (configs/generate.py)
+    return dict(mode=decode.JacobiPAC(window=8, branches=3, depth=2), rule=rules.Lossless())
+  raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree, jacobi, eagle2 or '
+                   'sjd_pac.')
 
 
 def self_times(trace_file: str) -> dict:

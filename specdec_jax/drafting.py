@@ -199,10 +199,11 @@ def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hi
   uniforms: f32[B, N - 1]; node j >= 1 is drawn with uniforms[:, j - 1]
   (`categorical.sample_distinct` over each node's children).
 
-  Level l's forward runs all drafted nodes of depth 1..l-1 at the drafter's
-  committed length with the tree's ancestor mask, so each node sees exactly
-  its own ancestors (earlier levels are re-run rather than cached, which keeps
-  sibling subtrees apart without a cache-side tree mask; drafters are small).
+  Level l's forward runs the nodes of depth l - 1 only: node j's keys and
+  values go to the drafter's cache slot committed + j - 1 (nodes are ordered by
+  depth), and the forward's attention window reaches back over the earlier
+  levels' slots with the tree's ancestor rows (`kv.attention_mask`), so each
+  node sees exactly its own ancestors.
 
   Returns:
     (node_tokens int32[B, N] (node 0 left as 0 for the caller), node_probs
@@ -220,16 +221,17 @@ def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hi
                           root_hidden.dtype).at[:, 0].set(root_hidden)
   level_logits, level_nodes = root_logits[:, None], np.array([0])
   for depth in range(1, tree.max_depth + 1):
-    if depth > 1:
-      drafted = np.nonzero((depths >= 1) & (depths <= depth - 1))[0]
-      out = drafter.forward(
-          params, kv.set_lengths(cache, committed), as_rows(node_tokens[:, drafted], cfg),
-          node_hidden[:, parents[drafted]], window_mask=jnp.asarray(ancestor[drafted][:, drafted]),
-          depths=jnp.asarray(depths[drafted] - 1))
-      cache = out.cache
-      node_hidden = node_hidden.at[:, drafted].set(out.hidden)
+    if depth > 1:  # the nodes of depth - 1, ids first..last, at slots committed + id - 1
       level_nodes = np.nonzero(depths == depth - 1)[0]
-      level_logits = out.logits[:, np.searchsorted(drafted, level_nodes)]
+      first, last = level_nodes[0], level_nodes[-1]
+      out = drafter.forward(
+          params, kv.set_lengths(cache, committed + first - 1),
+          as_rows(node_tokens[:, level_nodes], cfg), node_hidden[:, parents[level_nodes]],
+          window_mask=jnp.asarray(ancestor[level_nodes][:, 1:last + 1]),
+          depths=jnp.full((level_nodes.size,), depth - 1 - first, jnp.int32))
+      cache = out.cache
+      node_hidden = node_hidden.at[:, level_nodes].set(out.hidden)
+      level_logits = out.logits
     token_index = first_index[:, None] + depth - 1
     level_probs = guided_probs(sampling, level_logits, token_index, cfg)  # [B, n, V]
     node_probs = node_probs.at[:, level_nodes].set(level_probs)

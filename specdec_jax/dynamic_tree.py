@@ -40,9 +40,11 @@ never depends on its own token: the sibling tests stay exact.
 Static shapes throughout: each image gets its own tree, the shapes (N, L, k)
 are the same for all.
 
-The drafter re-runs the frontier levels already drafted at each expansion
-(expansion l runs l * k nodes with their ancestor mask), as
-`drafting.draft_tree` does, so sibling subtrees never share cache slots.
+Each expansion runs only its k frontier nodes through the drafter: the
+earlier frontiers' keys and values stay in the drafter's cache, level l's at
+slots committed + l k .. committed + (l + 1) k - 1, and the frontier's
+attention window reaches back over them with its ancestor rows
+(`kv.attention_mask`), so sibling subtrees never see each other.
 """
 
 from __future__ import annotations
@@ -222,13 +224,11 @@ def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, roo
   frontier_ids = jnp.broadcast_to(jnp.arange(top_k, dtype=jnp.int32), (batch, top_k))
   frontier_features = jnp.broadcast_to(root_hidden[:, None], (rows, top_k, width))
   frontier_parent_slot = None  # index among the drafted nodes (none at depth 1)
-  drafted_tokens = jnp.zeros((batch, width_nodes), jnp.int32)
-  drafted_features = jnp.zeros((rows, width_nodes, width), root_hidden.dtype)
+  # Row i: which drafted nodes (level-major, k per level) drafted node i sees.
   drafted_mask = jnp.zeros((batch, width_nodes, width_nodes), bool)
-  drafted_depths = jnp.zeros((batch, width_nodes), jnp.int32)
   offset = top_k  # candidate id of the next level's first candidate
   for level in range(expansions):
-    # Add the frontier (depth level + 1) to the drafted nodes, with its ancestor rows.
+    # The frontier (depth level + 1) sees itself and its parent's ancestor row.
     begin, end = level * top_k, (level + 1) * top_k
     own = jax.nn.one_hot(jnp.arange(begin, end), width_nodes, dtype=bool)  # [k, M]
     if frontier_parent_slot is None:
@@ -237,16 +237,15 @@ def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, roo
       rows_mask = own[None] | jnp.take_along_axis(drafted_mask,
                                                   frontier_parent_slot[..., None], axis=1)
     drafted_mask = drafted_mask.at[:, begin:end].set(rows_mask)
-    drafted_tokens = drafted_tokens.at[:, begin:end].set(level_tokens)
-    drafted_features = drafted_features.at[:, begin:end].set(frontier_features)
-    drafted_depths = drafted_depths.at[:, begin:end].set(level)
+    # Written at slots committed + begin ..; the window reaches back over the
+    # earlier levels (W = end); positions committed + level (depth offset level - begin).
     out = drafter.forward(
-        params, kv.set_lengths(cache, committed), as_rows(drafted_tokens[:, :end], cfg),
-        drafted_features[:, :end], window_mask=as_rows(drafted_mask[:, :end, :end], cfg),
-        depths=as_rows(drafted_depths[:, :end], cfg))
+        params, kv.set_lengths(cache, committed + begin), as_rows(level_tokens, cfg),
+        frontier_features, window_mask=as_rows(rows_mask[:, :, :end], cfg),
+        depths=jnp.full((top_k,), level - begin, jnp.int32))
     cache = out.cache
-    frontier_hidden = out.hidden[:, begin:end]  # [R, k, E]
-    probs = drafting.guided_probs(sampling, out.logits[:, begin:end],
+    frontier_hidden = out.hidden  # [R, k, E]
+    probs = drafting.guided_probs(sampling, out.logits,
                                   jnp.broadcast_to(first_index[:, None] + level + 1,
                                                    (batch, top_k)), cfg)  # [B, k, V]
     child_scores, child_tokens = children_of(probs, top_k,

@@ -12,30 +12,26 @@ Rejection therefore never copies a cache.
 `key_valid[B, S]` marks slots that hold padding (left-padded captions, an
 unconditional prompt shorter than the conditional one) so attention skips
 them (a padding slot still sees itself while it is written, so every query
-has at least one key); `position_offset[B]` is subtracted from the slot index to give the
-position id a model's rotary embedding sees (so a left-padded row still starts
-at position 0 on its first real token).
+has at least one key); `position_offset[B]` is subtracted from the slot index
+to give the position id a model's rotary embedding sees (so a left-padded row
+still starts at position 0 on its first real token).
 
 Buffers are heads-major: values [B, K, S, D], keys [B, K, D, S] (each
-head's keys stored transposed). Attention's two matmuls then read the cache
-as stored: scores = q [G*T, D] x keys [D, S] and out = weights [G*T, S] x
-values [S, D], with no transpose inside the dot. With the slot axis outside
-the heads ([B, S, K, D]) XLA:CPU transposed every layer's keys and values on
-every forward; with keys [B, K, S, D] like the values, the scores matmul
-contracted the keys' last axis, which XLA:CPU does at about twice the cost
-at five new tokens. One layer's write plus attention at the bundled
-target's shapes takes 1.27-1.29x as long at five new tokens (a k = 4
-verify forward) with keys [B, K, S, D] as with keys [B, K, D, S], and
-0.87-0.91x as long at one (`bench/attention_layout.py`, README "The
-decoding engine").
-`KEY_SLOT_AXIS` and `VALUE_SLOT_AXIS` name the slot axis of each buffer.
+head's keys stored transposed), so attention's two matmuls, scores = q
+[G*T, D] x keys [D, S] and out = weights [G*T, S] x values [S, D], read the
+cache as stored. With the slot axis outside the heads XLA:CPU transposed
+every layer's keys and values on every forward; keys [B, K, S, D] made one
+layer's write plus attention 1.27-1.29x as slow at five new tokens (a k = 4
+verify forward) and 0.87-0.91x at one (`bench/attention_layout.py`, README
+"The decoding engine"). `KEY_SLOT_AXIS`/`VALUE_SLOT_AXIS` name the slot axes.
 
 Two arrangements of the layers: tuples over layers of per-layer arrays (the
 default), or one stacked array each for keys ([N, B, K, D, S]) and values
-([N, B, K, S, D]) (`stacked=True`), which a model scanning over its layers (`lax.scan`) carries
-through the scan and indexes with the traced layer number. Everything else
-(lengths, masks, `advance`, `set_lengths`) is the same; code that transforms
-every layer's buffer goes through `map_buffers`, which keeps the arrangement.
+([N, B, K, S, D]) (`stacked=True`), which a model scanning over its layers
+(`lax.scan`) carries through the scan and indexes with the traced layer
+number. Everything else (lengths, masks, `advance`, `set_lengths`) is the
+same; code that transforms every layer's buffer goes through `map_buffers`,
+which keeps the arrangement.
 """
 
 from __future__ import annotations
@@ -268,33 +264,37 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
   Args:
     cache: the cache *before* the write (lengths point at the first new slot).
     num_new: T.
-    window_mask: optional bool[T, T] (every row) or bool[B, T, T] (one per
-      row); entry [t, u] says new token t sees new token u. Default
-      lower-triangular (causal chain). Trees pass their ancestor mask.
+    window_mask: optional bool[T, W] (every row) or bool[B, T, W] (one per
+      row), W >= T: the window is the W - T slots before the row length
+      (already written: a draft tree's earlier levels) and the T new ones;
+      entry [t, u] says new token t sees window slot u. Default
+      lower-triangular [T, T] (causal chain). Trees pass their ancestor mask.
   Returns:
     bool[B, T, S].
   """
   if window_mask is None:
     window_mask = jnp.tril(jnp.ones((num_new, num_new), bool))
+  width = window_mask.shape[-1]
+  if window_mask.shape[-2] != num_new or width < num_new or (
+      window_mask.ndim == 3 and window_mask.shape[0] != cache.batch_size):
+    raise ValueError(f'window_mask must be [T, W] or [B, T, W] with T = {num_new} new tokens, '
+                     f'B = {cache.batch_size} and W >= T, got {window_mask.shape}.')
   slots = jnp.arange(cache.capacity, dtype=jnp.int32)  # [S]
-  lengths = cache.lengths[:, None]  # [B, 1]
-  in_prefix = (slots[None, :] < lengths) & cache.key_valid  # [B, S]
-  offset = slots[None, :] - lengths  # [B, S]: index into the window
-  in_window = (offset >= 0) & (offset < num_new)
-  window_index = jnp.clip(offset, 0, num_new - 1)
+  start = (cache.lengths - (width - num_new))[:, None]  # [B, 1]: the window's first slot
+  in_prefix = (slots[None, :] < start) & cache.key_valid  # [B, S]
+  offset = slots[None, :] - start  # [B, S]: index into the window
+  in_window = (offset >= 0) & (offset < width)
+  window_index = jnp.clip(offset, 0, width - 1)
   if window_mask.ndim == 2:  # [B, T, S]: window_mask[t, offset[b, s]]
     sees_window = jnp.moveaxis(jnp.take(window_mask, window_index, axis=1), 0, 1)
   else:  # [B, T, S]: window_mask[b, t, offset[b, s]]
-    if window_mask.shape != (cache.batch_size, num_new, num_new):
-      raise ValueError(f'window_mask must be [T, T] or [B, T, T] = [{cache.batch_size}, '
-                       f'{num_new}, {num_new}], got {window_mask.shape}.')
     sees_window = jnp.take_along_axis(
         window_mask, jnp.broadcast_to(window_index[:, None, :],
                                       (cache.batch_size, num_new, cache.capacity)), axis=2)
-  # A padding slot written in this window (key_valid False) is seen only by
-  # its own query, so a left-padded prefix can be prefilled in one forward
-  # (LlamaGen's t2i mask: padded columns off, diagonal kept).
-  is_own = offset[:, None, :] == jnp.arange(num_new, dtype=jnp.int32)[None, :, None]
+  # A padding slot written now (key_valid False) is seen only by its own query, so a
+  # left-padded prefix prefills in one forward (LlamaGen's t2i mask: diagonal kept).
+  own = jnp.arange(width - num_new, width, dtype=jnp.int32)  # [T]: each query's own slot
+  is_own = offset[:, None, :] == own[None, :, None]
   window_visible = sees_window & (cache.key_valid[:, None, :] | is_own)
   return in_prefix[:, None, :] | (in_window[:, None, :] & window_visible)
 

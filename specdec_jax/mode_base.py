@@ -260,8 +260,8 @@ class DrafterMode(Mode):
       jax.eval_shape(draft.prefill, draft_params, cache, cond)
 
   def draft_capacity(self, *, draft, cond, prefix: int, num_tokens: int) -> int:
-    # Catch-up (K+1 slots) plus drafting writes (chain k-1 more; a tree re-runs
-    # its drafted nodes) beyond the committed length; drafters are small.
+    # Catch-up (K+1 slots) plus drafting writes (chain k-1 more; a tree one slot
+    # per drafted node) beyond the committed length; drafters are small.
     draft_prefix = int(draft.prefix_length(cond)) if hasattr(draft, 'prefix_length') else prefix
     return draft_prefix + num_tokens + 2 * self.width + 2
 

@@ -215,6 +215,14 @@ class StaticTree:
     return int(max(self.sibling_index)) + 1
 
   @property
+  def children_per_depth(self) -> tuple:
+    """(c_1, ..., c_D): the most children any node of depth d - 1 has."""
+    counts = [0] * self.max_depth
+    for path in self.paths:
+      counts[len(path) - 1] = max(counts[len(path) - 1], path[-1] + 1)
+    return tuple(counts)
+
+  @property
   def children(self) -> np.ndarray:
     table = -np.ones((self.num_nodes, self.max_children), np.int32)
     for node, (parent, sibling) in enumerate(zip(self.parents, self.sibling_index)):
@@ -296,7 +304,7 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
     raise ValueError(f'verify_tree: uniforms must be [D * C + 1] = [{tree_uniforms(tree)}], '
                      f'got {jnp.shape(uniforms)}.')
   return _walk_tree(rule, uniforms, jnp.asarray(tree.children), tree.max_depth, node_tokens,
-                    draft_probs, target_at)
+                    draft_probs, target_at, tree.children_per_depth)
 
 
 def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, node_tokens,
@@ -339,11 +347,18 @@ def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, 
   return _walk_tree(rule, uniforms, children, max_depth, node_tokens, draft_probs, target_at)
 
 
-def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_probs, target_at):
+def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_probs, target_at,
+               children_per_depth=None):
   """The tree walk shared by static trees (siblings drawn without replacement
   from draft_probs [N, V]) and deterministic trees (draft_probs None: each
-  sibling's law is a point mass at its token)."""
+  sibling's law is a point mass at its token).
+
+  children_per_depth: static (c_1, ..., c_D), siblings tested at depth d (a static
+  tree's; tests beyond find no child and change nothing), default C each.
+  """
   max_children = children.shape[1]
+  if children_per_depth is None:
+    children_per_depth = (max_children,) * max_depth
   node = jnp.int32(0)
   target = target_at(jnp.int32(0))
   vocab = target.shape[-1]
@@ -354,7 +369,7 @@ def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_prob
       draft = draft_probs[node]
       removed = jnp.zeros_like(draft)  # mass of earlier siblings
     accepted_child = jnp.int32(-1)
-    for sibling in range(max_children):
+    for sibling in range(children_per_depth[depth - 1]):
       child = children[node, sibling]
       token = node_tokens[jnp.maximum(child, 0)]
       if draft_probs is None:

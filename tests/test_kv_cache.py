@@ -124,6 +124,30 @@ class KVCacheTest(absltest.TestCase):
       np.testing.assert_array_equal(got, reference_mask(lengths, key_valid, num_new,
                                                         window_mask, capacity))
 
+  def test_window_reaching_back_equals_the_last_rows_of_a_wider_window(self):
+    """A [B, T, W] mask (W > T: the window starts W - T slots before the length, a
+    draft tree's earlier levels) gives the last T rows of the [B, W, W] mask of a
+    forward that wrote all W slots, padding slots and per-row lengths included."""
+    rng = np.random.default_rng(2)
+    capacity, num_new, width = 12, 3, 7
+    lengths = np.array([4, 5, 8])
+    key_valid = rng.random((3, capacity)) > 0.3
+    wide = rng.random((3, width, width)) > 0.5
+    wide |= np.eye(width, dtype=bool)[None]
+    cache = kv.init_cache(num_layers=1, batch_size=3, capacity=capacity, num_kv_heads=1,
+                          head_dim=2).replace(key_valid=jnp.asarray(key_valid))
+    got = kv.attention_mask(cache.replace(lengths=jnp.asarray(lengths)), num_new,
+                            jnp.asarray(wide[:, width - num_new:]))
+    want = kv.attention_mask(cache.replace(lengths=jnp.asarray(lengths - (width - num_new))),
+                             width, jnp.asarray(wide))[:, width - num_new:]
+    np.testing.assert_array_equal(got, want)
+    # Negative control: the same rows read as a window of T slots differ.
+    short = kv.attention_mask(cache.replace(lengths=jnp.asarray(lengths)), num_new,
+                              jnp.asarray(wide[:, width - num_new:, width - num_new:]))
+    self.assertFalse(np.array_equal(short, want))
+    with self.assertRaisesRegex(ValueError, r'W >= T'):
+      kv.attention_mask(cache, num_new, jnp.ones((num_new, num_new - 1), bool))
+
   def test_per_row_tree_masks_and_depths_match_each_row_alone(self):
     """bool[B, T, T] masks and int32[B, T] depths (EAGLE-2's per-image trees): row b
     sees what its own [T, T] mask and [T] depths give it alone."""
@@ -144,7 +168,7 @@ class KVCacheTest(absltest.TestCase):
       np.testing.assert_array_equal(got[row], reference_mask(
           lengths, key_valid, num_new, masks[row], capacity)[row])
       np.testing.assert_array_equal(positions[row], lengths[row] + depths[row])
-    with self.assertRaisesRegex(ValueError, r'window_mask must be \[T, T\] or \[B, T, T\]'):
+    with self.assertRaisesRegex(ValueError, r'window_mask must be \[T, W\] or \[B, T, W\]'):
       kv.attention_mask(cache, num_new, jnp.asarray(masks[:2]))
     with self.assertRaisesRegex(ValueError, r'depths must be \[T\] = \[4\] or \[B, T\]'):
       kv.row_depths(jnp.asarray(depths[:2]), 3, num_new)

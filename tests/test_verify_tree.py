@@ -99,6 +99,7 @@ class TreeMonteCarloTest(parameterized.TestCase):
     np.testing.assert_array_equal(tree.children, [[1, 2], [3, -1], [-1, -1], [-1, -1]])
     self.assertTrue(tree.ancestor_mask[3, 1] and tree.ancestor_mask[3, 0])
     self.assertFalse(tree.ancestor_mask[3, 2])
+    self.assertEqual(tree.children_per_depth, (2, 1))
     with self.assertRaisesRegex(ValueError, 'parent'):
       verify.StaticTree.from_paths([(0, 0)])
     with self.assertRaisesRegex(ValueError, 'skips sibling'):
@@ -188,6 +189,37 @@ class LazyTargetTest(absltest.TestCase):
     for got, want in zip(by_function, by_array):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     self.assertLen(calls, tree.max_depth + 1)
+
+
+class ChildrenPerDepthTest(absltest.TestCase):
+
+  def test_walk_testing_fewer_siblings_per_depth_gives_the_same_results(self):
+    """A static tree's walk tests c_d siblings at depth d (here 3, 1, 1 of C = 3):
+    same paths and tokens as testing C at every depth, for every uniform."""
+    tree = verify.StaticTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 0, 0)])
+    self.assertEqual(tree.children_per_depth, (3, 1, 1))
+    vocab = 6
+    draft_probs = jnp.asarray(np.random.default_rng(3).dirichlet(np.ones(vocab), tree.num_nodes),
+                              jnp.float32)
+    target_probs = jnp.asarray(np.random.default_rng(4).dirichlet(np.ones(vocab), tree.num_nodes),
+                               jnp.float32)
+    node_tokens, _, _, _ = sample_tree(rules.Lossless(), tree, draft_probs, target_probs,
+                                       num_samples=256)
+    uniforms = jax.random.uniform(jax.random.key(5), (256, verify.tree_uniforms(tree)))
+    children = jnp.asarray(tree.children)
+
+    def walk(per_depth):
+      return jax.vmap(lambda u, t: verify._walk_tree(  # pylint: disable=protected-access
+          rules.UniformRelaxed(2.0), u, children, tree.max_depth, t, draft_probs,
+          lambda node: target_probs[node], per_depth))(uniforms, node_tokens)
+
+    every, fewer = walk(None), walk(tree.children_per_depth)
+    for got, want in zip(fewer, every):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    self.assertGreater(int(np.sum(np.asarray(every[1]) == 3)), 0)  # some walks reach depth 3
+    # Negative control: testing no sibling at depth 1 changes the results.
+    cut = walk((0, 1, 1))
+    self.assertFalse(np.array_equal(np.asarray(cut[0]), np.asarray(every[0])))
 
 
 @flax.struct.dataclass

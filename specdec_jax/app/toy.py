@@ -35,23 +35,18 @@ from specdec_jax import protocol
 from specdec_jax.models.tiny import check_class_ids
 
 
-def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, depths, bos: int):
+def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, positions, bos: int):
   """Token at position-1 of each new query, read from the cache after the write.
 
+  The cache holds each slot's token in its key and its position id in its
+  value (`_markov_step`), as a transformer's rotary keys carry their positions.
+  positions: int32[B, T] of the new queries.
   Returns int32[B, T]: among the slots the query may attend to, the one whose
   position id is the query's position minus one (BOS when there is none).
   """
-  slots = jnp.arange(cache.capacity, dtype=jnp.int32)  # [S]
-  lengths = cache.lengths[:, None]  # [B, 1]
-  depths = kv.row_depths(depths, cache.batch_size, num_new)  # [B, T]
-  offset = slots[None, :] - lengths  # [B, S]
-  in_window = (offset >= 0) & (offset < num_new)
-  window_depth = jnp.take_along_axis(depths, jnp.clip(offset, 0, num_new - 1), axis=1)
-  slot_position = jnp.where(in_window, lengths + window_depth, slots[None, :])
-  slot_position = slot_position - cache.position_offset[:, None]  # [B, S]
-  query_position = kv.window_positions(cache, num_new, depths)  # [B, T]
+  slot_position = cache.values[0][:, 0, :, 0].astype(jnp.int32)  # [B, S] (values [B, K, S, D])
   visible = kv.attention_mask(cache, num_new, window_mask)  # [B, T, S]
-  match = visible & (slot_position[:, None, :] == query_position[..., None] - 1)
+  match = visible & (slot_position[:, None, :] == positions[..., None] - 1)
   stored = cache.keys[0][:, 0, 0, :].astype(jnp.int32)  # [B, S] (keys are [B, K, D, S])
   found = jnp.any(match, axis=-1)
   slot = jnp.argmax(match, axis=-1)  # [B, T]
@@ -60,7 +55,8 @@ def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, depths, bos: 
 
 
 def _token_cache(batch_size: int, capacity: int) -> kv.KVCache:
-  """One layer, one head, one dim: slot s stores the token id (as float32)."""
+  """One layer, one head, one dim: slot s stores its token id (key) and position id
+  (value), as float32."""
   return kv.init_cache(num_layers=1, batch_size=batch_size, capacity=capacity,
                        num_kv_heads=1, head_dim=1)
 
@@ -68,9 +64,11 @@ def _token_cache(batch_size: int, capacity: int) -> kv.KVCache:
 def _markov_step(table, cache, tokens, window_mask, depths, bos):
   """Writes tokens [B, T], reads their predecessors, returns (prev, logits, cache)."""
   num_new = tokens.shape[1]
-  stored = tokens.astype(jnp.float32)[..., None, None]  # [B, T, 1, 1]
-  written = kv.update_layer(cache, 0, stored, stored)
-  previous = _previous_tokens(written, num_new, window_mask, depths, bos)  # [B, T]
+  positions = kv.window_positions(cache, num_new, depths)  # [B, T]
+  # Keys hold the tokens, values their position ids ([B, T, 1, 1] each).
+  written = kv.update_layer(cache, 0, tokens.astype(jnp.float32)[..., None, None],
+                            positions.astype(jnp.float32)[..., None, None])
+  previous = _previous_tokens(written, num_new, window_mask, positions, bos)  # [B, T]
   logits = table[previous, tokens]  # [B, T, V]
   return previous, logits.astype(jnp.float32), kv.advance(written, num_new)
 
