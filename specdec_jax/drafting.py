@@ -235,13 +235,30 @@ def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hi
     token_index = first_index[:, None] + depth - 1
     level_probs = guided_probs(sampling, level_logits, token_index, cfg)  # [B, n, V]
     node_probs = node_probs.at[:, level_nodes].set(level_probs)
-    for slot, node in enumerate(level_nodes):
-      kids = children[node][children[node] >= 0]
-      if not kids.size:
-        continue
-      picks = categorical.sample_distinct(uniforms[:, kids - 1], level_probs[:, slot])
-      node_tokens = node_tokens.at[:, kids].set(picks)
+    node_tokens = _draw_children(node_tokens, level_probs, children[level_nodes], uniforms)
   return node_tokens, node_probs, kv.set_lengths(cache, committed)
+
+
+def _draw_children(node_tokens, level_probs, level_children: np.ndarray, uniforms):
+  """Draws the children of one tree level in one `categorical.sample_distinct` call.
+
+  level_probs f32[B, n, V] the laws of the level's n nodes; level_children
+  int32[n, C] their child ids (-1 padded; static); uniforms f32[B, N - 1]
+  (child j uses uniforms[:, j - 1]). Every node draws as many tokens as the
+  level's most prolific node (padding draws use uniform 0 and are dropped): a
+  node's first c draws without replacement have the law of c draws, and
+  use the same uniforms as drawing them alone. Returns node_tokens with the
+  children set.
+  """
+  has_kids = np.nonzero((level_children >= 0).any(axis=1))[0]
+  if not has_kids.size:
+    return node_tokens
+  kids = level_children[has_kids]
+  kids = kids[:, :(kids >= 0).sum(axis=1).max()]  # [m, c]
+  draws = jnp.where(kids >= 0, uniforms[:, np.maximum(kids, 1) - 1], 0.0)  # [B, m, c]
+  picks = categorical.sample_distinct(draws, level_probs[:, has_kids])  # [B, m, c]
+  rows, cols = np.nonzero(kids >= 0)
+  return node_tokens.at[:, kids[rows, cols]].set(picks[:, rows, cols])
 
 
 def jacobi_fresh(uniforms, num: int, vocab: int, init: str, left_token,

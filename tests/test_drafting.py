@@ -174,6 +174,34 @@ class CatchUpTest(absltest.TestCase):
 
 class DraftTreeTest(absltest.TestCase):
 
+  def test_one_draw_per_level_equals_drawing_each_node_alone(self):
+    """A level's children drawn in one batched call (nodes with 3, 0, 1 and 2
+    children) are the tokens each node's own `sample_distinct` call gives."""
+    tree = verify.StaticTree.from_paths(
+        ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (2, 0), (3, 0), (3, 1)))
+    level = np.nonzero(tree.depths == 1)[0]
+    rng = np.random.default_rng(6)
+    probs = jnp.asarray(rng.dirichlet(np.ones(7), (5, level.size)), jnp.float32)
+    uniforms = jnp.asarray(rng.random((5, tree.num_nodes - 1)), jnp.float32)
+    start = jnp.zeros((5, tree.num_nodes), jnp.int32)
+    got = drafting._draw_children(  # pylint: disable=protected-access
+        start, probs, tree.children[level], uniforms)
+    want = start
+    for slot, node in enumerate(level):
+      kids = tree.children[node][tree.children[node] >= 0]
+      if kids.size:
+        want = want.at[:, kids].set(
+            drafting.categorical.sample_distinct(uniforms[:, kids - 1], probs[:, slot]))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for node in level:  # siblings distinct
+      kids = tree.children[node][tree.children[node] >= 0]
+      for row in np.asarray(got)[:, kids]:
+        self.assertLen(set(row.tolist()), kids.size)
+    # Negative control: other uniforms give other tokens (the comparison is not vacuous).
+    other = drafting._draw_children(  # pylint: disable=protected-access
+        start, probs, tree.children[level], 1.0 - uniforms)
+    self.assertFalse(np.array_equal(np.asarray(other), np.asarray(want)))
+
   def test_nodes_see_exactly_their_ancestors(self):
     """The drafter law at every tree node equals running its path as a plain chain."""
     tree = verify.StaticTree.from_paths(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
