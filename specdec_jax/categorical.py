@@ -57,11 +57,17 @@ def sample(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
     raise ValueError(f'categorical.sample: uniforms {jnp.shape(uniforms)} must have the shape '
                      f'of probs {jnp.shape(probs)} without its vocabulary axis (one uniform per '
                      'draw).')
+  return _sample_with_total(uniforms, probs)[0]
+
+
+def _sample_with_total(uniforms: jax.Array, probs: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """`sample`, and the total mass of probs f32[...] it computed on the way (the
+  last cumulative sum of the non-negative probs: > 0 exactly when some entry is)."""
   probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
   vocab = probs.shape[-1]
   if vocab <= 4 * BLOCK:
     cumulative = jnp.cumsum(probs, axis=-1)
-    return _first_above(cumulative, uniforms * cumulative[..., -1])
+    return _first_above(cumulative, uniforms * cumulative[..., -1]), cumulative[..., -1]
   num_blocks = -(-vocab // BLOCK)
   padded = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * BLOCK - vocab)])
   blocks = padded.reshape(probs.shape[:-1] + (num_blocks, BLOCK))  # [..., nb, BLOCK]
@@ -75,7 +81,7 @@ def sample(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
       0.0)
   inside = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]  # [..., BLOCK]
   offset = _first_above(jnp.cumsum(inside, axis=-1), threshold - before)
-  return block * BLOCK + offset
+  return block * BLOCK + offset, block_cumulative[..., -1]
 
 
 def sample_distinct(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
@@ -93,12 +99,12 @@ def sample_distinct(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
   picks = []
   for draw in range(uniforms.shape[-1]):
     remaining = probs if taken is None else jnp.where(taken, 0.0, probs)
-    pick = sample(uniforms[..., draw], remaining)
+    pick, total = _sample_with_total(uniforms[..., draw], remaining)
     # The lowest index not drawn yet is 0 before the first draw; written as an argmax
     # over the all-False mask, XLA would constant-fold that argmax at every call site,
     # seconds of compilation each at [100, 4, 256].
     lowest_free = 0 if taken is None else jnp.argmax(~taken, axis=-1).astype(jnp.int32)
-    pick = jnp.where(jnp.any(remaining > 0, axis=-1), pick, lowest_free)
+    pick = jnp.where(total > 0, pick, lowest_free)  # total > 0: some entry has mass
     is_pick = index == pick[..., None]
     taken = is_pick if taken is None else taken | is_pick
     picks.append(pick)
