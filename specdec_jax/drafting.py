@@ -199,16 +199,17 @@ def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hi
   uniforms: f32[B, N - 1]; node j >= 1 is drawn with uniforms[:, j - 1]
   (`categorical.sample_distinct` over each node's children).
 
-  Level l's forward runs the nodes of depth l - 1 only: node j's keys and
-  values go to the drafter's cache slot committed + j - 1 (nodes are ordered by
-  depth), and the forward's attention window reaches back over the earlier
-  levels' slots with the tree's ancestor rows (`kv.attention_mask`), so each
-  node sees exactly its own ancestors.
+  Level l's forward runs the nodes of depth l - 1 only, up to the last one
+  with children (the level's trailing leaves need no drafter output): node
+  j's keys and values go to the drafter's cache slot committed + j - 1 (nodes
+  are ordered by depth), and the forward's attention window reaches back
+  over the earlier levels' slots with the tree's ancestor rows
+  (`kv.attention_mask`), so each node sees exactly its own ancestors.
 
   Returns:
     (node_tokens int32[B, N] (node 0 left as 0 for the caller), node_probs
-    f32[B, N, V] drafter distribution at each node (uniform at leaves, which
-    verification never reads), cache); D - 1 drafter forwards.
+    f32[B, N, V] drafter distribution at each node (uniform at leaves not
+    run, which verification never reads), cache); D - 1 drafter forwards.
   """
   depths, parents = tree.depths, tree.parents
   children, ancestor = tree.children, tree.ancestor_mask
@@ -221,8 +222,9 @@ def draft_tree(drafter: Drafter, params, cache: kv.KVCache, root_logits, root_hi
                           root_hidden.dtype).at[:, 0].set(root_hidden)
   level_logits, level_nodes = root_logits[:, None], np.array([0])
   for depth in range(1, tree.max_depth + 1):
-    if depth > 1:  # the nodes of depth - 1, ids first..last, at slots committed + id - 1
+    if depth > 1:  # the nodes of depth - 1 up to its last parent, at slots committed + id - 1
       level_nodes = np.nonzero(depths == depth - 1)[0]
+      level_nodes = level_nodes[:np.nonzero((children[level_nodes] >= 0).any(axis=1))[0][-1] + 1]
       first, last = level_nodes[0], level_nodes[-1]
       out = drafter.forward(
           params, kv.set_lengths(cache, committed + first - 1),

@@ -242,7 +242,13 @@ class DraftTreeTest(absltest.TestCase):
         cache, hidden = out.cache, out.hidden
       return sampling.probs(out.logits[:, 0])
 
-    for node in range(1, 7):  # every node below the root and above the last level
+    has_children = (tree.children >= 0).any(axis=1)
+    # Trailing leaves of a level (3 = (2,), 5 = (0, 1), 6 = (1, 0)) are not run: their
+    # children laws would never be read, they stay uniform.
+    for node in (3, 5, 6):
+      self.assertFalse(has_children[node])
+      np.testing.assert_array_equal(np.asarray(node_probs[:, node]), 1.0 / VOCAB)
+    for node in np.nonzero(has_children)[0][1:]:  # every node with children below the root
       path = [node]
       while parents[path[-1]] > 0:
         path.append(parents[path[-1]])
