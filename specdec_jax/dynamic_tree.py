@@ -209,7 +209,7 @@ def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, roo
   batch = first_index.shape[0]
   committed = cache.lengths
   rows, width = root_hidden.shape[0], root_hidden.shape[-1]
-  width_nodes = expansions * top_k  # nodes the drafter runs at the last expansion
+  width_nodes = expansions * top_k  # drafted nodes (k per expansion), one drafter slot each
   root_probs = drafting.guided_probs(sampling, root_logits[:, None], first_index[:, None], cfg)
   sampled = uniforms is not None
   draws = lambda begin, shape: uniforms[:, begin:begin + int(np.prod(shape))].reshape(

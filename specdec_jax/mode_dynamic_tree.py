@@ -112,7 +112,7 @@ class DynamicTreeDraft(mode_tree.NodeWindowMode):
                   num_tokens=num_tokens)
 
   def draft_capacity(self, *, draft, cond, prefix: int, num_tokens: int) -> int:
-    # The last expansion runs depth * top_k nodes beyond the committed length.
+    # The expansions write depth * top_k drafter slots beyond the committed length.
     base = super().draft_capacity(draft=draft, cond=cond, prefix=prefix, num_tokens=num_tokens)
     return base + max(0, self.depth * self.top_k - 2 * self.width)
 
