@@ -20,11 +20,26 @@ import jax.numpy as jnp
 import numpy as np
 
 
+# The per-image counters, in their column order in `DecodeMetrics.counts`;
+# `accepted_per_position`'s K columns follow them.
+COUNTERS = ('verify_steps', 'target_forwards', 'draft_forwards', 'accepted_tokens',
+            'committed_tokens', 'nonfinite_target_steps', 'nonfinite_draft_steps')
+
+
+def _counter(name: str):
+  column = COUNTERS.index(name)
+  return property(lambda self: self.counts[:, column],
+                  doc=f'int32[B]: column {column} of `counts` (see the class docstring).')
+
+
 @flax.struct.dataclass
 class DecodeMetrics:
-  """Counters per image (int32 arrays, leading dim B).
+  """Counters per image, packed in one array so that the decode loop updates
+  them all with one kernel per iteration (not one per counter).
 
   Attributes:
+    counts: int32[B, len(COUNTERS) + K], the counters below by column (read
+      them by name).
     verify_steps: loop iterations in which the image was unfinished.
     target_forwards: target forwards including the prefill (verify_steps + 1).
     draft_forwards: drafter forwards including its prefill and catch-up.
@@ -43,22 +58,47 @@ class DecodeMetrics:
       target's law, at one token per forward (`decode.generate` warns).
   """
 
-  verify_steps: jax.Array
-  target_forwards: jax.Array
-  draft_forwards: jax.Array
-  accepted_tokens: jax.Array
-  committed_tokens: jax.Array
-  accepted_per_position: jax.Array
-  nonfinite_target_steps: jax.Array
-  nonfinite_draft_steps: jax.Array
+  counts: jax.Array
+
+  verify_steps = _counter('verify_steps')
+  target_forwards = _counter('target_forwards')
+  draft_forwards = _counter('draft_forwards')
+  accepted_tokens = _counter('accepted_tokens')
+  committed_tokens = _counter('committed_tokens')
+  nonfinite_target_steps = _counter('nonfinite_target_steps')
+  nonfinite_draft_steps = _counter('nonfinite_draft_steps')
+
+  @property
+  def accepted_per_position(self) -> jax.Array:
+    return self.counts[:, len(COUNTERS):]
+
+  def by_name(self) -> dict:
+    """{name: counter} for every name of COUNTERS (int32[B]) and
+    accepted_per_position ([B, K])."""
+    named = {name: getattr(self, name) for name in COUNTERS}
+    named['accepted_per_position'] = self.accepted_per_position
+    return named
 
   @classmethod
   def zeros(cls, num_images: int, draft_slots: int) -> 'DecodeMetrics':
-    zeros = jnp.zeros((num_images,), jnp.int32)
-    return cls(verify_steps=zeros, target_forwards=zeros + 1, draft_forwards=zeros,
-               accepted_tokens=zeros, committed_tokens=zeros,
-               accepted_per_position=jnp.zeros((num_images, max(draft_slots, 1)), jnp.int32),
-               nonfinite_target_steps=zeros, nonfinite_draft_steps=zeros)
+    """Zero counters, but target_forwards = 1 (the prefill)."""
+    counts = jnp.zeros((num_images, len(COUNTERS) + max(draft_slots, 1)), jnp.int32)
+    return cls(counts=counts).added(target_forwards=1)
+
+  def added(self, **increments) -> 'DecodeMetrics':
+    """The counters plus named increments, in one update: int32[B] (or a scalar)
+    for a name of COUNTERS, [B, K] for accepted_per_position."""
+    num_images, width = self.counts.shape
+    unknown = set(increments) - set(COUNTERS) - {'accepted_per_position'}
+    if unknown:
+      raise ValueError(f'DecodeMetrics.added: unknown counters {sorted(unknown)}; '
+                       f'known: {list(COUNTERS)} and accepted_per_position.')
+    columns = [jnp.broadcast_to(jnp.asarray(increments.get(name, 0), jnp.int32),
+                                (num_images,))[:, None] for name in COUNTERS]
+    columns.append(jnp.broadcast_to(
+        jnp.asarray(increments.get('accepted_per_position', 0), jnp.int32),
+        (num_images, width - len(COUNTERS))))
+    return self.replace(counts=self.counts + jnp.concatenate(columns, axis=1))
 
   def record(self, active, num_accepted, committed, draft_forwards: int) -> 'DecodeMetrics':
     """Adds one iteration for rows with active[b] (bool[B]).
@@ -71,13 +111,9 @@ class DecodeMetrics:
     accepted = jnp.minimum(num_accepted, committed) * step  # drafts inside the image
     slots = self.accepted_per_position.shape[1]
     accepted_at = (jnp.arange(slots)[None, :] < accepted[:, None]).astype(jnp.int32)
-    return self.replace(
-        verify_steps=self.verify_steps + step,
-        target_forwards=self.target_forwards + step,
-        draft_forwards=self.draft_forwards + step * draft_forwards,
-        accepted_tokens=self.accepted_tokens + accepted,
-        committed_tokens=self.committed_tokens + committed * step,
-        accepted_per_position=self.accepted_per_position + accepted_at)
+    return self.added(verify_steps=step, target_forwards=step,
+                      draft_forwards=step * draft_forwards, accepted_tokens=accepted,
+                      committed_tokens=committed * step, accepted_per_position=accepted_at)
 
   def record_nonfinite(self, active, target_probs, draft_probs=None) -> 'DecodeMetrics':
     """Counts a step for rows with active[b] (bool[B]) whose target probs [B, ..., V]
@@ -99,12 +135,11 @@ class DecodeMetrics:
       finite = ~jnp.any(bad, axis=tuple(range(1, bad.ndim)))
       return (active & ~finite).astype(jnp.int32)
 
-    return self.replace(
-        nonfinite_target_steps=self.nonfinite_target_steps + broken(target_probs),
-        nonfinite_draft_steps=self.nonfinite_draft_steps + broken(draft_probs))
+    return self.added(nonfinite_target_steps=broken(target_probs),
+                      nonfinite_draft_steps=broken(draft_probs))
 
   def add_draft_forwards(self, count: int) -> 'DecodeMetrics':
-    return self.replace(draft_forwards=self.draft_forwards + count)
+    return self.added(draft_forwards=count)
 
   @property
   def tokens_per_target_forward(self) -> jax.Array:
@@ -158,27 +193,28 @@ def report_nonfinite(result):
   target's law, so the result is returned, with a warning that the drafter
   is broken (and decoding as slow as plain sampling).
   """
-  metrics = result.metrics
-  (target_images, target_steps), (draft_images, draft_steps) = (
-      _local_counts(x) for x in (metrics.nonfinite_target_steps, metrics.nonfinite_draft_steps))
+  images, counts = _local_counts(result.metrics.counts)  # this process's images
+  target_steps = counts[:, COUNTERS.index('nonfinite_target_steps')]
+  draft_steps = counts[:, COUNTERS.index('nonfinite_draft_steps')]
   if target_steps.any():
-    images = target_images[target_steps > 0]
+    broken = images[target_steps > 0]
     raise NonFiniteProbabilitiesError(
-        f'generate: the target probabilities held NaN or inf for {_named(images)} (in '
+        f'generate: the target probabilities held NaN or inf for {_named(broken)} (in '
         f'{int(target_steps.max())} step(s) at most), so their tokens are not samples. '
         'Check the target parameters, the conditioning and the sampling (e.g. an overflow '
-        'in the logits); the error\'s .result holds the decode.', result, images)
+        'in the logits); the error\'s .result holds the decode.', result, broken)
   if draft_steps.any():
-    images = draft_images[draft_steps > 0]
+    broken = images[draft_steps > 0]
     warnings.warn(
-        f'generate: the draft probabilities held NaN or inf for {_named(images)}; '
+        f'generate: the draft probabilities held NaN or inf for {_named(broken)}; '
         'those drafts were all rejected (the tokens keep the target\'s law, at one token '
         'per forward). Check the drafter parameters.', RuntimeWarning, stacklevel=3)
   return result
 
 
 def _local_counts(counts: jax.Array) -> tuple[np.ndarray, np.ndarray]:
-  """(image indices, counts) of a per-image counter int32[B] that this process holds.
+  """(image indices int[b], their rows of counts [b, ...]) of the images (the
+  leading dim of counts int32[B, ...]) that this process holds.
 
   In a multi-process run the metrics are global arrays whose other shards live
   on other hosts: each process checks (and reports) the images it decoded.

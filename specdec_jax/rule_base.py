@@ -47,7 +47,7 @@ def _check(rule: str, name: str, value, ok, requirement: str) -> None:
 
 def reject_nonfinite(accept_probs, draft_probs, target_probs) -> jax.Array:
   """f with 0 wherever d, t or f itself is NaN or infinite: a broken distribution
-  never accepts (and `metrics.DecodeMetrics.nonfinite_steps` reports it)."""
+  never accepts (and `metrics.DecodeMetrics.nonfinite_draft_steps` reports it)."""
   finite = jnp.isfinite(draft_probs) & jnp.isfinite(target_probs) & ~jnp.isnan(accept_probs)
   return jnp.where(finite, accept_probs, 0.0)
 

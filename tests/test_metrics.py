@@ -33,12 +33,32 @@ class NonFiniteTest(absltest.TestCase):
     np.testing.assert_array_equal(empty.nonfinite_draft_steps, 0)
     np.testing.assert_array_equal(counters.verify_steps, 0)
 
+  def test_record_updates_each_packed_counter_by_name(self):
+    active = jnp.array([True, True, False])
+    counters = metrics.DecodeMetrics.zeros(3, 4).record(
+        active, num_accepted=jnp.array([2, 4, 3]), committed=jnp.array([3, 2, 0]),
+        draft_forwards=5)
+    np.testing.assert_array_equal(counters.verify_steps, [1, 1, 0])
+    np.testing.assert_array_equal(counters.target_forwards, [2, 2, 1])  # + the prefill
+    np.testing.assert_array_equal(counters.draft_forwards, [5, 5, 0])
+    np.testing.assert_array_equal(counters.accepted_tokens, [2, 2, 0])  # image 1: 2 inside
+    np.testing.assert_array_equal(counters.committed_tokens, [3, 2, 0])
+    np.testing.assert_array_equal(counters.accepted_per_position,
+                                  [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(counters.nonfinite_target_steps, 0)
+    self.assertEqual(counters.counts.shape, (3, len(metrics.COUNTERS) + 4))
+    named = counters.by_name()
+    self.assertEqual(sorted(named), sorted(metrics.COUNTERS + ('accepted_per_position',)))
+    np.testing.assert_array_equal(named['draft_forwards'], [5, 5, 0])
+    with self.assertRaisesRegex(ValueError, r"unknown counters \['accepted'\]"):
+      counters.added(accepted=1)
+
   def test_target_raises_with_the_result_and_drafts_warn(self):
     clean = metrics.DecodeMetrics.zeros(3, 2)
     with warnings.catch_warnings():
       warnings.simplefilter('error')
       self.assertIsInstance(metrics.report_nonfinite(_Result(clean)), _Result)
-    broken = _Result(clean.replace(nonfinite_target_steps=jnp.array([0, 3, 1], jnp.int32)))
+    broken = _Result(clean.added(nonfinite_target_steps=jnp.array([0, 3, 1], jnp.int32)))
     with self.assertRaisesRegex(metrics.NonFiniteProbabilitiesError,
                                 r'target probabilities held NaN or inf for 2 image\(s\) '
                                 r'\[1, 2\] \(in 3 step\(s\) at most\)') as raised:
@@ -46,7 +66,7 @@ class NonFiniteTest(absltest.TestCase):
     self.assertIs(raised.exception.result, broken)
     np.testing.assert_array_equal(raised.exception.images, [1, 2])
     self.assertIsInstance(raised.exception, FloatingPointError)
-    drafts = _Result(clean.replace(nonfinite_draft_steps=jnp.array([2, 0, 0], jnp.int32)))
+    drafts = _Result(clean.added(nonfinite_draft_steps=jnp.array([2, 0, 0], jnp.int32)))
     with self.assertWarnsRegex(RuntimeWarning, r'draft probabilities held NaN or inf for 1 '
                                                r'image\(s\) \[0\]; those drafts were all rejected'):
       self.assertIs(metrics.report_nonfinite(drafts), drafts)

@@ -19,7 +19,6 @@ committed chunks. Launch lines: docs/sampling.md.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -178,8 +177,8 @@ class Sampler:
         self.family.target, self.family.target_params, rows, mesh=self.mesh,
         key=global_keys(step.key_indices(), self.config.seed, self.row_sharding),
         attention_phases=self.config.attention_phases, **kwargs)
-    metrics = {field.name: rows_of(getattr(result.metrics, field.name), self.my_rows)
-               for field in dataclasses.fields(result.metrics)}
+    metrics = result.metrics.replace(counts=rows_of(result.metrics.counts, self.my_rows))
+    metrics = metrics.by_name()
     return rows_of(result.tokens, self.my_rows), metrics, result.compile_seconds
 
   def run_round(self, chunks: list) -> float:
