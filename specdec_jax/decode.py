@@ -72,7 +72,6 @@ _Plan = mode_base.Plan
 
 # ---------------------------------------------------------------- results and state
 
-
 @dataclasses.dataclass
 class DecodeResult:
   """tokens int32[B, n]; per-image metrics; host timings in seconds."""
@@ -147,12 +146,11 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
   buffer = jnp.zeros((num_images, plan.num_tokens + 2 * (mode.slots + 1)), jnp.int32)
   buffer = buffer.at[:, 0].set(first)
   num_generated = jnp.ones((num_images,), jnp.int32)
-  metrics = metrics_lib.DecodeMetrics.zeros(num_images, mode.slots)
-  metrics = metrics.record_nonfinite(jnp.ones((num_images,), bool), first_probs)
   drafts, forwards = mode.start(plan, draft_params, draft_cond, out, first, num_generated,
                                 start_uniforms)
-  if forwards:
-    metrics = metrics.add_draft_forwards(forwards)
+  metrics = metrics_lib.DecodeMetrics.zeros(num_images, mode.slots).added(draft_forwards=forwards)
+  metrics = metrics.record_nonfinite(jnp.ones((num_images,), bool), first_probs).record_nonfinite(
+      num_generated < plan.num_tokens, None, drafts.probs)  # those the first step verifies
   state = LoopState(step=jnp.int32(1), tokens=buffer, num_generated=num_generated,
                     target_cache=out.cache, drafts=drafts, metrics=metrics)
 
@@ -204,7 +202,9 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
       drafts, forwards = mode.advance(plan, draft_params, state.drafts, step, draft_uniforms)
     with jax.named_scope('metrics'):
       metrics = state.metrics.record(active, verdict.num_accepted, emitted, forwards)
-      metrics = metrics.record_nonfinite(active, target_probs, state.drafts.probs)
+      # Drafts are checked where made, for the rows verifying them next: no old drafts kept.
+      metrics = metrics.record_nonfinite(active, target_probs)
+      metrics = metrics.record_nonfinite(keep, None, drafts.probs)
     return LoopState(
         step=state.step + 1,
         tokens=sharding.constrain_batch(tokens, mesh),

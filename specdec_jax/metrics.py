@@ -117,7 +117,7 @@ class DecodeMetrics:
 
   def record_nonfinite(self, active, target_probs, draft_probs=None) -> 'DecodeMetrics':
     """Counts a step for rows with active[b] (bool[B]) whose target probs [B, ..., V]
-    or draft probs [B, ..., V] (None: no drafts) hold a NaN or inf.
+    or draft probs [B, ..., V] (None: not checked) hold a NaN or inf.
 
     A mode that computes the target's distributions on demand passes its raw
     logits instead (an object with `.logits` [B, ...]): NaN or +inf there
@@ -137,9 +137,6 @@ class DecodeMetrics:
 
     return self.added(nonfinite_target_steps=broken(target_probs),
                       nonfinite_draft_steps=broken(draft_probs))
-
-  def add_draft_forwards(self, count: int) -> 'DecodeMetrics':
-    return self.added(draft_forwards=count)
 
   @property
   def tokens_per_target_forward(self) -> jax.Array:
