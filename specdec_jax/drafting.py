@@ -92,6 +92,18 @@ def probs_at(sampling, logits: jax.Array, token_index: jax.Array, entry) -> jax.
   return sampling.probs(rows[0], uncond, token_index=token_index[entry])
 
 
+def node_laws(sampling, target_probs):
+  """How a tree verification reads the target's law at a node, per image.
+
+  target_probs: f32[B, N, V] (every node processed) or `ImageLogits` (on demand).
+  Returns (arrays to vmap over the images, law(*one image's arrays, node) -> f32[V]).
+  """
+  if isinstance(target_probs, ImageLogits):
+    return (target_probs.logits, target_probs.token_index), (
+        lambda logits, token_index, node: probs_at(sampling, logits, token_index, node))
+  return (target_probs,), lambda probs, node: probs[node]
+
+
 def guided_probs(sampling, logits: jax.Array, token_index: jax.Array, cfg: bool) -> jax.Array:
   """Row logits [R, T, V] -> image distributions [B, T, V] (CFG, then processing).
 

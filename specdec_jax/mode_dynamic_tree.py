@@ -131,14 +131,14 @@ class DynamicTreeDraft(mode_tree.NodeWindowMode):
     return drafts, cache
 
   def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
-    def one_image(uniforms, children, tokens, draft_probs, logits, token_index):
-      target_at = lambda node: drafting.probs_at(plan.sampling, logits, token_index, node)
+    target_arrays, law = drafting.node_laws(plan.sampling, target_probs)
+
+    def one_image(uniforms, children, tokens, draft_probs, *target):
       return verify.verify_dynamic_tree_with_uniforms(
-          rule, uniforms, children, self.slots, tokens, target_at,
+          rule, uniforms, children, self.slots, tokens, lambda node: law(*target, node),
           draft_probs if self.drafts == 'sampled' else None)
 
     path, num_accepted, next_token = jax.vmap(one_image)(
-        uniforms, drafts.children, window, drafts.probs, target_probs.logits,
-        target_probs.token_index)
+        uniforms, drafts.children, window, drafts.probs, *target_arrays)
     cache = mode_tree.compact_path(cache, start, path, plan.cfg)
     return mode_base.Verdict(path, num_accepted, next_token), cache

@@ -51,14 +51,18 @@ def compact_path(cache: kv.KVCache, start, path, cfg: bool) -> kv.KVCache:
 
 class NodeWindowMode(mode_base.DrafterMode):
   """What the drafted tree modes share (this module's node convention): the window
-  is [pending, node tokens 1..N-1], and the target is processed only at the
-  nodes verification visits."""
+  is [pending, node tokens 1..N-1], and with top-k or top-p on, the target is
+  processed only at the nodes verification visits."""
 
   def verify_window(self, pending, drafts):
     return jnp.concatenate([pending, drafts.tokens[:, 1:]], axis=1)  # node 0 -> pending
 
   def target_probs(self, plan, logits, token_index):
-    # Verification reads the target at most at D + 1 nodes: process those only.
+    # Verification reads the target at most at D + 1 of the N nodes. Without top-k
+    # and top-p (static choices) a node's law is one softmax, and all N at once
+    # take fewer kernels than D + 1 apart; with them, process the visited nodes only.
+    if not plan.sampling.top_k and not plan.sampling.flags.nucleus:
+      return drafting.guided_probs(plan.sampling, logits, token_index, plan.cfg)  # [B, N, V]
     return drafting.ImageLogits.from_rows(logits, token_index, plan.cfg)
 
 
@@ -111,12 +115,13 @@ class TreeDraft(NodeWindowMode):
     return mode_base.Drafts(tokens=tokens, probs=probs), cache
 
   def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
-    def one_image(uniforms, tokens, draft_probs, logits, token_index):
-      target_at = lambda node: drafting.probs_at(plan.sampling, logits, token_index, node)
+    target_arrays, law = drafting.node_laws(plan.sampling, target_probs)
+
+    def one_image(uniforms, tokens, draft_probs, *target):
       return verify.verify_tree_with_uniforms(rule, uniforms, self.tree, tokens, draft_probs,
-                                              target_at)
+                                              lambda node: law(*target, node))
 
     path, num_accepted, next_token = jax.vmap(one_image)(
-        uniforms, window, drafts.probs, target_probs.logits, target_probs.token_index)
+        uniforms, window, drafts.probs, *target_arrays)
     cache = compact_path(cache, start, path, plan.cfg)
     return mode_base.Verdict(path, num_accepted, next_token), cache

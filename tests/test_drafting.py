@@ -139,6 +139,26 @@ class ScdCouplingTest(absltest.TestCase):
                            coupling='gumbel', old_tokens=old_tokens, old_probs=old_probs)
 
 
+class NodeLawsTest(absltest.TestCase):
+
+  def test_all_nodes_at_once_equal_the_on_demand_laws(self):
+    """The tree modes' two ways of reading the target at a node (all N processed,
+    or one node's logits processed on demand) give the same law, with CFG."""
+    sampling = logits.Sampling(cfg_scale=2.0, temperature=0.7)
+    row_logits = jax.random.normal(jax.random.key(0), (4, 5, 11)) * 3  # 2 images x 2 rows
+    token_index = jnp.array([[3, 4, 4, 5, 5], [7, 8, 8, 8, 9]])
+    on_demand = drafting.ImageLogits.from_rows(row_logits, token_index, cfg=True)
+    all_nodes = drafting.guided_probs(sampling, row_logits, token_index, cfg=True)  # [2, 5, 11]
+    for target in (on_demand, all_nodes):
+      arrays, law = drafting.node_laws(sampling, target)
+      laws = jax.vmap(lambda *a: jax.vmap(lambda n: law(*a, n))(jnp.arange(5)))(*arrays)
+      np.testing.assert_allclose(laws, all_nodes, rtol=1e-6, atol=1e-7)
+    # Negative control: the unconditional row alone is another law.
+    plain = drafting.guided_probs(logits.Sampling(temperature=0.7), row_logits[1::2],
+                                  token_index, cfg=False)
+    self.assertGreater(float(jnp.abs(plain - all_nodes).max()), 0.05)
+
+
 def _prefilled(model, params, cond, capacity=16):
   return model.prefill(params, model.init_cache(cond.shape[0], capacity), cond).cache
 
