@@ -37,17 +37,33 @@ def rope_2d(positions: jax.Array, head_dim: int, grid_size: int,
   Returns:
     (cos, sin), float32[B, T, D/2], for `layers.apply_rope_interleaved`.
   """
-  half = head_dim // 2
-  # omega_k = base^(-2k / (D/2)), k = 0..D/4-1 (precompute_freqs_cis_2d).
-  freqs = 1.0 / (base ** (jnp.arange(0, half, 2, dtype=jnp.float32)[: half // 2] / half))
+  cos_table, sin_table = rope_2d_grid_table(head_dim, grid_size, base)  # [G^2, D/2]
   image_index = positions - cls_token_num  # [B, T]
-  is_cond = (image_index < 0) | (image_index >= grid_size * grid_size)
-  image_index = jnp.maximum(image_index, 0)
-  rows = (image_index // grid_size).astype(jnp.float32)
-  cols = (image_index % grid_size).astype(jnp.float32)
-  angles = jnp.concatenate([rows[..., None] * freqs, cols[..., None] * freqs], axis=-1)
-  zero = is_cond[..., None]
-  return (jnp.where(zero, 0.0, jnp.cos(angles)), jnp.where(zero, 0.0, jnp.sin(angles)))
+  outside = ((image_index < 0) | (image_index >= grid_size * grid_size))[..., None]
+  image_index = jnp.clip(image_index, 0, grid_size * grid_size - 1)
+  return (jnp.where(outside, 0.0, cos_table[image_index]),
+          jnp.where(outside, 0.0, sin_table[image_index]))
+
+
+def rope_2d_grid_table(head_dim: int, grid_size: int,
+                       base: float = 10000.0) -> tuple[jax.Array, jax.Array]:
+  """cos and sin, float32[G^2, D/2], of the image grid's G^2 positions (row-major).
+
+  Computed when the program is traced, by the backend's own cos and sin (the
+  same values as inside a compiled program), and embedded as constants: the
+  decode loop then looks rows up instead of evaluating cos and sin, which
+  XLA:CPU would otherwise repeat inside every layer's fusions that read them
+  (docs/results.md "RoPE tables").
+  """
+  half = head_dim // 2
+  with jax.ensure_compile_time_eval():
+    # omega_k = base^(-2k / (D/2)), k = 0..D/4-1 (precompute_freqs_cis_2d).
+    freqs = 1.0 / (base ** (jnp.arange(0, half, 2, dtype=jnp.float32)[: half // 2] / half))
+    index = jnp.arange(grid_size * grid_size, dtype=jnp.int32)
+    rows = (index // grid_size).astype(jnp.float32)
+    cols = (index % grid_size).astype(jnp.float32)
+    angles = jnp.concatenate([rows[:, None] * freqs, cols[:, None] * freqs], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
 
 
 # ---------------------------------------------------------- conditioning ---
