@@ -10,11 +10,10 @@ new length are stale and hidden by the mask, and the next write overwrites them.
 Rejection therefore never copies a cache.
 
 `key_valid[B, S]` marks slots that hold padding (left-padded captions, an
-unconditional prompt shorter than the conditional one) so attention skips
-them (a padding slot still sees itself while it is written, so every query
-has at least one key); `position_offset[B]` is subtracted from the slot index
-to give the position id a model's rotary embedding sees (so a left-padded row
-still starts at position 0 on its first real token).
+unconditional prompt shorter than the conditional one) so attention skips them
+(a padding slot still sees itself while it is written, so every query has a
+key); `position_offset[B]` is subtracted from the slot index to give the
+position id a rotary embedding sees (a left-padded row starts at 0).
 
 Buffers are heads-major: values [B, K, S, D], keys [B, K, D, S] (each
 head's keys stored transposed), so attention's two matmuls, scores = q
@@ -272,11 +271,10 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
   Returns:
     bool[B, T, S].
   """
-  if window_mask is None:
-    window_mask = jnp.tril(jnp.ones((num_new, num_new), bool))
-  width = window_mask.shape[-1]
-  if window_mask.shape[-2] != num_new or width < num_new or (
-      window_mask.ndim == 3 and window_mask.shape[0] != cache.batch_size):
+  causal = window_mask is None  # lower-triangular [T, T], read without a lookup below
+  width = num_new if causal else window_mask.shape[-1]
+  if not causal and (window_mask.shape[-2] != num_new or width < num_new or (
+      window_mask.ndim == 3 and window_mask.shape[0] != cache.batch_size)):
     raise ValueError(f'window_mask must be [T, W] or [B, T, W] with T = {num_new} new tokens, '
                      f'B = {cache.batch_size} and W >= T, got {window_mask.shape}.')
   slots = jnp.arange(cache.capacity, dtype=jnp.int32)  # [S]
@@ -285,7 +283,9 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
   offset = slots[None, :] - start  # [B, S]: index into the window
   in_window = (offset >= 0) & (offset < width)
   window_index = jnp.clip(offset, 0, width - 1)
-  if window_mask.ndim == 2:  # [B, T, S]: window_mask[t, offset[b, s]]
+  if causal:  # [B, T, S]: window_mask[t, u] = u <= t
+    sees_window = window_index[:, None, :] <= jnp.arange(num_new, dtype=jnp.int32)[None, :, None]
+  elif window_mask.ndim == 2:  # [B, T, S]: window_mask[t, offset[b, s]]
     sees_window = jnp.moveaxis(jnp.take(window_mask, window_index, axis=1), 0, 1)
   else:  # [B, T, S]: window_mask[b, t, offset[b, s]]
     sees_window = jnp.take_along_axis(

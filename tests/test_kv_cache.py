@@ -114,15 +114,22 @@ class KVCacheTest(absltest.TestCase):
     rng = np.random.default_rng(0)
     capacity, num_new = 10, 4
     tree = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)
-    for window_mask in (np.tril(np.ones((num_new, num_new), bool)), tree):
+    causal = np.tril(np.ones((num_new, num_new), bool))
+    # None: the default causal window, computed without a lookup into a [T, T] mask.
+    for window_mask, want_window in ((None, causal), (causal, causal), (tree, tree)):
       lengths = np.array([0, 3, 6])
       key_valid = rng.random((3, capacity)) > 0.3
       cache = kv.init_cache(num_layers=1, batch_size=3, capacity=capacity, num_kv_heads=1,
                             head_dim=2)
       cache = cache.replace(lengths=jnp.asarray(lengths), key_valid=jnp.asarray(key_valid))
-      got = kv.attention_mask(cache, num_new, jnp.asarray(window_mask))
+      got = kv.attention_mask(cache, num_new,
+                              None if window_mask is None else jnp.asarray(window_mask))
       np.testing.assert_array_equal(got, reference_mask(lengths, key_valid, num_new,
-                                                        window_mask, capacity))
+                                                        want_window, capacity))
+    # Negative control: the default mask is not that of a window where all tokens see
+    # each other.
+    everyone = reference_mask(lengths, key_valid, num_new, np.ones_like(causal), capacity)
+    self.assertFalse(np.array_equal(kv.attention_mask(cache, num_new), everyone))
 
   def test_window_reaching_back_equals_the_last_rows_of_a_wider_window(self):
     """A [B, T, W] mask (W > T: the window starts W - T slots before the length, a
