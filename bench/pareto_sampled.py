@@ -41,6 +41,7 @@ import plotting  # bench/plotting.py
 EAGLE2_COOLSD_DELTAS = (2.0, 4.0)
 SCD_CSD_LAMS = (0.05, 0.2)
 SJD_PAC_CSD_LAMS = (0.2,)
+JACOBI_WINDOW = 8  # the committed sweep's (the main command's default is now 4)
 
 
 def sweep_points() -> list[tuple]:
@@ -76,6 +77,7 @@ def draw(point: tuple, root: str, num_images: int, batch: int) -> str:
              f'--config.method={method}', f'--config.num_images={num_images}',
              f'--config.seed={seed}', f'--config.out_dir={folder}', '--config.write_png=False',
              f'--config.batch_per_device={batch}', f'--config.chunk_size={batch * 4}']
+  hparams = {'jacobi_window': JACOBI_WINDOW, **hparams}
   command += [f'--config.hparams.{key}={value}' for key, value in hparams.items()]
   print('$', ' '.join(command), flush=True)
   subprocess.run(command, check=True)

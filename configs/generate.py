@@ -47,10 +47,13 @@ def get_config():
       cfg_scale=2.0, cfg_interval=-1, temperature=1.0, top_k=0, top_p=1.0))
 
   config.draft_length = 4  # k for drafter chains
-  # W for SJD / SCD / SJD-PAC / GSD / CSD. On 2 CPU cores smaller windows run faster
-  # (W = 2: 0.83-0.88x vanilla, W = 8: 0.55-0.57x; bench/results/jacobi_window_small.json)
-  # but accept less; 8 shows the methods' acceptance apart (docs/results.md).
-  config.jacobi_window = 8
+  # W for SJD / SCD / SJD-PAC / GSD / CSD. Longer windows accept more per forward but
+  # cost more per forward on 2 CPU cores: W = 4 ran 1.11-1.16x vanilla's speed against
+  # 0.96-1.02x at W = 8 on a Xeon host (bench/results/host_xeon_amx/rope_mask/), and
+  # 0.71-0.75x against 0.55-0.57x on a Zen 4 one (bench/results/jacobi_window_small.json).
+  # Where a 32-token forward costs about what an 8-token one does (an accelerator at
+  # batch 1), longer windows pay: SCD's released default is 32.
+  config.jacobi_window = 4
   # SJD-PAC's proactive tree: K candidates at each of the first D drafts (the released
   # code's default tree_width=3, tree_depth=3, which counts the root: D = 2).
   config.pac_branches = 3
