@@ -50,10 +50,10 @@ def rope_2d_grid_table(head_dim: int, grid_size: int,
   """cos and sin, float32[G^2, D/2], of the image grid's G^2 positions (row-major).
 
   Computed when the program is traced, by the backend's own cos and sin (the
-  same values as inside a compiled program), and embedded as constants: the
-  decode loop then looks rows up instead of evaluating cos and sin, which
-  XLA:CPU would otherwise repeat inside every layer's fusions that read them
-  (docs/results.md "RoPE tables").
+  values a jitted cos and sin give), and embedded as constants: the decode
+  loop then looks rows up instead of evaluating cos and sin, which XLA:CPU
+  would otherwise repeat inside every layer's fusions that read them
+  (docs/results.md "Forwards as fast inside the loop as alone").
   """
   half = head_dim // 2
   with jax.ensure_compile_time_eval():
