@@ -285,12 +285,10 @@ def attention_mask(cache: KVCache, num_new: int, window_mask: jax.Array | None =
   window_index = jnp.clip(offset, 0, width - 1)
   if causal:  # [B, T, S]: window_mask[t, u] = u <= t
     sees_window = window_index[:, None, :] <= jnp.arange(num_new, dtype=jnp.int32)[None, :, None]
-  elif window_mask.ndim == 2:  # [B, T, S]: window_mask[t, offset[b, s]]
-    sees_window = jnp.moveaxis(jnp.take(window_mask, window_index, axis=1), 0, 1)
-  else:  # [B, T, S]: window_mask[b, t, offset[b, s]]
-    sees_window = jnp.take_along_axis(
-        window_mask, jnp.broadcast_to(window_index[:, None, :],
-                                      (cache.batch_size, num_new, cache.capacity)), axis=2)
+  else:  # [B, T, S]: window_mask[(b,) t, offset[b, s]], as a one-hot matmul (exact for 0/1)
+    one_hot = (window_index[..., None] == jnp.arange(width)).astype(jnp.float32)  # [B, S, W]
+    spec = 'bsw,tw->bts' if window_mask.ndim == 2 else 'bsw,btw->bts'
+    sees_window = jnp.einsum(spec, one_hot, window_mask.astype(jnp.float32)) > 0.5
   # A padding slot written now (key_valid False) is seen only by its own query, so a
   # left-padded prefix prefills in one forward (LlamaGen's t2i mask: diagonal kept).
   own = jnp.arange(width - num_new, width, dtype=jnp.int32)  # [T]: each query's own slot
