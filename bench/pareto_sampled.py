@@ -172,7 +172,8 @@ def main(argv=None) -> dict:
   floor = next((r['frechet_to_target'] for r in rows if r['point'] == 'vanilla_seed1'), None)
   os.makedirs(args.out, exist_ok=True)
   output = dict(points=rows, noise_floor=floor, num_images=args.num_images,
-                command=' '.join(sys.argv), wall_seconds=time.time() - started)
+                jacobi_window=JACOBI_WINDOW, command=' '.join(sys.argv),
+                wall_seconds=time.time() - started)
   with open(os.path.join(args.out, 'pareto.json'), 'w') as f:
     json.dump(output, f, indent=1, default=float)
   if floor is not None:
