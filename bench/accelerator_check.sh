@@ -2,12 +2,16 @@
 # The GPU check of the decode engine, in one run of at most 8 minutes (not a test).
 #
 # What it runs, with random bf16 weights at the real models' shapes:
+#   0. bench/device_probe.py: the first op, a matmul, GPT-XL's init and one forward, each
+#      compile and run timed apart (tells a slow start from a stalled one);
 #   1. bench/engine.py --preset=llamagen-xl  (forward latency at T = 1 and k + 1 against the
 #      weight-read floor, SD iterations, vanilla whole-image latency, compile times);
 #   2. bench/engine.py --preset=lumina-7b;
 #   3. bench/methods_at_scale.py: every method of the main command at LlamaGen-XL shapes
 #      (ms per image, per iteration and per token against vanilla's ms per token).
-# Each stage has its own time limit; a stage that runs out leaves what it wrote.
+# Each stage has its own time limit; a stage that runs out leaves what it wrote. Every
+# stage's whole output, with its Python stack every 30 s, goes to stages.log.
+# STAGES="probe engine-xl" (names as in the log) runs only those.
 # JSON goes to $OUT when set (the device tool's result folder), else to
 # bench/results/accelerator/; commit it under bench/results/accelerator/.
 #
@@ -37,12 +41,15 @@ fi
   "$python" -c 'import jax; print("jax", jax.__version__, jax.devices())'
 } > "$out/environment.txt" 2>&1
 
+export BENCH_TRACEBACK_EVERY_S=${BENCH_TRACEBACK_EVERY_S:-30}
 stage() {  # stage SECONDS NAME SCRIPT ARGS...: one bench script under a time limit
-  local seconds=$1 name=$2
+  local seconds=$1 name=$2 begin=$SECONDS
   shift 2
-  echo "== $name (limit ${seconds}s)" | tee -a "$out/log.txt"
-  timeout "$seconds" "$python" bench/with_tree.py . "$@" 2>&1 | tail -n 60 >> "$out/log.txt"
-  echo "== $name exit ${PIPESTATUS[0]}" | tee -a "$out/log.txt"
+  if [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" $name "* ]]; then return; fi
+  echo "== $name (limit ${seconds}s)" | tee -a "$out/log.txt" >> "$out/stages.log"
+  timeout "$seconds" "$python" bench/with_tree.py . "$@" >> "$out/stages.log" 2>&1
+  local rc=$?
+  echo "== $name exit $rc after $((SECONDS - begin)) s" | tee -a "$out/log.txt" >> "$out/stages.log"
 }
 
 if [ "${SMOKE:-0}" = 1 ]; then  # SMOKE=1: tiny shapes, to check this script on a CPU
@@ -50,9 +57,10 @@ if [ "${SMOKE:-0}" = 1 ]; then  # SMOKE=1: tiny shapes, to check this script on 
   stage 600 methods-tiny bench/methods_at_scale.py --preset=tiny --budget_s=60 \
     --out="$out/methods_tiny.json"
 else
-  stage 140 engine-llamagen-xl bench/engine.py --preset=llamagen-xl \
+  stage 45 probe bench/device_probe.py --out="$out/probe.json"
+  stage 125 engine-llamagen-xl bench/engine.py --preset=llamagen-xl \
     --out="$out/engine_llamagen_xl.json"
-  stage 140 engine-lumina-7b bench/engine.py --preset=lumina-7b --out="$out/engine_lumina_7b.json"
-  stage 190 methods-xl bench/methods_at_scale.py --budget_s=150 --out="$out/methods_xl.json"
+  stage 125 engine-lumina-7b bench/engine.py --preset=lumina-7b --out="$out/engine_lumina_7b.json"
+  stage 180 methods-xl bench/methods_at_scale.py --budget_s=140 --out="$out/methods_xl.json"
 fi
 ls -l "$out"

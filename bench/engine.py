@@ -7,7 +7,7 @@ Usage:
 
 Legend: R cache rows (2 = one image with CFG), k drafts, T tokens per forward.
 
-Measures, with random weights at the preset's shapes:
+Measures, with random weights at the preset's shapes (`bench/random_weights.py`):
   * ms per target forward at T=1 and T=k+1 (a jitted fori_loop of forwards
     at a fixed cache length, so host dispatch is excluded);
   * ms per SD iteration (Jacobi window k+1, and chain drafting with a small
@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from specdec_jax import decode  # pylint: disable=g-import-not-at-top
 from specdec_jax import kv_cache as kv
@@ -43,6 +44,7 @@ from specdec_jax import logits
 from specdec_jax import rules
 from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
 from specdec_jax.models import tiny as toy
+import random_weights  # pylint: disable=g-import-not-at-top  (bench/random_weights.py)
 
 _PRESET = flags.DEFINE_enum('preset', 'tiny', ['tiny', 'llamagen-xl', 'lumina-7b'],
                             'Model shapes (tiny runs on CPU).')
@@ -98,11 +100,6 @@ def build(preset: str):
   return target, None, lambda _: prompt, Preset('lumina-7b', 2352, bf16, 20, 2 << 30)
 
 
-def _cast(params, dtype):
-  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                      params)
-
-
 def _median_seconds(fn, repeats: int) -> float:
   times = []
   for _ in range(repeats):
@@ -149,10 +146,11 @@ def forward_ms(model, params, cond, width: int, capacity: int, iters: int, repea
 def main(argv):
   del argv
   compile_cache.enable(compile_cache.OFF)  # its compile times are measurements
+  started = time.perf_counter()
   target, draft, make_cond, preset = build(_PRESET.value)
   k, repeats = _K.value, _REPEATS.value
   key = jax.random.key(0)
-  target_params = jax.jit(lambda key: _cast(target.init_params(key), preset.dtype))(key)
+  target_params = random_weights.random_params(target.init_params, 0, preset.dtype)
   cond = make_cond(target_params)
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(target_params))
   capacity = target.prefix_length(cond) + preset.num_tokens + k + 1
@@ -161,13 +159,22 @@ def main(argv):
              'num_tokens': preset.num_tokens, 'k': k, 'rows': 2,
              'param_bytes': int(param_bytes), 'dtype': jnp.dtype(preset.dtype).name}
 
+  def record(**values):  # progress: logged, and the JSON rewritten, after each measurement
+    results.update(values)
+    results['wall_s'] = time.perf_counter() - started
+    logging.info('%.1f s: %s', results['wall_s'], values)
+    if _OUT.value:
+      with open(_OUT.value, 'w') as f:
+        json.dump(results, f, indent=2)
+
+  record(setup_s=time.perf_counter() - started)
+
   bandwidth = copy_bandwidth(preset.copy_bytes, repeats)
-  results['copy_bandwidth_GBps'] = bandwidth / 1e9
-  results['weight_read_floor_ms'] = 1e3 * param_bytes / bandwidth
+  record(copy_bandwidth_GBps=bandwidth / 1e9, weight_read_floor_ms=1e3 * param_bytes / bandwidth)
   for width in (1, k + 1):
-    results[f'forward_ms_T{width}'] = forward_ms(target, target_params, cond, width, capacity,
-                                                 preset.forward_iters, repeats)
-  results['forward_T1_over_floor'] = results['forward_ms_T1'] / results['weight_read_floor_ms']
+    record(**{f'forward_ms_T{width}': forward_ms(target, target_params, cond, width, capacity,
+                                                 preset.forward_iters, repeats)})
+  record(forward_T1_over_floor=results['forward_ms_T1'] / results['weight_read_floor_ms'])
 
   def whole(mode, **kwargs):
     first = decode.generate(target, target_params, cond, num_tokens=preset.num_tokens, key=key,
@@ -179,29 +186,25 @@ def main(argv):
     return first.compile_seconds, seconds, steps, first.metrics.summary()
 
   compile_s, seconds, steps, _ = whole(decode.Vanilla())
-  results.update(vanilla_compile_s=compile_s, vanilla_image_s=seconds,
-                 vanilla_ms_per_token=1e3 * seconds / preset.num_tokens)
+  record(vanilla_compile_s=compile_s, vanilla_image_s=seconds,
+         vanilla_ms_per_token=1e3 * seconds / preset.num_tokens)
   compile_s, seconds, steps, summary = whole(decode.Jacobi(k + 1), rule=rules.Lossless())
-  results.update(jacobi_compile_s=compile_s, jacobi_image_s=seconds,
-                 jacobi_ms_per_iteration=1e3 * seconds / steps,
-                 jacobi_tokens_per_forward=summary['tokens_per_target_forward'])
+  record(jacobi_compile_s=compile_s, jacobi_image_s=seconds,
+         jacobi_ms_per_iteration=1e3 * seconds / steps,
+         jacobi_tokens_per_forward=summary['tokens_per_target_forward'])
   if draft is not None:
-    draft_params = jax.jit(lambda key: _cast(draft.init_params(key), preset.dtype))(
-        jax.random.key(1))
+    draft_params = random_weights.random_params(draft.init_params, 1, preset.dtype)
     compile_s, seconds, steps, summary = whole(
         decode.ChainDraft(k, 'model'), rule=rules.Lossless(), draft=draft,
         draft_params=draft_params)
-    results.update(chain_compile_s=compile_s, chain_image_s=seconds,
-                   chain_ms_per_iteration=1e3 * seconds / steps,
-                   chain_tokens_per_forward=summary['tokens_per_target_forward'])
+    record(chain_compile_s=compile_s, chain_image_s=seconds,
+           chain_ms_per_iteration=1e3 * seconds / steps,
+           chain_tokens_per_forward=summary['tokens_per_target_forward'])
 
   width = max(len(name) for name in results)
   for name, value in results.items():
     shown = f'{value:.4g}' if isinstance(value, float) else str(value)
     print(f'{name:<{width}}  {shown}')
-  if _OUT.value:
-    with open(_OUT.value, 'w') as f:
-      json.dump(results, f, indent=2)
 
 
 if __name__ == '__main__':

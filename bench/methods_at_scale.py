@@ -28,6 +28,9 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import random_weights  # pylint: disable=g-import-not-at-top  (bench/random_weights.py)
 
 _PRESET = flags.DEFINE_enum('preset', 'llamagen-xl', ['llamagen-xl', 'tiny'],
                             'Shapes: LlamaGen-XL (accelerators) or a tiny GPT (a CPU check).')
@@ -85,11 +88,9 @@ def main(argv):
 
   started = time.perf_counter()
   target, head, draft, num_tokens, dtype = build(_PRESET.value)
-  cast = lambda tree: jax.tree.map(
-      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-  target_params = jax.jit(lambda k: cast(target.init_params(k)))(jax.random.key(0))
-  head_params = jax.jit(lambda k: cast(head.init_params(k)))(jax.random.key(1))
-  draft_params = jax.jit(lambda k: cast(draft.init_params(k)))(jax.random.key(2))
+  target_params = random_weights.random_params(target.init_params, 0, dtype)
+  head_params = random_weights.random_params(head.init_params, 1, dtype)
+  draft_params = random_weights.random_params(draft.init_params, 2, dtype)
   codebook = jax.random.normal(jax.random.key(3), (target.vocab_size, 8))
   family = ScaleFamily(target, target_params, codebook)
   config = generate_config.get_config()
@@ -107,11 +108,14 @@ def main(argv):
       with open(_OUT.value, 'w') as f:
         json.dump(results, f, indent=1)
 
+  results['setup_s'] = time.perf_counter() - started
+  print(f'setup (parameters, neighbour table, methods) {results["setup_s"]:.1f} s', flush=True)
   vanilla_ms_per_token = None
   for method in methods:
     if time.perf_counter() - started > _BUDGET.value:
       results['skipped'].append(method.name)
       continue
+    print(f'{time.perf_counter() - started:.1f} s: {method.name}', flush=True)
     kwargs = dict(mode=method.mode, rule=method.rule)
     if method.drafter is not None:
       kwargs['draft'], kwargs['draft_params'] = drafters[method.drafter]

@@ -6,10 +6,13 @@
 The script itself is this checkout's; every `specdec_jax` import it makes
 (models, converters and configs included) resolves to the given checkout
 (`bench/trees.py`), so one script measures the code before and after a change.
+With BENCH_TRACEBACK_EVERY_S=N set, the Python stack is printed to stderr
+every N seconds (how `bench/accelerator_check.sh` shows where a stage stalls).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import runpy
 import sys
@@ -25,6 +28,9 @@ def main() -> None:
   tree, script = os.path.abspath(sys.argv[1]), sys.argv[2]
   if not os.path.isdir(os.path.join(tree, 'specdec_jax')):
     raise SystemExit(f'{tree} is not a checkout of this repository (no specdec_jax/ folder).')
+  every = float(os.environ.get('BENCH_TRACEBACK_EVERY_S', '0'))
+  if every > 0:  # where a slow or stuck run is, printed to stderr every `every` seconds
+    faulthandler.dump_traceback_later(every, repeat=True)
   trees.forget_package()
   sys.meta_path.insert(0, trees.TreeFinder(tree))
   sys.argv = [script] + sys.argv[3:]
