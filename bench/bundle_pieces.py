@@ -44,24 +44,32 @@ def forward_caches(family, cond, method: str = 'chain'):
   return cache, eagle_cache
 
 
-def forward_loop(forward, iters: int, options: dict | None):
+def forward_loop(forward, iters: int, options: dict | None, moving_positions: bool = False):
   """A jitted call running `iters` forwards at a fixed cache length.
 
   forward(cache, tokens, features) -> output with .cache, .logits (and .hidden
   when features is not None). The returned function takes the carry
   (cache, tokens [2, T], features [2, T, E] or None); each forward's argmax
   tokens and hidden states feed the next, and the cache lengths are reset.
+  With moving_positions, the lengths alternate between L and L + 1: each
+  forward writes at another position than the last, as in a decode. At one
+  fixed position the lengths pass through the loop unchanged, and XLA hoists
+  what depends only on them (RoPE rows, attention masks, write offsets) out
+  of the loop, so such a forward costs less than a decode's.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
 
-  def body(_, carry):
+  def body(index, carry):
     cache, tokens, features = carry
     out = forward(cache, tokens, features)
     next_tokens = jnp.argmax(out.logits, -1).astype(jnp.int32)
     next_features = features if features is None else out.hidden
-    return kv.set_lengths(out.cache, cache.lengths), next_tokens, next_features
+    lengths = cache.lengths
+    if moving_positions:  # L, L + 1, L, ...: +1 after even steps, -1 after odd ones
+      lengths = lengths + 1 - 2 * (index % 2)
+    return kv.set_lengths(out.cache, lengths), next_tokens, next_features
 
   return jax.jit(lambda carry: jax.lax.fori_loop(0, iters, body, carry),
                  compiler_options=options)
