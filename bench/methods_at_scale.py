@@ -37,6 +37,9 @@ _PRESET = flags.DEFINE_enum('preset', 'llamagen-xl', ['llamagen-xl', 'tiny'],
 _OUT = flags.DEFINE_string('out', None, 'JSON results.')
 _BUDGET = flags.DEFINE_float('budget_s', 240.0, 'Stop starting new methods after this long.')
 _REPEATS = flags.DEFINE_integer('repeats', 2, 'Timed decodes per method (best is kept).')
+_METHODS = flags.DEFINE_list('methods', [], "Methods to run, in the catalogue's order "
+                             '(default: all but the reruns under another seed, which cost '
+                             "what their method costs, e.g. 'vanilla_seed1').")
 
 
 @dataclasses.dataclass
@@ -94,7 +97,9 @@ def main(argv):
   codebook = jax.random.normal(jax.random.key(3), (target.vocab_size, 8))
   family = ScaleFamily(target, target_params, codebook)
   config = generate_config.get_config()
-  methods = methods_lib.build_methods(config, family)
+  wanted = (lambda m: m.name in _METHODS.value) if _METHODS.value else (
+      lambda m: m.seed_offset == 0)
+  methods = [m for m in methods_lib.build_methods(config, family) if wanted(m)]
   sampling = logits.Sampling(**config.sampling.to_dict())
   cond = target.cfg_cond(target_params, jnp.array([1]))
   drafters = {'eagle': (head, head_params), 'draft_model': (draft, draft_params)}
