@@ -57,10 +57,10 @@ if [ "${SMOKE:-0}" = 1 ]; then  # SMOKE=1: tiny shapes, to check this script on 
   stage 600 methods-tiny bench/methods_at_scale.py --preset=tiny --budget_s=60 \
     --out="$out/methods_tiny.json"
 else
-  stage 45 probe bench/device_probe.py --out="$out/probe.json"
+  stage 60 probe bench/device_probe.py --out="$out/probe.json"
   stage 125 engine-llamagen-xl bench/engine.py --preset=llamagen-xl \
     --out="$out/engine_llamagen_xl.json"
   stage 125 engine-lumina-7b bench/engine.py --preset=lumina-7b --out="$out/engine_lumina_7b.json"
-  stage 180 methods-xl bench/methods_at_scale.py --budget_s=140 --out="$out/methods_xl.json"
+  stage 165 methods-xl bench/methods_at_scale.py --budget_s=125 --out="$out/methods_xl.json"
 fi
 ls -l "$out"

@@ -10,7 +10,8 @@ that runs out of time can be told apart from one that hangs:
   3. LlamaGen GPT-XL's random bf16 parameters, as the benchmarks make them
      (`bench/random_weights.py`, one small program per distinct shape);
   4. its prefill + one 1-token forward at 384 px shapes: compile, run;
-  5. with --time_model_init, the compile of the model's own `init_params` as one
+  5. a vanilla decode of one image with CFG (576 tokens): compile, run;
+  6. with --time_model_init, the compile of the model's own `init_params` as one
      program (last: on the first H200 run it took over 80 s).
 Each step is printed as it ends and the JSON is rewritten after it.
 """
@@ -48,10 +49,13 @@ def main(argv):
            'since_start_s': time.perf_counter() - started}
     results['steps'].append(row)
     print(json.dumps(row), flush=True)
+    write()
+    return value
+
+  def write():
     if _OUT.value:
       with open(_OUT.value, 'w') as f:
         json.dump(results, f, indent=1)
-    return value
 
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -76,6 +80,16 @@ def main(argv):
   forward = step('forward_compile', lambda: jax.jit(prefill_and_forward).lower(params).compile())
   step('forward_run', lambda: jax.block_until_ready(forward(params)))
   step('forward_run_again', lambda: jax.block_until_ready(forward(params)))
+
+  from specdec_jax import decode, logits  # pylint: disable=g-import-not-at-top
+  cond = model.cfg_cond(params, jnp.array([1]))
+  decoded = step('vanilla_decode', lambda: decode.generate(
+      model, params, cond, num_tokens=config.block_size, key=jax.random.key(0),
+      sampling=logits.Sampling(cfg_scale=2.0)))
+  results['steps'][-1].update(compile_s=decoded.compile_seconds, run_s=decoded.run_seconds,
+                              num_tokens=config.block_size)
+  print(json.dumps(results['steps'][-1]), flush=True)
+  write()
   if _TIME_MODEL_INIT.value:
     step('model_init_compile', lambda: jax.jit(model.init_params).lower(
         jax.random.key(0)).compile())
