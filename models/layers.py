@@ -76,6 +76,10 @@ class DenseParams(nn.Module):
     return kernel, bias
 
 
+# Merged projections only below this many bytes of concatenated kernels (see `project`).
+MERGE_MAX_BYTES = 1 << 20
+
+
 def project(x: jax.Array, weights, dtype: Any, merge: bool) -> list[jax.Array]:
   """x through several dense layers that read it: [x @ kernel_i + bias_i], as `nn.Dense`.
 
@@ -91,7 +95,11 @@ def project(x: jax.Array, weights, dtype: Any, merge: bool) -> list[jax.Array]:
       matmul per layer: there a kernel launch matters less, accelerator
       memory more, and a concatenation along a model-parallel axis would
       move weights between devices. Off for scanned layers, whose parameters
-      are sliced inside the scan, so the concatenation would run every layer.
+      are sliced inside the scan, so the concatenation would run every layer,
+      and for kernels of more than MERGE_MAX_BYTES together: a launch saved
+      is then a small part of the matmul, and at LlamaGen GPT-B's width (7 MB
+      for q, k, v) the merged decode ran 3% slower per iteration on CPU
+      (docs/results.md, "Merged projections only for small kernels").
   Returns:
     [..., F_i] per layer, in `dtype` (promoted as `nn.Dense` does).
   """
@@ -109,7 +117,8 @@ def project(x: jax.Array, weights, dtype: Any, merge: bool) -> list[jax.Array]:
     sizes = np.cumsum([k.shape[1] for k, _ in pairs])[:-1]
     return jnp.split(_dense(x, kernel, bias), sizes, axis=-1)
 
-  if not merge or len(pairs) == 1:
+  kernel_bytes = sum(kernel.size * kernel.dtype.itemsize for kernel, _ in pairs)
+  if not merge or len(pairs) == 1 or kernel_bytes > MERGE_MAX_BYTES:
     return one_per_layer(x, pairs)
   return jax.lax.platform_dependent(x, pairs, cpu=merged, default=one_per_layer)
 

@@ -59,6 +59,18 @@ class ProjectTest(parameterized.TestCase):
     self.assertEqual(dots(True), 1)
     self.assertEqual(dots(False), 3)  # negative control: one per layer
 
+  def test_large_kernels_stay_separate(self):
+    """Above MERGE_MAX_BYTES of kernels the matmuls stay separate (no concatenation
+    copy); just below it they merge."""
+    def dots(width, features):
+      weights = [(jnp.zeros((width, features)), None)] * 3
+      return jax.jit(lambda x: layers.project(x, weights, jnp.float32, True)).lower(
+          jnp.ones((2, 1, width))).as_text().count('stablehlo.dot_general')
+    below = layers.MERGE_MAX_BYTES // (3 * 4 * 64)  # 3 kernels [64, below] of f32
+    self.assertEqual(dots(64, below), 1)
+    self.assertEqual(dots(64, below + 1), 3)
+    self.assertEqual(dots(768, 768), 3)  # LlamaGen GPT-B's q, k, v: 7 MB
+
   def test_swiglu_params_and_outputs_match_dense_layers(self):
     x = jax.random.normal(jax.random.key(1), (2, 3, 12))
     reference = _DenseSwiGLU(20)
