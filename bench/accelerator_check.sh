@@ -2,8 +2,9 @@
 # The GPU check of the decode engine, in one run of at most 8 minutes (not a test).
 #
 # What it runs, with random bf16 weights at the real models' shapes:
-#   0. bench/device_probe.py: the first op, a matmul, GPT-XL's init and one forward, each
-#      compile and run timed apart (tells a slow start from a stalled one);
+#   0. bench/device_probe.py: the first op, a matmul, GPT-XL's random weights, one forward
+#      and one vanilla decode, each compile and run timed apart (tells a slow start from a
+#      stalled one);
 #   1. bench/engine.py --preset=llamagen-xl  (forward latency at T = 1 and k + 1 against the
 #      weight-read floor, SD iterations, vanilla whole-image latency, compile times);
 #   2. bench/engine.py --preset=lumina-7b;
@@ -11,7 +12,7 @@
 #      (ms per image, per iteration and per token against vanilla's ms per token).
 # Each stage has its own time limit; a stage that runs out leaves what it wrote. Every
 # stage's whole output, with its Python stack every 30 s, goes to stages.log.
-# STAGES="probe engine-xl" (names as in the log) runs only those.
+# STAGES="probe engine-llamagen-xl" (names as in the log) runs only those.
 # JSON goes to $OUT when set (the device tool's result folder), else to
 # bench/results/accelerator/; commit it under bench/results/accelerator/.
 #

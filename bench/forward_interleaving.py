@@ -40,8 +40,8 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import hlo_kernels  # pylint: disable=g-import-not-at-top  (bench/hlo_kernels.py)
 import bundle_pieces  # pylint: disable=g-import-not-at-top  (bench/bundle_pieces.py)
+import hlo_kernels  # pylint: disable=g-import-not-at-top  (bench/hlo_kernels.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
@@ -54,7 +54,8 @@ _SMALL = flags.DEFINE_integer('small_kernels', 0, 'Reductions in the small-kerne
 K = bundle_pieces.K
 
 
-def step_loops(family, options: dict | None, iterations: int, small_kernels: int = 0) -> dict:
+def step_loops(family, options: dict | None, iterations: int,
+               small_kernels: int = 0) -> tuple[dict, dict]:
   """({'target', 'eagle', 'both'} (and with small_kernels, 'small', 'both_small',
   'both_small_between'): no-argument calls of jitted loops of `iterations` steps,
   {the same names: kernels per step of the loop body})."""
