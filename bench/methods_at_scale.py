@@ -89,6 +89,11 @@ def main(argv):
   from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
 
+  unknown = sorted(set(_METHODS.value) - set(methods_lib.METHOD_NAMES))
+  if unknown:
+    raise app.UsageError(f'--methods: unknown {unknown}; the catalogue has '
+                         f'{", ".join(methods_lib.METHOD_NAMES)}.')
+
   started = time.perf_counter()
   target, head, draft, num_tokens, dtype = build(_PRESET.value)
   target_params = random_weights.random_params(target.init_params, 0, dtype)
