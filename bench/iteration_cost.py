@@ -5,7 +5,8 @@
 One image with CFG (2 cache rows), XLA:CPU on one thread per op and with the
 main command's XLA options (`generate.compiler_options`), as it runs. Measures, in one process:
   * target forward at T = 1 and T = k + 1 tokens and EAGLE-head forwards at
-    T = 1 and T = k + 1 (jitted fori_loops of forwards at cache lengths 100
+    T = 1 and T = k + 1 (the catch-up: its LM head at one position per row,
+    as the decode runs it; jitted fori_loops of forwards at cache lengths 100
     and 101 in turn, so host dispatch is excluded), on caches with the slots
     the decodes allocate (T = 1: vanilla's, the others: the chain's), since
     attention reads every slot. Each forward writes at another position than
@@ -85,8 +86,10 @@ def main(argv):
     del features
     return target.forward(family.target_params, cache, tokens)
 
-  def eagle_forward(cache, tokens, features):
-    return eagle.forward(family.eagle_params, cache, tokens, features)
+  def eagle_forward(cache, tokens, features):  # T = k + 1: the catch-up, head at one position
+    at = None if tokens.shape[1] == 1 else jnp.full((2,), tokens.shape[1] - 1, jnp.int32)
+    out = eagle.forward(family.eagle_params, cache, tokens, features, logits_at=at)
+    return out.replace(logits=jnp.broadcast_to(out.logits, tokens.shape + out.logits.shape[-1:]))
 
   calls = {}
   for t in (1, K + 1):

@@ -137,8 +137,12 @@ class DrafterModule(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, target_hidden, cache: kv.KVCache, window_mask=None,
-               depths=None):
-    """tokens int32[B, T], target_hidden [B, T, E] -> (logits f32, hidden, cache)."""
+               depths=None, logits_at=None):
+    """tokens int32[B, T], target_hidden [B, T, E] -> (logits f32, hidden, cache).
+
+    logits_at int32[B] (optional): the head runs only at that position of each
+    row (logits [B, 1, V]); hidden stays [B, T, E].
+    """
     c = self.config
     dtype = c.compute_dtype
     embeds = nn.Embed(c.vocab_size, c.hidden_size, dtype=dtype, param_dtype=dtype,
@@ -156,8 +160,10 @@ class DrafterModule(nn.Module):
           input_norm=c.input_layernorm or index > 0, dtype=dtype, param_dtype=dtype,
           name=f'layers_{index}')
       x, cache = layer(x, cos, sin, cache, index, window_mask)
+    head_input = x if logits_at is None else jnp.take_along_axis(
+        x, logits_at[:, None, None], axis=1)
     logits = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype,
-                      name='lm_head')(x)
+                      name='lm_head')(head_input)
     return logits.astype(jnp.float32), x, kv.advance(cache, tokens.shape[1])
 
 
@@ -201,6 +207,8 @@ class EagleDrafter:
   """
 
   config: DrafterConfig
+  # forward takes logits_at (`specdec_jax.drafting.Drafter.forward`).
+  head_at_one_position = True
 
   @property
   def module(self) -> DrafterModule:
@@ -248,7 +256,8 @@ class EagleDrafter:
 
   def forward(self, params: Any, cache: kv.KVCache, tokens: jax.Array,
               target_hidden: jax.Array, window_mask: jax.Array | None = None,
-              depths: jax.Array | None = None) -> protocol.ForwardOutput:
+              depths: jax.Array | None = None,
+              logits_at: jax.Array | None = None) -> protocol.ForwardOutput:
     """T new (token, feature) pairs at each row's length.
 
     Args:
@@ -259,11 +268,17 @@ class EagleDrafter:
         predicted features for deeper draft steps).
       window_mask: bool[T, T] tree visibility (default causal).
       depths: int32[T] offsets from the row length (default arange(T)).
+      logits_at: int32[B] (optional): the head runs only at this position of
+        each row (the catch-up needs one; the head is the largest matmul).
     Returns:
-      ForwardOutput: logits f32[B, T, V] from the target head, hidden
-      [B, T, E] predicted features, cache advanced by T.
+      ForwardOutput: logits f32[B, T, V] (f32[B, 1, V] with logits_at) from
+      the target head, hidden [B, T, E] predicted features, cache advanced by T.
     """
     self._check(tokens, target_hidden, cache, 'EagleDrafter.forward')
+    if logits_at is not None and tuple(logits_at.shape) != (tokens.shape[0],):
+      raise ValueError(f'EagleDrafter.forward: logits_at must be int32[B] = '
+                       f'[{tokens.shape[0]}], one position per row; got '
+                       f'{tuple(logits_at.shape)}.')
     logits, hidden, cache = self.module.apply(
-        {'params': params}, tokens, target_hidden, cache, window_mask, depths)
+        {'params': params}, tokens, target_hidden, cache, window_mask, depths, logits_at)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)

@@ -16,16 +16,14 @@ Drafter bookkeeping. A drafter cache holds everything committed up to and
 including the pending token (the last committed token, which the target has
 not seen yet). After a verify step the newly committed tokens (accepted
 drafts, then the resampled or bonus token) are fed in one "catch-up" forward
-of static width K1 = K + 1 at the drafter's committed length; the output at
-index `num_accepted` is the drafter's distribution for the first new draft.
-Rows accept different numbers of tokens, so the rest of the window is junk
-that the next write overwrites; the committed length then moves by
+of static width K1 = K + 1 at the drafter's committed length; its head runs at
+index `num_accepted` only: the first new draft's law. The rest of the window
+is junk that the next write overwrites; the committed length moves by
 `num_accepted + 1` (rollback = moving lengths, as for the target).
 
 EAGLE drafters pair token t+1 with the target's hidden state at t (the
 feature that predicted it): the catch-up feeds the target's hidden states
-along the accepted path, later drafting steps feed the drafter's own output
-hidden state.
+along the accepted path, later steps the drafter's own output hidden state.
 """
 
 from __future__ import annotations
@@ -149,10 +147,16 @@ class Drafter:
     tokens, features = prefix_pairs(cond, target_hidden)
     return self.model.prefill(params, cache, tokens, features).cache
 
-  def forward(self, params, cache, tokens, features, window_mask=None, depths=None):
-    if self.kind == EAGLE:
-      return self.model.forward(params, cache, tokens, features, window_mask, depths)
-    return self.model.forward(params, cache, tokens, window_mask, depths)
+  def forward(self, params, cache, tokens, features, window_mask=None, depths=None,
+              logits_at=None):
+    """logits_at int32[R]: logits [R, 1, V] there only (the head alone: `head_at_one_position`)."""
+    args = (features,) if self.kind == EAGLE else ()
+    if logits_at is not None and getattr(self.model, 'head_at_one_position', False):
+      return self.model.forward(params, cache, tokens, *args, window_mask, depths, logits_at)
+    out = self.model.forward(params, cache, tokens, *args, window_mask, depths)
+    if logits_at is None:
+      return out
+    return out.replace(logits=jnp.take_along_axis(out.logits, logits_at[:, None, None], axis=1))
 
 
 def catch_up(drafter: Drafter, params, cache: kv.KVCache, committed_length, tokens,
@@ -171,9 +175,9 @@ def catch_up(drafter: Drafter, params, cache: kv.KVCache, committed_length, toke
     the new pending token; cache lengths = committed_length + num_accepted + 1.
   """
   cache = kv.set_lengths(cache, as_rows(committed_length, cfg))
-  out = drafter.forward(params, cache, as_rows(tokens, cfg), features)
   take = as_rows(num_accepted, cfg)
-  root_logits = jnp.take_along_axis(out.logits, take[:, None, None], axis=1)[:, 0]
+  out = drafter.forward(params, cache, as_rows(tokens, cfg), features, logits_at=take)
+  root_logits = out.logits[:, 0]
   root_hidden = jnp.take_along_axis(out.hidden, take[:, None, None], axis=1)[:, 0]
   cache = kv.set_lengths(out.cache, as_rows(committed_length + num_accepted + 1, cfg))
   return root_logits, root_hidden, cache

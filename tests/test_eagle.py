@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import drafting
+from specdec_jax.app import toy
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import lantern_drafter as convert
@@ -213,6 +215,39 @@ class EnginePathTest(absltest.TestCase):
     for sibling, column in ((1, 5), (2, 6)):
       chain = jit_forward(model, params, step.cache, tokens[:, column: column + 1], feature)
       self.assertLess(rel_err(tree.logits[:, sibling], chain.logits[:, 0]), RTOL)
+
+  def test_logits_at_one_position_per_row(self):
+    # The catch-up's head at one position per row: the full forward's logits
+    # there, the same hidden states and cache; the toy EAGLE head (no
+    # `head_at_one_position`) gets the same through `drafting.Drafter`'s gather.
+    config, state, head, tokens, hidden = fixture('llamagen')
+    model = eagle.EagleDrafter(config)
+    params = eagle.attach_head(convert.convert_drafter(state, config), head.T)
+    tokens, hidden = jnp.asarray(tokens, jnp.int32), jnp.asarray(hidden)
+    cache = model.init_cache(BATCH, LENGTH)
+    at = jnp.array([LENGTH - 1, 2], jnp.int32)
+    full = model.forward(params, cache, tokens, hidden)
+    for drafter in (model, drafting.Drafter(model, drafting.EAGLE)):
+      one = (drafter.forward(params, cache, tokens, hidden, logits_at=at)
+             if drafter is not model else model.forward(params, cache, tokens, hidden,
+                                                        logits_at=at))
+      self.assertEqual(one.logits.shape, (BATCH, 1, config.vocab_size))
+      want = jnp.take_along_axis(full.logits, at[:, None, None], axis=1)
+      self.assertLess(rel_err(one.logits, want), RTOL)
+      np.testing.assert_allclose(np.asarray(one.hidden), np.asarray(full.hidden), rtol=RTOL)
+      np.testing.assert_array_equal(np.asarray(one.cache.lengths), np.asarray(full.cache.lengths))
+    toy_head = toy.ToyEagle(vocab=4, num_classes=2)
+    toy_params = toy_head.init_params(jax.random.key(0))
+    toy_cache = toy_head.init_cache(BATCH, 4)
+    toy_tokens = jnp.array([[1, 2, 3], [3, 0, 1]], jnp.int32)
+    features = jax.random.normal(jax.random.key(1), (BATCH, 3, toy_head.hidden_size))
+    toy_full = toy_head.forward(toy_params, toy_cache, toy_tokens, features)
+    toy_one = drafting.Drafter(toy_head, drafting.EAGLE).forward(
+        toy_params, toy_cache, toy_tokens, features, logits_at=jnp.array([0, 2]))
+    np.testing.assert_allclose(np.asarray(toy_one.logits[:, 0]),
+                               np.asarray(toy_full.logits[jnp.arange(BATCH), jnp.array([0, 2])]))
+    with self.assertRaisesRegex(ValueError, r'logits_at must be int32\[B\] = \[2\]'):
+      model.forward(params, cache, tokens, hidden, logits_at=jnp.zeros((2, 1), jnp.int32))
 
   def test_input_errors(self):
     config, _, _, _, _ = fixture('llamagen')
