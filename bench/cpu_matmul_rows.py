@@ -1,0 +1,102 @@
+"""How fast XLA:CPU's matmul libraries read a model's weights at a decode's row counts (not a test).
+
+  python bench/cpu_matmul_rows.py --out bench/results/cpu_matmul_rows.json
+
+A decode forward at batch 1 with CFG multiplies M = 2 x T rows by every
+weight matrix: M = 2 for vanilla and an EAGLE drafting step, 12 for a chain
+verify of k = 5, 52 for a 26-node tree. At these M a float32 matmul should
+be bound by reading its weights, so the figure is weight bytes per second.
+The program is a stack of GPT-B-sized pairs (x @ W[768, 2048], tanh, then
+@ W[2048, 768]; --layers pairs, 151 MB at 24), the shapes of a LlamaGen
+GPT-B MLP, jitted with the main command's XLA options (`CPU_LATENCY_OPTIONS`)
+and with each of the two dot paths XLA:CPU takes here:
+  * ynn: the default (every dot a YNNPACK fusion);
+  * eigen: YNNPACK off (`xla_cpu_experimental_ynn_fusion_type=''`), so dots
+    run as XLA:CPU's own dot thunks (Eigen).
+(With jax 0.10.2 the oneDNN and XNNPACK dot-fusion options, set with YNNPACK
+off, compile to the same program as `eigen`: no library fusion appears.) The
+JSON records the library fusion kinds found in each compiled program.
+Interleaved rounds in one process; each variant's best of --repeats calls per
+round, the best round reported with all rounds. Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
+
+_OUT = flags.DEFINE_string('out', 'bench/results/cpu_matmul_rows.json', 'JSON results.')
+_ROWS = flags.DEFINE_list('rows', ['2', '6', '12', '52'], 'Row counts M.')
+_LAYERS = flags.DEFINE_integer('layers', 24, 'Matmul pairs in the stack.')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Interleaved rounds.')
+_REPEATS = flags.DEFINE_integer('repeats', 4, 'Calls per variant per round (best kept).')
+
+WIDTH, FFN = 768, 2048
+
+
+def variants() -> dict:
+  from specdec_jax import decode  # pylint: disable=g-import-not-at-top
+  base = dict(decode.CPU_LATENCY_OPTIONS)
+  no_ynn = {**base, 'xla_cpu_experimental_ynn_fusion_type': ''}
+  return {'ynn': base, 'eigen': no_ynn}
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(0)
+  ups = [jnp.asarray(rng.standard_normal((WIDTH, FFN), np.float32) * 0.02)
+         for _ in range(_LAYERS.value)]
+  downs = [jnp.asarray(rng.standard_normal((FFN, WIDTH), np.float32) * 0.02)
+           for _ in range(_LAYERS.value)]
+  weight_bytes = 2 * _LAYERS.value * WIDTH * FFN * 4
+
+  def stack(x, ups, downs):  # x f32[M, WIDTH]
+    for up, down in zip(ups, downs):
+      x = jnp.tanh(x @ up) @ down
+    return x
+
+  results = []
+  print('| rows M | ' + ' | '.join(f'{name} GB/s' for name in variants()) + ' |')
+  print('|---' * (1 + len(variants())) + '|')
+  for rows in (int(r) for r in _ROWS.value):
+    x = jnp.ones((rows, WIDTH), jnp.float32)
+    calls, fusion_kinds = {}, {}
+    for name, options in variants().items():
+      fn = jax.jit(stack, compiler_options=options)
+      jax.block_until_ready(fn(x, ups, downs))
+      text = fn.lower(x, ups, downs).compile().as_text()
+      fusion_kinds[name] = sorted(set(re.findall(r'"kind":"(__\w+)"', text)))
+      calls[name] = lambda fn=fn, x=x: fn(x, ups, downs)
+    rounds = [timing.best_ms_interleaved(calls, _REPEATS.value) for _ in range(_ROUNDS.value)]
+    gbps = {name: [weight_bytes / (r[name] * 1e-3) / 1e9 for r in rounds] for name in calls}
+    results.append({'rows': rows, 'library_fusions': fusion_kinds,
+                    'weight_gb_per_s_best': {k: max(v) for k, v in gbps.items()},
+                    'weight_gb_per_s_rounds': gbps,
+                    'gflop_per_s_best': {k: max(v) * rows * 2 / 4 for k, v in gbps.items()}})
+    print(f'| {rows} | ' + ' | '.join(f'{max(v):.1f}' for v in gbps.values()) + ' |', flush=True)
+  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+  with open(_OUT.value, 'w') as f:
+    json.dump({'weight_bytes': weight_bytes, 'layers': _LAYERS.value, 'width': WIDTH,
+               'ffn': FFN, 'dtype': 'float32', 'options': {k: str(v) for k, v in variants().items()},
+               'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'host': timing.host(),
+               'backend': jax.default_backend(), 'results': results}, f, indent=1)
+  print('wrote', _OUT.value)
+
+
+if __name__ == '__main__':
+  app.run(main)
