@@ -9,7 +9,8 @@ Legend: R cache rows (2 = one image with CFG), k drafts, T tokens per forward.
 
 Measures, with random weights at the preset's shapes (`bench/random_weights.py`):
   * ms per target forward at T=1 and T=k+1 (a jitted fori_loop of forwards
-    at a fixed cache length, so host dispatch is excluded);
+    at cache lengths L and L + 1 in turn, as a decode writes, so host
+    dispatch is excluded);
   * ms per SD iteration (Jacobi window k+1, and chain drafting with a small
     independent draft model), from whole decodes divided by verify steps;
   * vanilla whole-image latency and the engine's compile time;
@@ -118,7 +119,11 @@ def copy_bandwidth(num_bytes: int, repeats: int) -> float:
 
 
 def forward_ms(model, params, cond, width: int, capacity: int, iters: int, repeats: int):
-  """ms per forward of `width` tokens at a fixed cache length (prefill done)."""
+  """ms per forward of `width` tokens at cache lengths L and L + 1 in turn (L the
+  prefix; prefill done): each forward writes at another position than the last,
+  as a decode's do. At one fixed length XLA hoists the position-dependent work
+  (RoPE rows, masks, write offsets) out of the loop (before 2026-12-04 this
+  timed that cheaper forward)."""
   rows = jax.tree.leaves(cond)[0].shape[0]
 
   @jax.jit
@@ -127,9 +132,9 @@ def forward_ms(model, params, cond, width: int, capacity: int, iters: int, repea
     length = cache.lengths
     tokens = jnp.zeros((rows, width), jnp.int32)
 
-    def body(_, carry):
+    def body(index, carry):
       cache, total = carry
-      out = model.forward(params, kv.set_lengths(cache, length), tokens)
+      out = model.forward(params, kv.set_lengths(cache, length + index % 2), tokens)
       return out.cache, total + out.logits[0, -1, 0]
 
     return jax.lax.fori_loop(0, iters, body, (cache, jnp.float32(0)))[1]
