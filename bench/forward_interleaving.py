@@ -21,6 +21,10 @@ loop's own (sampling, verification, bookkeeping) cost beside the forwards:
   * both_small: `both`, then the small kernels (after the drafter);
   * both_small_between: the small kernels between the target's forward and
     the drafter's, where the decode's target sampling and verification run.
+Every step moves both caches' lengths between L and L + 1, so each forward
+writes at a new position as in a decode (before 2026-12-04 they stayed at
+one length, where XLA hoists the position-dependent work out of the loop),
+and the catch-up runs the LM head at one position, as the decode does.
 Reported per step: each loop's best time over --rounds interleaved rounds,
 the excess of `both` over `target` + `eagle`, and of each `both_small*`
 over `both` + `small`. --cpus pins the process
@@ -82,9 +86,10 @@ def step_loops(family, options: dict | None, iterations: int,
 
   def eagle_step(carry):
     target_cache, eagle_cache, tokens, features, small = carry
-    out = eagle.forward(family.eagle_params, eagle_cache, tokens, features)
+    last = jnp.full((tokens.shape[0],), tokens.shape[1] - 1, jnp.int32)  # the decode's catch-up
+    out = eagle.forward(family.eagle_params, eagle_cache, tokens, features, logits_at=last)
     draft_cache = out.cache
-    draft = jnp.argmax(out.logits[:, -1:], -1).astype(jnp.int32)
+    draft = jnp.argmax(out.logits, -1).astype(jnp.int32)
     hidden = out.hidden[:, -1:]
     for _ in range(K - 1):
       out = eagle.forward(family.eagle_params, draft_cache, draft, hidden)
@@ -104,9 +109,17 @@ def step_loops(family, options: dict | None, iterations: int,
                  both_small_between=lambda carry: eagle_step(small_step(target_step(carry))))
   carry = (cache, eagle_cache, jnp.zeros((2, K + 1), jnp.int32), jnp.zeros((2, K + 1, width)),
            jnp.zeros((2, 256)))
+  def moving(step):  # cache lengths L, L + 1 in turn: every forward writes at a new position
+    def body(index, carry):
+      target_cache, eagle_cache, *rest = step(carry)
+      shift = 1 - 2 * (index % 2)
+      return (kv.set_lengths(target_cache, target_cache.lengths + shift),
+              kv.set_lengths(eagle_cache, eagle_cache.lengths + shift), *rest)
+    return body
+
   calls, kernels = {}, {}
   for name, step in steps.items():
-    run = jax.jit(lambda c, step=step: jax.lax.fori_loop(0, iterations, lambda _, x: step(x), c),
+    run = jax.jit(lambda c, step=step: jax.lax.fori_loop(0, iterations, moving(step), c),
                   compiler_options=options)
     calls[name] = lambda run=run: run(carry)
     kernels[name] = hlo_kernels.loop_kernels(run.lower(carry).compile().as_text())['total']
