@@ -109,6 +109,7 @@ def step_loops(family, options: dict | None, iterations: int,
                  both_small_between=lambda carry: eagle_step(small_step(target_step(carry))))
   carry = (cache, eagle_cache, jnp.zeros((2, K + 1), jnp.int32), jnp.zeros((2, K + 1, width)),
            jnp.zeros((2, 256)))
+
   def moving(step):  # cache lengths L, L + 1 in turn: every forward writes at a new position
     def body(index, carry):
       target_cache, eagle_cache, *rest = step(carry)

@@ -87,7 +87,8 @@ def main(argv):
     return target.forward(family.target_params, cache, tokens)
 
   def eagle_forward(cache, tokens, features):  # T = k + 1: the catch-up, head at one position
-    at = None if tokens.shape[1] == 1 else jnp.full((2,), tokens.shape[1] - 1, jnp.int32)
+    at = (None if tokens.shape[1] == 1
+          else jnp.full(tokens.shape[:1], tokens.shape[1] - 1, jnp.int32))
     out = eagle.forward(family.eagle_params, cache, tokens, features, logits_at=at)
     return out.replace(logits=jnp.broadcast_to(out.logits, tokens.shape + out.logits.shape[-1:]))
 
