@@ -44,6 +44,12 @@ def forward_caches(family, cond, method: str = 'chain'):
   return cache, eagle_cache
 
 
+def moved_lengths(lengths, index):
+  """Cache lengths after loop step `index` of a moving-position loop: L, L + 1, L, ...
+  (+1 after even steps, -1 after odd ones), so each forward writes at a new position."""
+  return lengths + 1 - 2 * (index % 2)
+
+
 def forward_loop(forward, iters: int, options: dict | None, moving_positions: bool = False):
   """A jitted call running `iters` forwards at a fixed cache length.
 
@@ -66,9 +72,7 @@ def forward_loop(forward, iters: int, options: dict | None, moving_positions: bo
     out = forward(cache, tokens, features)
     next_tokens = jnp.argmax(out.logits, -1).astype(jnp.int32)
     next_features = features if features is None else out.hidden
-    lengths = cache.lengths
-    if moving_positions:  # L, L + 1, L, ...: +1 after even steps, -1 after odd ones
-      lengths = lengths + 1 - 2 * (index % 2)
+    lengths = moved_lengths(cache.lengths, index) if moving_positions else cache.lengths
     return kv.set_lengths(out.cache, lengths), next_tokens, next_features
 
   return jax.jit(lambda carry: jax.lax.fori_loop(0, iters, body, carry),

@@ -113,9 +113,8 @@ def step_loops(family, options: dict | None, iterations: int,
   def moving(step):  # cache lengths L, L + 1 in turn: every forward writes at a new position
     def body(index, carry):
       target_cache, eagle_cache, *rest = step(carry)
-      shift = 1 - 2 * (index % 2)
-      return (kv.set_lengths(target_cache, target_cache.lengths + shift),
-              kv.set_lengths(eagle_cache, eagle_cache.lengths + shift), *rest)
+      move = lambda cache: kv.set_lengths(cache, bundle_pieces.moved_lengths(cache.lengths, index))
+      return (move(target_cache), move(eagle_cache), *rest)
     return body
 
   calls, kernels = {}, {}
@@ -139,7 +138,8 @@ def main(argv):
   calls, kernels = step_loops(family_lib.load(), options, _ITERATIONS.value, _SMALL.value)
   print('kernels per step:', kernels)
   passes = []
-  small = ' small | both_small - (both + small) | between - (both + small) |' if _SMALL.value else ''
+  small = (' small | both_small - (both + small) | between - (both + small) |'
+           if _SMALL.value else '')
   print('| pass | target ms / step | eagle ms / step | both ms / step | both - (target + eagle) |'
         + small)
   print('|---' * (8 if _SMALL.value else 5) + '|')

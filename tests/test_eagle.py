@@ -228,9 +228,7 @@ class EnginePathTest(absltest.TestCase):
     at = jnp.array([LENGTH - 1, 2], jnp.int32)
     full = model.forward(params, cache, tokens, hidden)
     for drafter in (model, drafting.Drafter(model, drafting.EAGLE)):
-      one = (drafter.forward(params, cache, tokens, hidden, logits_at=at)
-             if drafter is not model else model.forward(params, cache, tokens, hidden,
-                                                        logits_at=at))
+      one = drafter.forward(params, cache, tokens, hidden, logits_at=at)
       self.assertEqual(one.logits.shape, (BATCH, 1, config.vocab_size))
       want = jnp.take_along_axis(full.logits, at[:, None, None], axis=1)
       self.assertLess(rel_err(one.logits, want), RTOL)
