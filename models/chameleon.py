@@ -143,8 +143,12 @@ class ChameleonLM(nn.Module):
   config: ChameleonConfig
 
   @nn.compact
-  def __call__(self, tokens, cache: kv.KVCache, window_mask=None, depths=None):
-    """tokens int32[B, T] -> (logits f32[B, T, V], hidden [B, T, E], cache)."""
+  def __call__(self, tokens, cache: kv.KVCache, window_mask=None, depths=None,
+               logits_at=None):
+    """tokens int32[B, T] -> (logits f32[B, T, V], hidden [B, T, E], cache).
+
+    logits_at int32[B] (optional): the head at that position only, [B, 1, V].
+    """
     c = self.config
     embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=c.dtype,
                      param_dtype=c.param_dtype, name='embed_tokens')
@@ -155,7 +159,8 @@ class ChameleonLM(nn.Module):
         swin_norm=c.swin_norm, dtype=c.dtype, param_dtype=c.param_dtype,
         scan_layers=c.scan_layers, name='model')(x, cache, window_mask, depths)
     logits = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
-                      param_dtype=c.param_dtype, name='lm_head')(hidden)
+                      param_dtype=c.param_dtype, name='lm_head')(
+                          protocol.head_input(hidden, logits_at))
     return logits.astype(jnp.float32), hidden, cache
 
 
@@ -211,6 +216,8 @@ class ChameleonModel:
   """
 
   config: ChameleonConfig
+  # prefill and forward take logits_at (`protocol.prefill_last`, drafters' catch-up).
+  head_at_one_position = True
 
   @property
   def module(self) -> ChameleonLM:
@@ -249,16 +256,19 @@ class ChameleonModel:
                          capacity=capacity, num_kv_heads=c.num_kv_heads,
                          head_dim=c.head_dim, dtype=c.dtype, stacked=c.scan_layers)
 
-  def forward(self, params, cache, tokens, window_mask=None, depths=None):
+  def forward(self, params, cache, tokens, window_mask=None, depths=None, logits_at=None):
+    """T tokens int32[B, T] at each row's length; logits_at int32[B]: logits [B, 1, V]."""
+    protocol.check_logits_at(logits_at, tokens.shape[0], 'ChameleonModel')
     logits, hidden, cache = self.module.apply(
-        {'params': params}, tokens, cache, window_mask, depths)
+        {'params': params}, tokens, cache, window_mask, depths, logits_at)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
 
-  def prefill(self, params, cache, cond: ChameleonPrompt) -> protocol.ForwardOutput:
+  def prefill(self, params, cache, cond: ChameleonPrompt,
+              logits_at=None) -> protocol.ForwardOutput:
     """Runs the prompt on a fresh cache (lengths 0); see the module docstring."""
     check_prompt(cond.tokens, cond.mask, vocab_size=self.vocab_size,
                  what='ChameleonModel.prefill')
     kv.check_capacity(cache.capacity, cond.tokens.shape[1], 'ChameleonModel.prefill')
     if cond.mask is not None:
       cache = mark_prefix_padding(cache, cond.mask)
-    return self.forward(params, cache, cond.tokens)
+    return self.forward(params, cache, cond.tokens, logits_at=logits_at)

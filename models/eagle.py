@@ -160,10 +160,8 @@ class DrafterModule(nn.Module):
           input_norm=c.input_layernorm or index > 0, dtype=dtype, param_dtype=dtype,
           name=f'layers_{index}')
       x, cache = layer(x, cos, sin, cache, index, window_mask)
-    head_input = x if logits_at is None else jnp.take_along_axis(
-        x, logits_at[:, None, None], axis=1)
     logits = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype,
-                      name='lm_head')(head_input)
+                      name='lm_head')(protocol.head_input(x, logits_at))
     return logits.astype(jnp.float32), x, kv.advance(cache, tokens.shape[1])
 
 
@@ -275,10 +273,7 @@ class EagleDrafter:
       the target head, hidden [B, T, E] predicted features, cache advanced by T.
     """
     self._check(tokens, target_hidden, cache, 'EagleDrafter.forward')
-    if logits_at is not None and tuple(logits_at.shape) != (tokens.shape[0],):
-      raise ValueError(f'EagleDrafter.forward: logits_at must be int32[B] = '
-                       f'[{tokens.shape[0]}], one position per row; got '
-                       f'{tuple(logits_at.shape)}.')
+    protocol.check_logits_at(logits_at, tokens.shape[0], 'EagleDrafter.forward')
     logits, hidden, cache = self.module.apply(
         {'params': params}, tokens, target_hidden, cache, window_mask, depths, logits_at)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)

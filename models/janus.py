@@ -176,14 +176,18 @@ class JanusGenLM(nn.Module):
     self.gen_head = GenHead(c.gen_head_dim, c.image_vocab_size, c.dtype, c.param_dtype)
 
   def __call__(self, tokens, cache: kv.KVCache, window_mask=None, depths=None,
-               text: bool = False):
-    """tokens int32[B, T] (text ids if `text`, else image codes)."""
+               text: bool = False, logits_at=None):
+    """tokens int32[B, T] (text ids if `text`, else image codes).
+
+    logits_at int32[B] (optional): the head at that position only, [B, 1, V].
+    """
     if text:
       x = self.embed_tokens(tokens)  # [B, T, E]
     else:
       x = self.gen_aligner(self.gen_embed(tokens))  # [B, T, E]
     hidden, cache = self.model(x, cache, window_mask, depths)
-    return self.gen_head(hidden).astype(jnp.float32), hidden, cache
+    logits = self.gen_head(protocol.head_input(hidden, logits_at))
+    return logits.astype(jnp.float32), hidden, cache
 
   def init_all(self, tokens, cache):
     self.embed_tokens(tokens)
@@ -198,6 +202,8 @@ class JanusModel:
   """
 
   config: JanusConfig
+  # prefill and forward take logits_at (`protocol.prefill_last`, drafters' catch-up).
+  head_at_one_position = True
 
   @property
   def module(self) -> JanusGenLM:
@@ -235,20 +241,25 @@ class JanusModel:
                          capacity=capacity, num_kv_heads=c.num_kv_heads,
                          head_dim=c.head_dim, dtype=c.dtype, stacked=c.scan_layers)
 
-  def _run(self, params, cache, tokens, window_mask=None, depths=None, text=False):
+  def _run(self, params, cache, tokens, window_mask=None, depths=None, text=False,
+           logits_at=None):
+    protocol.check_logits_at(logits_at, tokens.shape[0], 'JanusModel')
     logits, hidden, cache = self.module.apply(
-        {'params': params}, tokens, cache, window_mask, depths, text)
+        {'params': params}, tokens, cache, window_mask, depths, text, logits_at)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
 
-  def forward(self, params, cache, tokens, window_mask=None, depths=None):
-    """Image tokens int32[B, T] (codes in [0, V)) at each row's cache length."""
-    return self._run(params, cache, tokens, window_mask, depths)
+  def forward(self, params, cache, tokens, window_mask=None, depths=None, logits_at=None):
+    """Image tokens int32[B, T] (codes in [0, V)) at each row's cache length.
 
-  def prefill(self, params, cache, cond: JanusPrompt) -> protocol.ForwardOutput:
+    logits_at int32[B] (optional): logits [B, 1, V] at that position only.
+    """
+    return self._run(params, cache, tokens, window_mask, depths, logits_at=logits_at)
+
+  def prefill(self, params, cache, cond: JanusPrompt, logits_at=None) -> protocol.ForwardOutput:
     """Runs the text prompt on a fresh cache; logits [B, P, V] are image logits."""
     chameleon.check_prompt(cond.tokens, cond.mask, vocab_size=self.config.text_vocab_size,
                            what='JanusModel.prefill')
     kv.check_capacity(cache.capacity, cond.tokens.shape[1], 'JanusModel.prefill')
     if cond.mask is not None:
       cache = chameleon.mark_prefix_padding(cache, cond.mask)
-    return self._run(params, cache, cond.tokens, text=True)
+    return self._run(params, cache, cond.tokens, text=True, logits_at=logits_at)

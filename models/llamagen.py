@@ -57,6 +57,8 @@ class LlamaGenGPT:
   """
 
   config: GPTConfig
+  # prefill and forward take logits_at (`protocol.prefill_last`, drafters' catch-up).
+  head_at_one_position = True
 
   @property
   def module(self) -> GPTModule:
@@ -164,10 +166,12 @@ class LlamaGenGPT:
                            'then True, last slot True); use left_pad_captions.')
     return caption
 
-  def prefill(self, params: Any, cache: kv.KVCache, cond: Any) -> protocol.ForwardOutput:
+  def prefill(self, params: Any, cache: kv.KVCache, cond: Any,
+              logits_at: jax.Array | None = None) -> protocol.ForwardOutput:
     """Runs the P condition tokens on a fresh cache, in one forward.
 
-    Returns logits [B, P, V] (the last predicts image token 0). A t2i padding
+    Returns logits [B, P, V] (the last predicts image token 0; [B, 1, V] at
+    logits_at int32[B] only, `protocol.prefill_last`). A t2i padding
     mask marks the padding slots invalid keys (`key_valid`); the cache's
     mask then lets a padding query see only itself and a real query the real
     slots before it and itself, the original's emb_masks + diagonal.
@@ -180,18 +184,23 @@ class LlamaGenGPT:
     if c.model_type == 't2i' and cond.mask is not None:
       mask = jnp.asarray(cond.mask, bool)
       cache = cache.replace(key_valid=cache.key_valid.at[:, : c.cls_token_num].set(mask))
-    return self._run(params, cache, embeds)
+    return self._run(params, cache, embeds, logits_at=logits_at)
 
   def forward(self, params: Any, cache: kv.KVCache, tokens: jax.Array,
               window_mask: jax.Array | None = None,
-              depths: jax.Array | None = None) -> protocol.ForwardOutput:
-    """Runs T image tokens int32[B, T] at each row's length (see protocol)."""
-    embeds = self.module.apply({'params': params}, tokens, method=GPTModule.embed_tokens)
-    return self._run(params, cache, embeds, window_mask, depths)
+              depths: jax.Array | None = None,
+              logits_at: jax.Array | None = None) -> protocol.ForwardOutput:
+    """Runs T image tokens int32[B, T] at each row's length (see protocol).
 
-  def _run(self, params, cache, embeds, window_mask=None, depths=None):
+    logits_at int32[B] (optional): logits [B, 1, V] at that position only.
+    """
+    embeds = self.module.apply({'params': params}, tokens, method=GPTModule.embed_tokens)
+    return self._run(params, cache, embeds, window_mask, depths, logits_at)
+
+  def _run(self, params, cache, embeds, window_mask=None, depths=None, logits_at=None):
+    protocol.check_logits_at(logits_at, embeds.shape[0], 'LlamaGenGPT')
     logits, hidden, cache = self.module.apply(
-        {'params': params}, embeds, cache, window_mask, depths)
+        {'params': params}, embeds, cache, window_mask, depths, logits_at)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
 
 

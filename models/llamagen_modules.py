@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import kv_cache as kv
+from specdec_jax import protocol
 from specdec_jax.models import layers
 from specdec_jax.models.llamagen_config import GPTConfig
 
@@ -198,8 +199,11 @@ class GPTModule(nn.Module):
     return self.cls_embedding.null_features()
 
   def __call__(self, embeds: jax.Array, cache: kv.KVCache, window_mask=None,
-               depths=None):
-    """[B, T, E] at each row's length -> (logits f32[B, T, V], hidden, cache)."""
+               depths=None, logits_at=None):
+    """[B, T, E] at each row's length -> (logits f32[B, T, V], hidden, cache).
+
+    logits_at int32[B] (optional): the head at that position only, [B, 1, V].
+    """
     c = self.config
     positions = kv.window_positions(cache, embeds.shape[1], depths)  # [B, T]
     cos, sin = rope_2d(positions, c.head_dim, c.grid_size, c.cls_token_num, c.rope_base)
@@ -210,7 +214,7 @@ class GPTModule(nn.Module):
       for index, layer in enumerate(self.layers):
         x, cache = layer(x, cos, sin, cache, index, window_mask)
     hidden = self.norm(x)
-    logits = self.output(hidden).astype(jnp.float32)
+    logits = self.output(protocol.head_input(hidden, logits_at)).astype(jnp.float32)
     return logits, hidden, kv.advance(cache, embeds.shape[1])
 
   def init_all(self, tokens, cond, cache):

@@ -1,10 +1,9 @@
 """The decoding engine: one compiled `lax.while_loop` per call, for every mode.
 
 Legend: B images, R cache rows (B, or 2B with CFG: rows 2b, 2b + 1 = image b's
-conditional and unconditional rows, see `drafting`), V
-vocabulary, E hidden width, P prefix slots, n image tokens to generate, T
-verify window (vanilla 1, chain k+1, tree N nodes, Jacobi W), K draft slots
-(T - 1; tree: depth D).
+conditional and unconditional rows, see `drafting`), V vocabulary, E hidden
+width, P prefix slots, n image tokens to generate, T verify window (vanilla 1,
+chain k+1, tree N nodes, Jacobi W), K draft slots (T - 1; tree: depth D).
 
 Loop invariant, per image: `num_generated` tokens are committed; the last of
 them is *pending* (sampled but not yet run through the target), and the
@@ -54,6 +53,7 @@ from specdec_jax import mode_base
 from specdec_jax import modes as modes_lib
 from specdec_jax import phases
 from specdec_jax import program_cache
+from specdec_jax import protocol
 from specdec_jax import randomness
 from specdec_jax import sharding
 # XLA options for decodes: part of this module's API (generate(compiler_options=...)).
@@ -130,17 +130,17 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
   # [cond; uncond] halves -> interleaved rows (an image's rows on one device).
   cond, draft_cond = drafting.cfg_rows(cond, cfg), drafting.cfg_rows(draft_cond, cfg)
 
-  # Prefill and the first token (always plain AR).
-  pairs = plan.rows_per_image
-  # With attention phases the cache starts at the first phase's span (`phases`).
-  slots = (plan.attention_spans + (plan.target_capacity,))[0]
+  # Prefill and the first token (always plain AR); with attention phases the
+  # cache starts at the first phase's span (`phases`).
+  pairs, slots = plan.rows_per_image, (plan.attention_spans + (plan.target_capacity,))[0]
   cache = plan.shared_lengths(plan.target.init_cache(num_images * pairs, slots))
-  out = plan.target.prefill(target_params, sharding.constrain_cache(cache, mesh, pairs), cond)
+  out = protocol.prefill_last(plan.target, target_params,  # logits [R, 1, V]
+                              sharding.constrain_cache(cache, mesh, pairs), cond)
   # Every random number of the decode, drawn now: the loop body runs no PRNG.
   noise = randomness.loop_uniforms(row_keys, plan.num_tokens,
                                    mode.verify_uniforms + mode.draft_uniforms)  # [B, n, U]
   first_uniforms, start_uniforms = _split_uniforms(noise[:, 0], mode)
-  first_probs = drafting.guided_probs(plan.sampling, out.logits[:, -1:],
+  first_probs = drafting.guided_probs(plan.sampling, out.logits,
                                       jnp.zeros((num_images, 1), jnp.int32), cfg)[:, 0]
   first = categorical.sample(first_uniforms[:, 0], first_probs)
   buffer = jnp.zeros((num_images, plan.num_tokens + 2 * (mode.slots + 1)), jnp.int32)

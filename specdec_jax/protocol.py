@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 
 from specdec_jax import kv_cache as kv
 
@@ -56,6 +57,10 @@ class DecodeModel(Protocol):
   # token ids that are image tokens (what Jacobi decoding's random drafts are
   # drawn from). Models without it use the whole vocabulary (0, V); see
   # `image_token_range` below.
+  # Optional: `head_at_one_position = True` (a class attribute) says that
+  # `prefill` and `forward` take a keyword `logits_at=int32[B]` and then run the
+  # LM head at that one position of each row only: logits [B, 1, V], hidden and
+  # cache as without it (`prefill_last` below; EAGLE drafters' catch-up).
   # Optional: `check_cond(cond)`, checks of a concrete condition's values (class
   # ids in range, left padding), and `max_image_tokens`, the most tokens one
   # decode may generate (LlamaGen: its grid); `specdec_jax.checks` calls them.
@@ -108,3 +113,33 @@ def image_token_range(model: Any) -> tuple[int, int]:
     raise ValueError(f'{type(model).__name__}.image_token_range must be a non-empty range '
                      f'(start, stop) inside [0, vocab_size={vocab}], got {declared!r}.')
   return start, stop
+
+
+def check_logits_at(logits_at: jax.Array | None, batch_size: int, what: str) -> None:
+  """Raises ValueError unless logits_at is None or int32[B], one position per row."""
+  if logits_at is not None and tuple(logits_at.shape) != (batch_size,):
+    raise ValueError(f'{what}: logits_at must be int32[B] = [{batch_size}], one position '
+                     f'per row; got shape {tuple(logits_at.shape)}.')
+
+
+def head_input(hidden: jax.Array, logits_at: jax.Array | None) -> jax.Array:
+  """The LM head's input: hidden [B, T, E], or [B, 1, E] at logits_at int32[B]."""
+  if logits_at is None:
+    return hidden
+  return jnp.take_along_axis(hidden, logits_at[:, None, None], axis=1)
+
+
+def prefill_last(model: Any, params: Any, cache: kv.KVCache, cond: Any) -> ForwardOutput:
+  """`model.prefill` with logits [B, 1, V] at the last prefix position only.
+
+  The engine reads only the prefix's last logits (the first image token's);
+  a model with `head_at_one_position` runs its LM head there alone (at a
+  65,536-token vocabulary and a long prompt the head over every prefix
+  position is the prefill's largest tensor); others are sliced. Hidden and
+  cache are the full prefill's.
+  """
+  if getattr(model, 'head_at_one_position', False):
+    last = jnp.full((cache.batch_size,), model.prefix_length(cond) - 1, jnp.int32)
+    return model.prefill(params, cache, cond, logits_at=last)
+  out = model.prefill(params, cache, cond)
+  return out.replace(logits=out.logits[:, -1:])
