@@ -43,6 +43,7 @@ import numpy as np
 
 from specdec_jax import kv_cache as kv
 from specdec_jax import protocol
+from specdec_jax.models import dense_dot
 from specdec_jax.models import layers
 from specdec_jax.models import lumina_layout
 # The configuration lives in chameleon_config; re-exported here.
@@ -126,7 +127,8 @@ class DecoderStack(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim, self.ffn_dim,
         norm_eps=self.norm_eps, rope='half', qk_norm=self.qk_norm,
         swin_norm=self.swin_norm, dtype=self.dtype, param_dtype=self.param_dtype,
-        merge_projections=not self.scan_layers, name=name)
+        merge_projections=not self.scan_layers,
+        transpose_kernels=not self.scan_layers, name=name)
     if self.scan_layers:
       x, cache = layers.scan_layers(make_layer(layers.SCANNED), self.num_layers, x, cos, sin,
                                     cache, window_mask)
@@ -159,7 +161,8 @@ class ChameleonLM(nn.Module):
         swin_norm=c.swin_norm, dtype=c.dtype, param_dtype=c.param_dtype,
         scan_layers=c.scan_layers, name='model')(x, cache, window_mask, depths)
     logits = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
-                      param_dtype=c.param_dtype, name='lm_head')(
+                      param_dtype=c.param_dtype, dot_general=dense_dot.weight_dot,
+                      name='lm_head')(
                           protocol.head_input(hidden, logits_at))
     return logits.astype(jnp.float32), hidden, cache
 

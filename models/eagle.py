@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from specdec_jax import kv_cache as kv
 from specdec_jax import precision
 from specdec_jax import protocol
+from specdec_jax.models import dense_dot
 from specdec_jax.models import layers
 from specdec_jax.models import llamagen
 
@@ -149,7 +150,7 @@ class DrafterModule(nn.Module):
                       name='embed_tokens')(tokens)
     x = jnp.concatenate([embeds, target_hidden.astype(dtype)], axis=-1)  # [B, T, 2E]
     x = nn.Dense(c.hidden_size, use_bias=c.fc_bias, dtype=dtype, param_dtype=dtype,
-                 name='fc')(x)
+                 dot_general=dense_dot.weight_dot, name='fc')(x)
     positions = kv.window_positions(cache, tokens.shape[1], depths)
     cos, sin = rope_tables(c, positions)
     for index in range(c.num_layers):
@@ -161,6 +162,7 @@ class DrafterModule(nn.Module):
           name=f'layers_{index}')
       x, cache = layer(x, cos, sin, cache, index, window_mask)
     logits = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype,
+                      dot_general=dense_dot.weight_dot,
                       name='lm_head')(protocol.head_input(x, logits_at))
     return logits.astype(jnp.float32), x, kv.advance(cache, tokens.shape[1])
 

@@ -35,6 +35,7 @@ from specdec_jax import kv_cache as kv
 from specdec_jax import protocol
 from specdec_jax.models import chameleon
 from specdec_jax.models import chameleon_config
+from specdec_jax.models import dense_dot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +152,10 @@ class GenHead(nn.Module):
   @nn.compact
   def __call__(self, hidden):
     x = nn.Dense(self.head_dim, dtype=self.dtype, param_dtype=self.param_dtype,
-                 name='output_mlp_projector')(hidden)
+                 dot_general=dense_dot.weight_dot, name='output_mlp_projector')(hidden)
     x = jax.nn.gelu(x, approximate=False)
     return nn.Dense(self.vocab_size, dtype=self.dtype, param_dtype=self.param_dtype,
-                    name='vision_head')(x)
+                    dot_general=dense_dot.weight_dot, name='vision_head')(x)
 
 
 class JanusGenLM(nn.Module):

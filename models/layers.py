@@ -19,6 +19,7 @@ import numpy as np
 
 from specdec_jax import attention
 from specdec_jax import kv_cache as kv
+from specdec_jax.models.dense_dot import dot_for
 
 
 class RMSNorm(nn.Module):
@@ -46,14 +47,16 @@ class SwiGLU(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   merge_projections: bool = True  # gate and up as one matmul on CPU (`project`)
+  transpose_kernels: bool = True  # many-row matmuls on transposed kernels on CPU (`weight_dot`)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     weights = [DenseParams(self.hidden_dim, self.use_bias, self.param_dtype, name=name)(x.shape[-1])
                for name in ('gate', 'up')]
-    gate, up = project(x, weights, self.dtype, self.merge_projections)
+    gate, up = project(x, weights, self.dtype, self.merge_projections, self.transpose_kernels)
     down = nn.Dense(x.shape[-1], use_bias=self.use_bias, dtype=self.dtype,
-                    param_dtype=self.param_dtype, name='down')
+                    param_dtype=self.param_dtype, dot_general=dot_for(self.transpose_kernels),
+                    name='down')
     return down(jax.nn.silu(gate) * up)
 
 
@@ -80,7 +83,8 @@ class DenseParams(nn.Module):
 MERGE_MAX_BYTES = 1 << 20
 
 
-def project(x: jax.Array, weights, dtype: Any, merge: bool) -> list[jax.Array]:
+def project(x: jax.Array, weights, dtype: Any, merge: bool,
+            transpose: bool = False) -> list[jax.Array]:
   """x through several dense layers that read it: [x @ kernel_i + bias_i], as `nn.Dense`.
 
   Args:
@@ -108,14 +112,14 @@ def project(x: jax.Array, weights, dtype: Any, merge: bool) -> list[jax.Array]:
   pairs = [(kernel, bias) for _, kernel, bias in promoted]
 
   def one_per_layer(x, pairs):
-    return [_dense(x, kernel, bias) for kernel, bias in pairs]
+    return [_dense(x, kernel, bias, dot_for(transpose)) for kernel, bias in pairs]
 
   def merged(x, pairs):
     kernel = jnp.concatenate([k for k, _ in pairs], axis=1)
     biases = [b for _, b in pairs]
     bias = None if biases[0] is None else jnp.concatenate(biases)
     sizes = np.cumsum([k.shape[1] for k, _ in pairs])[:-1]
-    return jnp.split(_dense(x, kernel, bias), sizes, axis=-1)
+    return jnp.split(_dense(x, kernel, bias, jax.lax.dot_general), sizes, axis=-1)
 
   kernel_bytes = sum(kernel.size * kernel.dtype.itemsize for kernel, _ in pairs)
   if not merge or len(pairs) == 1 or kernel_bytes > MERGE_MAX_BYTES:
@@ -123,8 +127,8 @@ def project(x: jax.Array, weights, dtype: Any, merge: bool) -> list[jax.Array]:
   return jax.lax.platform_dependent(x, pairs, cpu=merged, default=one_per_layer)
 
 
-def _dense(x, kernel, bias):
-  y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+def _dense(x, kernel, bias, dot_general):
+  y = dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
   return y if bias is None else y + bias
 
 
@@ -212,6 +216,7 @@ class CachedSelfAttention(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   merge_projections: bool = True  # q, k and v as one matmul on CPU (`project`)
+  transpose_kernels: bool = True  # many-row matmuls on transposed kernels on CPU (`weight_dot`)
 
   @nn.compact
   def __call__(self, x, cos, sin, cache: kv.KVCache, layer: int, window_mask=None):
@@ -221,7 +226,7 @@ class CachedSelfAttention(nn.Module):
                for features, name in ((self.num_heads * self.head_dim, 'q_proj'),
                                       (self.num_kv_heads * self.head_dim, 'k_proj'),
                                       (self.num_kv_heads * self.head_dim, 'v_proj'))]
-    q, k, v = project(x, weights, self.dtype, self.merge_projections)
+    q, k, v = project(x, weights, self.dtype, self.merge_projections, self.transpose_kernels)
     q = q.reshape(batch, num_new, self.num_heads, self.head_dim)
     k = k.reshape(batch, num_new, self.num_kv_heads, self.head_dim)
     v = v.reshape(batch, num_new, self.num_kv_heads, self.head_dim)
@@ -233,7 +238,8 @@ class CachedSelfAttention(nn.Module):
     out, cache = attention.cached_attention(q, k, v, cache, layer, window_mask)
     out = out.reshape(batch, num_new, self.num_heads * self.head_dim)
     o_proj = nn.Dense(width, use_bias=self.use_bias, dtype=self.dtype,
-                      param_dtype=self.param_dtype, name='o_proj')
+                      param_dtype=self.param_dtype,
+                      dot_general=dot_for(self.transpose_kernels), name='o_proj')
     return o_proj(out), cache
 
 
@@ -257,6 +263,7 @@ class DecoderLayer(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   merge_projections: bool = True  # see `project`; False for scanned layers
+  transpose_kernels: bool = True  # see `weight_dot`; False for scanned layers
 
   @nn.compact
   def __call__(self, x, cos, sin, cache: kv.KVCache, layer: int, window_mask=None):
@@ -264,9 +271,11 @@ class DecoderLayer(nn.Module):
     attn = CachedSelfAttention(
         self.num_heads, self.num_kv_heads, self.head_dim, rope=self.rope,
         qk_norm=self.qk_norm, dtype=self.dtype, param_dtype=self.param_dtype,
-        merge_projections=self.merge_projections, name='self_attn')
+        merge_projections=self.merge_projections, transpose_kernels=self.transpose_kernels,
+        name='self_attn')
     mlp = SwiGLU(self.ffn_dim, dtype=self.dtype, param_dtype=self.param_dtype,
-                 merge_projections=self.merge_projections, name='mlp')
+                 merge_projections=self.merge_projections,
+                 transpose_kernels=self.transpose_kernels, name='mlp')
     post_norm = RMSNorm(self.norm_eps, self.param_dtype, name='post_attention_layernorm')
     norm_in = (RMSNorm(self.norm_eps, self.param_dtype, name='input_layernorm')
                if self.input_norm else (lambda y: y))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from specdec_jax import kv_cache as kv
 from specdec_jax import protocol
+from specdec_jax.models import dense_dot
 from specdec_jax.models import layers
 from specdec_jax.models.llamagen_config import GPTConfig
 
@@ -181,11 +182,13 @@ class GPTModule(nn.Module):
     make_layer = lambda: layers.DecoderLayer(
         num_heads=c.n_head, num_kv_heads=c.n_kv_head, head_dim=c.head_dim,
         ffn_dim=c.ffn_dim, norm_eps=c.norm_eps, rope='interleaved', dtype=dtype,
-        param_dtype=dtype, merge_projections=not c.scan_layers)
+        param_dtype=dtype, merge_projections=not c.scan_layers,
+        transpose_kernels=not c.scan_layers)
     # Scanned: one module `layers` with stacked params; else `layers_{i}`.
     self.layers = make_layer() if c.scan_layers else [make_layer() for _ in range(c.n_layer)]
     self.norm = layers.RMSNorm(c.norm_eps, dtype)
-    self.output = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype)
+    self.output = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype,
+                           dot_general=dense_dot.weight_dot)
 
   def embed_tokens(self, tokens: jax.Array) -> jax.Array:
     """int32[B, T] -> [B, T, E]."""

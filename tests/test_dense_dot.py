@@ -1,0 +1,141 @@
+"""Dense layers' dots on transposed kernels on CPU (`models.dense_dot.weight_dot`).
+
+The transposed path must give `lax.dot_general`'s values, be taken exactly
+where it is meant to (many rows, a large kernel, XLA:CPU), leave a decode
+loop's body without the transpose (XLA hoists the copy), and leave the models'
+parameters and greedy decodes as they are.
+"""
+
+import re
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import decode
+from specdec_jax import logits
+from specdec_jax import rules
+from specdec_jax.models import dense_dot
+from specdec_jax.models import llamagen
+
+DENSE = (((1,), (0,)), ((), ()))
+BIG = 512  # a [512, 512] float32 kernel is 1 MiB: TRANSPOSE_MIN_BYTES
+
+
+def _compiled(fn, *args) -> str:
+  return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def _transposed_dots(text: str) -> int:
+  """Dots of a compiled [M, K] x kernel program that contract the kernel's minor dimension."""
+  return text.count('lhs_contracting_dims={1}, rhs_contracting_dims={1}')
+
+
+def _computation(text: str, name: str) -> str:
+  """The body of HLO computation `name` in a compiled module's text."""
+  match = re.search(r'\n(?:ENTRY )?%' + re.escape(name) + r' [^\n]*\{\n(.*?)\n\}', text, re.S)
+  assert match, name
+  return match.group(1)
+
+
+class WeightDotTest(parameterized.TestCase):
+
+  @parameterized.parameters((8, BIG), (2, BIG), (8, 64), (1, BIG))
+  def test_values_and_path(self, rows, width):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((rows, width)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((width, 256)), jnp.float32)
+    got = jax.jit(lambda x, w: dense_dot.weight_dot(x, w, DENSE))(x, w)
+    np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-4)
+    # Transposed only with >= TRANSPOSE_MIN_ROWS rows and a kernel of >= 1 MiB
+    # ([512, 256] is 0.5 MiB: plain; [512, 512] below).
+    square = jnp.asarray(rng.standard_normal((width, width)), jnp.float32)
+    text = _compiled(lambda x, w: dense_dot.weight_dot(x, w, DENSE), x, square)
+    taken = rows >= dense_dot.TRANSPOSE_MIN_ROWS and width >= BIG
+    self.assertEqual(_transposed_dots(text), int(taken))
+
+  def test_transposed_copy_is_hoisted_out_of_a_loop(self):
+    x, w = jnp.ones((8, BIG)), jnp.ones((BIG, BIG))
+
+    def loop(x, w):
+      step = lambda _, x: jnp.tanh(dense_dot.weight_dot(x, w, DENSE))
+      return jax.lax.fori_loop(0, 4, step, x)
+
+    text = _compiled(loop, x, w)
+    body = _computation(text, re.search(r'while\([^\n]*body=%([\w.\-]+)', text).group(1))
+    # The body runs the transposed dot on a loop input, the copy [N, K] made once
+    # before the loop; without hoisting the body would copy the kernel each step.
+    self.assertIn('__ynn_fusion', body)
+    self.assertNotIn('copy', body)
+    self.assertNotIn('transpose', body)
+    self.assertEqual(_transposed_dots(text), 1)
+    self.assertIn('copy(', _computation(text, re.search(r'ENTRY %([\w.\-]+)', text).group(1)))
+
+  def test_dense_layer_parameters_unchanged(self):
+    x = jnp.ones((8, BIG))
+    plain = nn.Dense(BIG, use_bias=True)
+    transposed = nn.Dense(BIG, use_bias=True, dot_general=dense_dot.weight_dot)
+    params = plain.init(jax.random.key(0), x)
+    self.assertEqual(jax.tree.structure(params),
+                     jax.tree.structure(transposed.init(jax.random.key(0), x)))
+    np.testing.assert_allclose(transposed.apply(params, x), plain.apply(params, x),
+                               rtol=1e-5, atol=1e-4)
+
+  def test_other_contractions_are_plain(self):
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((8, BIG)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((BIG, BIG)), jnp.float32)
+    other = (((1,), (1,)), ((), ()))  # x @ w.T: not a dense layer's dot
+    np.testing.assert_allclose(jax.jit(lambda x, w: dense_dot.weight_dot(x, w, other))(x, w),
+                               x @ w.T, rtol=1e-5, atol=1e-3)
+
+
+class LargeKernelModelTest(absltest.TestCase):
+  """A LlamaGen whose kernels pass TRANSPOSE_MIN_BYTES: forwards and greedy decodes."""
+
+  def setUp(self):
+    super().setUp()
+    config = llamagen.GPTConfig(n_layer=1, n_head=8, dim=BIG, vocab_size=BIG, num_classes=4,
+                                block_size=16)
+    self.model = llamagen.LlamaGenGPT(config)
+    self.params = self.model.init_params(jax.random.key(0))
+
+  def test_verify_forward_uses_transposed_kernels_with_the_same_logits(self):
+    cond = self.model.cfg_cond(self.params, jnp.array([0, 3]))
+    prefix = self.model.prefill(self.params, self.model.init_cache(4, 12), cond)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, BIG, (4, 6)), jnp.int32)
+    args = (self.params, prefix.cache, tokens)
+
+    def forward(p, c, t):
+      return self.model.forward(p, c, t).logits
+
+    transposed = _compiled(forward, *args)  # 24 rows, 1 MiB kernels
+    got = jax.jit(forward)(*args)
+    original = dense_dot.TRANSPOSE_MIN_BYTES
+    dense_dot.TRANSPOSE_MIN_BYTES = 1 << 40  # the plain dots (fresh traces: new lambdas)
+    try:
+      plain = _compiled(lambda p, c, t: forward(p, c, t), *args)
+      want = jax.jit(lambda p, c, t: forward(p, c, t))(*args)
+    finally:
+      dense_dot.TRANSPOSE_MIN_BYTES = original
+    self.assertGreater(_transposed_dots(transposed), _transposed_dots(plain))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+  def test_greedy_chain_equals_vanilla(self):
+    # Vanilla's 2-row dots stay plain, the 8- and 12-row verify forwards run
+    # transposed; with temperature 0 every lossless mode must emit vanilla's tokens.
+    cond = self.model.cfg_cond(self.params, jnp.array([0, 1, 3]))
+    run = lambda mode, **kwargs: np.asarray(decode.generate(
+        self.model, self.params, cond, num_tokens=12, key=jax.random.key(4), mode=mode,
+        sampling=logits.Sampling(cfg_scale=2.0, temperature=0.0), rule=rules.Lossless(),
+        compiler_options=decode.FAST_COMPILE, **kwargs).tokens)
+    expected = run(decode.Vanilla())
+    np.testing.assert_array_equal(
+        run(decode.ChainDraft(3, 'model'), draft=self.model, draft_params=self.params), expected)
+
+
+if __name__ == '__main__':
+  absltest.main()
