@@ -160,10 +160,10 @@ class ChameleonLM(nn.Module):
         c.intermediate_size, c.rms_norm_eps, c.rope_theta, qk_norm=True,
         swin_norm=c.swin_norm, dtype=c.dtype, param_dtype=c.param_dtype,
         scan_layers=c.scan_layers, name='model')(x, cache, window_mask, depths)
-    logits = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
-                      param_dtype=c.param_dtype, dot_general=dense_dot.weight_dot,
-                      name='lm_head')(
-                          protocol.head_input(hidden, logits_at))
+    lm_head = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
+                       param_dtype=c.param_dtype, dot_general=dense_dot.weight_dot,
+                       name='lm_head')
+    logits = lm_head(protocol.head_input(hidden, logits_at))
     return logits.astype(jnp.float32), hidden, cache
 
 

@@ -32,12 +32,13 @@ def weight_dot(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None
   """`lax.dot_general` of x [..., K] and a kernel [K, N] (as `nn.Dense(dot_general=...)`).
 
   On XLA:CPU, with at least TRANSPOSE_MIN_ROWS rows and a kernel of at least
-  TRANSPOSE_MIN_BYTES, the kernel is read from a transposed copy [N, K], made behind an optimization barrier so that XLA
-  does not fold the transpose back into the dot. The copy depends only on
-  the parameters, so XLA hoists it out of a decode loop: the price is a
-  second copy of those kernels during a call, as for merged projections
-  (`layers.project`). Fewer rows, other contractions and other backends run
-  `lax.dot_general` as it is.
+  TRANSPOSE_MIN_BYTES, the kernel is read from a transposed copy [N, K], made
+  behind an optimization barrier so that XLA does not fold the transpose back
+  into the dot. The copy depends only on the parameters, so XLA hoists it out
+  of a decode loop: the price is a second copy of those kernels during a
+  call, as for merged projections (`layers.project`). Fewer rows, smaller
+  kernels, other contractions and other backends run `lax.dot_general` as it
+  is.
   """
   def plain(lhs, rhs):
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,

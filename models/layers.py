@@ -104,6 +104,8 @@ def project(x: jax.Array, weights, dtype: Any, merge: bool,
       is then a small part of the matmul, and at LlamaGen GPT-B's width (7 MB
       for q, k, v) the merged decode ran 3% slower per iteration on CPU
       (docs/results.md, "Merged projections only for small kernels").
+    transpose: the unmerged matmuls through `dense_dot.weight_dot` (large
+      kernels read transposed on CPU when many rows multiply them).
   Returns:
     [..., F_i] per layer, in `dtype` (promoted as `nn.Dense` does).
   """
