@@ -84,7 +84,7 @@ def main(argv):
       x = jax.lax.dot_general(jnp.tanh(jax.lax.dot_general(x, up, minor)), down, minor)
     return x
 
-  torch_stack = _torch_stack(ups_nk, downs_nk, len(os.sched_getaffinity(0)))
+  torch_stack, torch_version = _torch_stack(ups_nk, downs_nk, len(os.sched_getaffinity(0)))
 
   results = []
   names = [*variants(), 'ynn_nk'] + (['torch'] if torch_stack else [])
@@ -116,25 +116,18 @@ def main(argv):
     json.dump({'weight_bytes': weight_bytes, 'layers': _LAYERS.value, 'width': WIDTH,
                'ffn': FFN, 'dtype': 'float32', 'options': {k: str(v) for k, v in variants().items()},
                'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'host': timing.host(),
-               'backend': jax.default_backend(), 'torch': _torch_version(),
+               'backend': jax.default_backend(), 'torch': torch_version,
                'results': results}, f, indent=1)
   print('wrote', _OUT.value)
 
 
-def _torch_version():
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return f'{torch.__version__} (threads {torch.get_num_threads()})'
-
-
 def _torch_stack(ups_nk, downs_nk, threads: int):
-  """PyTorch's F.linear over the same [N, K] weights, or None without torch."""
+  """(PyTorch's F.linear over the same [N, K] weights, its version), or (None, None)
+  without torch."""
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
-    return None
+    return None, None
   import numpy as np  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(threads)
   ups = [torch.from_numpy(np.array(w)) for w in ups_nk]
@@ -146,7 +139,7 @@ def _torch_stack(ups_nk, downs_nk, threads: int):
       for up, down in zip(ups, downs):
         h = torch.nn.functional.linear(torch.tanh(torch.nn.functional.linear(h, up)), down)
     return h
-  return stack
+  return stack, f'{torch.__version__} (threads {torch.get_num_threads()})'
 
 
 if __name__ == '__main__':

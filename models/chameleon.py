@@ -163,7 +163,7 @@ class ChameleonLM(nn.Module):
     lm_head = nn.Dense(c.vocab_size, use_bias=False, dtype=c.dtype,
                        param_dtype=c.param_dtype, dot_general=dense_dot.weight_dot,
                        name='lm_head')
-    logits = lm_head(protocol.head_input(hidden, logits_at))
+    logits = lm_head(protocol.at_positions(hidden, logits_at))
     return logits.astype(jnp.float32), hidden, cache
 
 

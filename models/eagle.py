@@ -163,7 +163,7 @@ class DrafterModule(nn.Module):
       x, cache = layer(x, cos, sin, cache, index, window_mask)
     logits = nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, param_dtype=dtype,
                       dot_general=dense_dot.weight_dot,
-                      name='lm_head')(protocol.head_input(x, logits_at))
+                      name='lm_head')(protocol.at_positions(x, logits_at))
     return logits.astype(jnp.float32), x, kv.advance(cache, tokens.shape[1])
 
 

@@ -187,7 +187,7 @@ class JanusGenLM(nn.Module):
     else:
       x = self.gen_aligner(self.gen_embed(tokens))  # [B, T, E]
     hidden, cache = self.model(x, cache, window_mask, depths)
-    logits = self.gen_head(protocol.head_input(hidden, logits_at))
+    logits = self.gen_head(protocol.at_positions(hidden, logits_at))
     return logits.astype(jnp.float32), hidden, cache
 
   def init_all(self, tokens, cache):

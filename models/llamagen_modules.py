@@ -217,7 +217,7 @@ class GPTModule(nn.Module):
       for index, layer in enumerate(self.layers):
         x, cache = layer(x, cos, sin, cache, index, window_mask)
     hidden = self.norm(x)
-    logits = self.output(protocol.head_input(hidden, logits_at)).astype(jnp.float32)
+    logits = self.output(protocol.at_positions(hidden, logits_at)).astype(jnp.float32)
     return logits, hidden, kv.advance(cache, embeds.shape[1])
 
   def init_all(self, tokens, cond, cache):

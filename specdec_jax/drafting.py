@@ -37,6 +37,7 @@ import numpy as np
 
 from specdec_jax import categorical
 from specdec_jax import kv_cache as kv
+from specdec_jax import protocol
 from specdec_jax import resampling
 
 EAGLE, MODEL = 'eagle', 'model'
@@ -152,11 +153,10 @@ class Drafter:
     """logits_at int32[R]: logits [R, 1, V] there only (the head alone: `head_at_one_position`)."""
     args = (features,) if self.kind == EAGLE else ()
     if logits_at is not None and getattr(self.model, 'head_at_one_position', False):
-      return self.model.forward(params, cache, tokens, *args, window_mask, depths, logits_at)
+      return self.model.forward(params, cache, tokens, *args, window_mask, depths,
+                                logits_at=logits_at)
     out = self.model.forward(params, cache, tokens, *args, window_mask, depths)
-    if logits_at is None:
-      return out
-    return out.replace(logits=jnp.take_along_axis(out.logits, logits_at[:, None, None], axis=1))
+    return out.replace(logits=protocol.at_positions(out.logits, logits_at))
 
 
 def catch_up(drafter: Drafter, params, cache: kv.KVCache, committed_length, tokens,
@@ -178,7 +178,7 @@ def catch_up(drafter: Drafter, params, cache: kv.KVCache, committed_length, toke
   take = as_rows(num_accepted, cfg)
   out = drafter.forward(params, cache, as_rows(tokens, cfg), features, logits_at=take)
   root_logits = out.logits[:, 0]
-  root_hidden = jnp.take_along_axis(out.hidden, take[:, None, None], axis=1)[:, 0]
+  root_hidden = protocol.at_positions(out.hidden, take)[:, 0]
   cache = kv.set_lengths(out.cache, as_rows(committed_length + num_accepted + 1, cfg))
   return root_logits, root_hidden, cache
 

@@ -122,11 +122,15 @@ def check_logits_at(logits_at: jax.Array | None, batch_size: int, what: str) -> 
                      f'per row; got shape {tuple(logits_at.shape)}.')
 
 
-def head_input(hidden: jax.Array, logits_at: jax.Array | None) -> jax.Array:
-  """The LM head's input: hidden [B, T, E], or [B, 1, E] at logits_at int32[B]."""
-  if logits_at is None:
-    return hidden
-  return jnp.take_along_axis(hidden, logits_at[:, None, None], axis=1)
+def at_positions(values: jax.Array, positions: jax.Array | None) -> jax.Array:
+  """values [B, T, ...] at one position per row, [B, 1, ...] (all of values if None).
+
+  An LM head's input at `logits_at`, or a gather from a full forward's output.
+  """
+  if positions is None:
+    return values
+  index = positions.reshape(positions.shape + (1,) * (values.ndim - 1))
+  return jnp.take_along_axis(values, index, axis=1)
 
 
 def prefill_last(model: Any, params: Any, cache: kv.KVCache, cond: Any) -> ForwardOutput:
