@@ -10,9 +10,10 @@ vanilla token with CFG, 12-52 in a verify forward of 6-26 tokens.
 `weight_dot` gives each call the layout that suits its rows, without changing
 the parameters (checkpoints and partition rules are untouched). Small
 kernels keep [K, N]: on the bundled model's (at most 64 KB) the transposed
-dots made the speculative decodes 1.07-1.35x slower, while LlamaGen GPT-B's
-(2.4-50 MB) EAGLE-1 chain ran 1.16x faster (docs/results.md, "Transposed
-kernels on CPU"); kernels below 1 MiB are the ones `layers.project` merges.
+dots made the speculative decodes 1.07-1.35x slower (bench/compare_trees.py),
+while LlamaGen GPT-B's (2.4-50 MB) EAGLE-1 chain ran 1.16x faster, informally
+timed (docs/results.md, "Transposed kernels on CPU"); kernels below 1 MiB are
+the ones `layers.project` merges.
 """
 
 from __future__ import annotations
