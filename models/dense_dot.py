@@ -14,11 +14,17 @@ dots made the speculative decodes 1.07-1.35x slower (bench/compare_trees.py),
 while LlamaGen GPT-B's (2.4-50 MB) EAGLE-1 chain ran 1.16x faster, informally
 timed (docs/results.md, "Transposed kernels on CPU"); kernels below 1 MiB are
 the ones `layers.project` merges.
+
+The price is a second copy of the large kernels while a compiled call runs
+(LlamaGen GPT-B's: ~390 MB in float32). Where memory matters more than
+speed, set the environment variable SPECDEC_JAX_TRANSPOSED_KERNELS=0 before
+the first import: every kernel is then read as stored.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 
@@ -26,6 +32,23 @@ import jax
 # many bytes, runs on the kernel transposed.
 TRANSPOSE_MIN_ROWS = 6
 TRANSPOSE_MIN_BYTES = 1 << 20
+
+ENVIRONMENT_VARIABLE = 'SPECDEC_JAX_TRANSPOSED_KERNELS'
+
+
+def enabled_by(value: str | None) -> bool:
+  """Whether the environment variable's value (None: unset) turns transposed kernels on."""
+  if value is None or value == '1':
+    return True
+  if value == '0':
+    return False
+  raise ValueError(f"{ENVIRONMENT_VARIABLE} must be '1' (the default: many-row matmuls on "
+                   f"transposed copies of large kernels on CPU) or '0' (every kernel read as "
+                   f"stored, no second copy), got {value!r}.")
+
+
+# Read once, at import: a compiled program must not depend on when it was traced.
+ENABLED = enabled_by(os.environ.get(ENVIRONMENT_VARIABLE))
 
 
 def weight_dot(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
@@ -38,15 +61,16 @@ def weight_dot(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None
   into the dot. The copy depends only on the parameters, so XLA hoists it out
   of a decode loop: the price is a second copy of those kernels during a
   call, as for merged projections (`layers.project`). Fewer rows, smaller
-  kernels, other contractions and other backends run `lax.dot_general` as it
-  is.
+  kernels, other contractions, other backends, and any call when
+  SPECDEC_JAX_TRANSPOSED_KERNELS=0 (`ENABLED` False) run `lax.dot_general` as
+  it is.
   """
   def plain(lhs, rhs):
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type)
 
   dense = rhs.ndim == 2 and dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))
-  if (not dense or math.prod(lhs.shape[:-1]) < TRANSPOSE_MIN_ROWS
+  if (not ENABLED or not dense or math.prod(lhs.shape[:-1]) < TRANSPOSE_MIN_ROWS
       or rhs.size * rhs.dtype.itemsize < TRANSPOSE_MIN_BYTES):
     return plain(lhs, rhs)
 

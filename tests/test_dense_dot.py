@@ -6,7 +6,11 @@ loop's body without the transpose (XLA hoists the copy), and leave the models'
 parameters and greedy decodes as they are.
 """
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -91,6 +95,43 @@ class WeightDotTest(parameterized.TestCase):
     other = (((1,), (1,)), ((), ()))  # x @ w.T: not a dense layer's dot
     np.testing.assert_allclose(jax.jit(lambda x, w: dense_dot.weight_dot(x, w, other))(x, w),
                                x @ w.T, rtol=1e-5, atol=1e-3)
+
+
+class EnvironmentSwitchTest(absltest.TestCase):
+  """SPECDEC_JAX_TRANSPOSED_KERNELS=0 keeps every kernel as stored (no second copy)."""
+
+  _PROGRAM = textwrap.dedent("""
+      import jax, jax.numpy as jnp
+      from specdec_jax.models import dense_dot
+      dense = (((1,), (0,)), ((), ()))
+      text = jax.jit(lambda x, w: dense_dot.weight_dot(x, w, dense)).lower(
+          jnp.ones((8, 512)), jnp.ones((512, 512))).compile().as_text()
+      print('transposed dots:', text.count('lhs_contracting_dims={1}, rhs_contracting_dims={1}'))
+  """)
+
+  def _run(self, value):
+    env = {k: v for k, v in os.environ.items() if k != dense_dot.ENVIRONMENT_VARIABLE}
+    if value is not None:
+      env[dense_dot.ENVIRONMENT_VARIABLE] = value
+    env['JAX_PLATFORMS'] = 'cpu'
+    return subprocess.run([sys.executable, '-c', self._PROGRAM], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+  def test_the_variable_reaches_the_compiled_program(self):
+    # 8 rows by a 1 MiB kernel: transposed unless switched off.
+    for value, expected in ((None, 1), ('1', 1), ('0', 0)):
+      result = self._run(value)
+      self.assertEqual(result.returncode, 0, result.stderr)
+      self.assertIn(f'transposed dots: {expected}', result.stdout, value)
+
+  def test_a_bad_value_is_refused_at_import(self):
+    result = self._run('no')
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("SPECDEC_JAX_TRANSPOSED_KERNELS must be '1'", result.stderr)
+    self.assertIn("got 'no'", result.stderr)
+    for value in ('0', '1', None):
+      dense_dot.enabled_by(value)  # accepted
+    self.assertFalse(dense_dot.enabled_by('0'))
 
 
 class LargeKernelModelTest(absltest.TestCase):
