@@ -12,8 +12,9 @@ the parameters (checkpoints and partition rules are untouched). Small
 kernels keep [K, N]: on the bundled model's (at most 64 KB) the transposed
 dots made the speculative decodes 1.07-1.35x slower (bench/compare_trees.py),
 while LlamaGen GPT-B's (2.4-50 MB) EAGLE-1 chain ran 1.16x faster, informally
-timed (docs/results.md, "Transposed kernels on CPU"); kernels below 1 MiB are
-the ones `layers.project` merges.
+timed (docs/results.md, "Transposed kernels on CPU"); in between, 256-768 KB
+kernels neither gained nor lost (`python bench/transposed_kernels.py`).
+Kernels below 1 MiB are the ones `layers.project` merges.
 
 The price is a second copy of the large kernels while a compiled call runs
 (LlamaGen GPT-B's: ~390 MB in float32). Where memory matters more than
