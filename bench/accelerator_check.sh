@@ -53,9 +53,11 @@ stage() {  # stage SECONDS NAME SCRIPT ARGS...: one bench script under a time li
   echo "== $name exit $rc after $((SECONDS - begin)) s" | tee -a "$out/log.txt" >> "$out/stages.log"
 }
 
-if [ "${SMOKE:-0}" = 1 ]; then  # SMOKE=1: tiny shapes, to check this script on a CPU
+# SMOKE=1: tiny shapes, to check this script on a CPU (tests/test_accelerator_check.py);
+# SMOKE_BUDGET_S: seconds after which methods-tiny starts no new method (default 60).
+if [ "${SMOKE:-0}" = 1 ]; then
   stage 300 engine-tiny bench/engine.py --preset=tiny --out="$out/engine_tiny.json"
-  stage 600 methods-tiny bench/methods_at_scale.py --preset=tiny --budget_s=60 \
+  stage 600 methods-tiny bench/methods_at_scale.py --preset=tiny --budget_s="${SMOKE_BUDGET_S:-60}" \
     --out="$out/methods_tiny.json"
 else
   stage 60 probe bench/device_probe.py --out="$out/probe.json"
