@@ -25,6 +25,10 @@ from specdec_jax import rules
 from specdec_jax.models import dense_dot
 from specdec_jax.models import llamagen
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                'bench'))
+import tpu_compile_hlo as hlo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 DENSE = (((1,), (0,)), ((), ()))
 BIG = 512  # a [512, 512] float32 kernel is 1 MiB: TRANSPOSE_MIN_BYTES
 
@@ -36,6 +40,21 @@ def _compiled(fn, *args) -> str:
 def _transposed_dots(text: str) -> int:
   """Dots of a compiled [M, K] x kernel program that contract the kernel's minor dimension."""
   return text.count('lhs_contracting_dims={1}, rhs_contracting_dims={1}')
+
+
+def _kernel_copies_in_loop(text: str, kernel_shapes) -> list[str]:
+  """Transposes and copies of a kernel-shaped array (either orientation) in any
+  computation the decode loop (`hlo.decode_loop`) runs, as 'opcode type' strings."""
+  computations, entry = hlo.parse(text)
+  loop = hlo.decode_loop(computations, entry)
+  shapes = {f'f32[{a},{b}]' for a, b in kernel_shapes} | {f'f32[{b},{a}]' for a, b in kernel_shapes}
+  found = []
+  for name in hlo._reachable(computations, loop.called):  # pylint: disable=protected-access
+    for instruction in computations[name]:
+      if (instruction.opcode in ('transpose', 'copy')
+          and instruction.result_type.split('{')[0] in shapes):
+        found.append(f'{instruction.opcode} {instruction.result_type}')
+  return found
 
 
 def _computation(text: str, name: str) -> str:
@@ -164,6 +183,42 @@ class LargeKernelModelTest(absltest.TestCase):
       dense_dot.TRANSPOSE_MIN_BYTES = original
     self.assertGreater(_transposed_dots(transposed), _transposed_dots(plain))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+  def test_no_kernel_is_copied_inside_the_decode_loop(self):
+    # The copies [N, K] are made once, before the loop, for every mode and row count
+    # the floor lets through (chain verify forwards of 5 tokens for 2 images: 20 rows
+    # with CFG, 10 without). (With TRANSPOSE_MIN_ROWS = 1, one image without CFG,
+    # XLA:CPU transposed this model's kernels back inside the loop, 16 transposes and
+    # copies per step: why 1-row dots stay plain, docs/results.md.)
+    kernels = {leaf.shape for leaf in jax.tree.leaves(self.params)
+               if leaf.ndim == 2 and leaf.size * 4 >= dense_dot.TRANSPOSE_MIN_BYTES}
+    self.assertGreaterEqual(len(kernels), 2)
+    for cfg_scale in (1.0, 2.0):
+      for mode in (decode.Vanilla(), decode.ChainDraft(4, 'model')):
+        labels = jnp.array([0, 3])
+        cond = self.model.cfg_cond(self.params, labels) if cfg_scale > 1 else labels
+        decode.clear_compile_cache()
+        kwargs = {} if isinstance(mode, decode.Vanilla) else dict(draft=self.model,
+                                                                 draft_params=self.params)
+        decode.generate(self.model, self.params, cond, num_tokens=10, key=jax.random.key(0),
+                        mode=mode, sampling=logits.Sampling(cfg_scale=cfg_scale),
+                        rule=rules.Lossless(), compiler_options=decode.FAST_COMPILE, **kwargs)
+        text = list(decode._COMPILED.values())[-1].as_text()  # pylint: disable=protected-access
+        self.assertEqual(_kernel_copies_in_loop(text, kernels), [], (cfg_scale, mode))
+        if not isinstance(mode, decode.Vanilla):
+          self.assertGreater(_transposed_dots(text), 0)  # the floor let them through
+
+  def test_kernel_copies_in_the_loop_are_found(self):
+    # Negative control of the check above: a kernel that changes every step is
+    # transposed inside the loop.
+    x, w = jnp.ones((8, BIG)), jnp.ones((BIG, BIG))
+
+    def loop(x, w):
+      def step(i, x):
+        return jnp.tanh(dense_dot.weight_dot(x, w * i.astype(jnp.float32), DENSE))
+      return jax.lax.fori_loop(0, 4, step, x)
+
+    self.assertNotEqual(_kernel_copies_in_loop(_compiled(loop, x, w), {(BIG, BIG)}), [])
 
   def test_greedy_chain_equals_vanilla(self):
     # Vanilla's 2-row dots stay plain, the 8- and 12-row verify forwards run
