@@ -88,14 +88,13 @@ def main(argv):
   print('| width | attention / MLP / head kernel MB | T | stored ms | floor ms | all ms | '
         'stored / floor | stored / all |')
   print('|---|---|---|---|---|---|---|---|')
+  slots = _CACHE_LENGTH.value + max(int(t) for t in _TOKENS.value) + 2
   for width in (int(w) for w in _WIDTHS.value):
     config = llamagen.GPTConfig(n_layer=_LAYERS.value, n_head=width // 64, dim=width,
                                 vocab_size=_VOCAB.value, num_classes=10, block_size=256)
     model = llamagen.LlamaGenGPT(config)
     params = model.init_params(jax.random.key(0))
     cond = model.cfg_cond(params, jnp.array([0]))
-    max_tokens = max(int(t) for t in _TOKENS.value)
-    slots = _CACHE_LENGTH.value + max_tokens + 2
     cache = model.prefill(params, model.init_cache(2, slots), cond).cache
     cache = kv.set_lengths(cache, jnp.full((2,), _CACHE_LENGTH.value, jnp.int32))
     kernel_mb = [round(n * 4 / 2**20, 2) for n in
