@@ -12,13 +12,20 @@ the same key, and reports each method's mean tokens per forward with its
 standard error over images, its ratio to SJD at the same window (delta
 method, images treated as independent) and its acceptance per window
 position (the share of verify steps that accepted draft i,
-`DecodeMetrics.summary`). Counts do not depend on machine
-load. Resumable: rows already in the JSON are kept. Prints a table, writes
-JSON and a PNG (tokens per forward against W).
+`DecodeMetrics.summary`), and the target's mean per-token NLL of the
+images (`family.guided_image_nlls`: a lossless method's is SJD's within the
+noise). --gumbel_scd adds a row 'scd_gumbel': SCD with its Gumbel coupling
+(configs/generate.py's scd_coupling 'gumbel'). --released_scd adds a row
+'scd_released': SCD with the released code's recording of a kept draft's
+law (bench/scd_recording.py, not lossless), to measure what that recording
+gains. Counts do not depend on machine load. Resumable: rows already in the
+JSON are kept. Prints a table, writes JSON and a PNG (tokens per forward
+against W).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -30,6 +37,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
+import scd_recording  # pylint: disable=g-import-not-at-top  (bench/scd_recording.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_acceptance', 'Output folder.')
@@ -38,6 +46,11 @@ _METHODS = flags.DEFINE_list('methods', ['sjd', 'scd', 'sjd_pac'],
                              "Main-command Jacobi methods; 'sjd' is the reference.")
 _IMAGES = flags.DEFINE_integer('images', 200, 'Images per (window, method), every class in turn.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Key of every decode.')
+_RELEASED_SCD = flags.DEFINE_bool(
+    'released_scd', False, "Add 'scd_released': SCD recording a kept draft's old law as its "
+    'released code does (bench/scd_recording.py; not lossless).')
+_GUMBEL_SCD = flags.DEFINE_bool(
+    'gumbel_scd', False, "Add 'scd_gumbel': SCD with the Gumbel coupling (scd_coupling='gumbel').")
 _PAC_TREES = flags.DEFINE_list(
     'pac_trees', [], "More SJD-PAC proactive trees 'KxD' (K candidates at each of the first D "
     "drafts) beside configs/generate.py's; their rows are named 'sjd_pac_KxD'.")
@@ -57,7 +70,10 @@ def extra_pac_trees() -> list[tuple[str, int, int]]:
 def ratio_row(row: dict, reference: dict) -> dict:
   """Tokens per forward relative to the reference row, with its delta-method s.e."""
   if row is reference:
-    return dict(row, ratio_to_sjd=1.0, ratio_stderr=0.0)
+    return dict(row, ratio_to_sjd=1.0, ratio_stderr=0.0, nll_gap_to_sjd=0.0, nll_gap_stderr=0.0)
+  if 'nll' in row and 'nll' in reference:
+    row = dict(row, nll_gap_to_sjd=row['nll'] - reference['nll'],
+               nll_gap_stderr=(row['nll_stderr'] ** 2 + reference['nll_stderr'] ** 2) ** 0.5)
   ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
   relative = ((row['stderr'] / row['tokens_per_forward']) ** 2
               + (reference['stderr'] / reference['tokens_per_forward']) ** 2) ** 0.5
@@ -111,6 +127,12 @@ def main(argv):
     methods = []
     for method in methods_lib.build_methods(config, family)[1:]:
       methods.append((method.name, method))
+      if method.name == 'scd' and _GUMBEL_SCD.value:
+        gumbel_config = config.copy_and_resolve_references()
+        gumbel_config.scd_coupling, gumbel_config.methods = 'gumbel', ('vanilla', 'scd')
+        methods.append(('scd_gumbel', methods_lib.build_methods(gumbel_config, family)[1]))
+      if method.name == 'scd' and _RELEASED_SCD.value:
+        methods.append(('scd_released', method))
       if method.name != 'sjd_pac':
         continue
       for name, branches, depth in pac_trees:  # beside the configured tree
@@ -124,15 +146,20 @@ def main(argv):
       start = time.perf_counter()
       cond = generate_app.cond_rows(family.target, family.target_params, jnp.asarray(labels),
                                     sampling)
-      result = decode.generate(family.target, family.target_params, cond,
-                               key=jax.random.key(_SEED.value),
-                               **generate_app.decode_kwargs(method, family, labels, sampling))
+      recording = (scd_recording.released_recording() if name == 'scd_released'
+                   else contextlib.nullcontext())
+      with recording:
+        result = decode.generate(family.target, family.target_params, cond,
+                                 key=jax.random.key(_SEED.value),
+                                 **generate_app.decode_kwargs(method, family, labels, sampling))
       per_image = np.asarray(result.metrics.tokens_per_target_forward, np.float64)
+      nlls = family.guided_image_nlls(labels, np.asarray(result.tokens), sampling)
       done[(window, name)] = dict(
           window=window, method=name, hyperparameters=method.hyperparameters,
           tokens_per_forward=float(per_image.mean()),
           stderr=float(per_image.std(ddof=1) / np.sqrt(per_image.size)),
           acceptance_per_position=result.metrics.summary()['acceptance_per_position'],
+          nll=float(nlls.mean()), nll_stderr=float(nlls.std(ddof=1) / np.sqrt(nlls.size)),
           seconds=time.perf_counter() - start)
       print(f'W={window} {name}: {per_image.mean():.3f} tokens per forward '
             f'({time.perf_counter() - start:.0f} s)', flush=True)
@@ -142,8 +169,8 @@ def main(argv):
   # Every row decoded so far (this run's windows and methods and a resumed run's).
   names = list(dict.fromkeys([*_METHODS.value, *sorted(name for _, name in done)]))
   rows = []
-  print('| W | method | tokens / forward | s.e. | / SJD at W |')
-  print('|---|---|---|---|---|')
+  print('| W | method | tokens / forward | s.e. | / SJD at W | NLL gap to SJD |')
+  print('|---|---|---|---|---|---|')
   for window in sorted({window for window, _ in done}):
     reference = done[(window, 'sjd')]
     for name in names:
@@ -152,7 +179,9 @@ def main(argv):
       row = ratio_row(done[(window, name)], reference)
       rows.append(row)
       print(f"| {window} | {name} | {row['tokens_per_forward']:.3f} | {row['stderr']:.3f} | "
-            f"{row['ratio_to_sjd']:.3f} +- {row['ratio_stderr']:.3f} |")
+            f"{row['ratio_to_sjd']:.3f} +- {row['ratio_stderr']:.3f} | "
+            + (f"{row['nll_gap_to_sjd']:+.4f} +- {row['nll_gap_stderr']:.4f} |"
+               if 'nll_gap_to_sjd' in row else '- |'))
   with open(json_path, 'w') as f:
     json.dump({'images': _IMAGES.value, 'seed': _SEED.value, 'sampling':
                generate_config.get_config().sampling.to_dict(), 'rows': rows}, f, indent=1)

@@ -80,6 +80,10 @@ def get_config():
   # hyperparameters above), and for scd also 'gsd' (GSD has no tree form).
   config.eagle2_rule = 'lossless'
   config.scd_rule = 'lossless'
+  # SCD's coupling of a re-drafted position with its previous draft: 'maximal' (keep the
+  # old token with probability min(1, t/q_old)) or 'gumbel' (fixed Gumbel numbers per
+  # image token); docs/results.md compares them.
+  config.scd_coupling = 'maximal'
   config.sjd_pac_rule = 'lossless'
 
   # Which methods run, in order. 'vanilla' must come first (it is the

@@ -19,7 +19,7 @@ HYPERPARAMETERS = ('draft_length', 'jacobi_window', 'pac_branches', 'pac_depth',
                    'uniform_omega', 'lantern_k', 'lantern_lam', 'lantern_residual', 'csd_lam',
                    'csd_tv_threshold', 'gsd_prob_threshold', 'gsd_dist_threshold',
                    'eagle2_drafts', 'eagle2_total_tokens', 'eagle2_depth', 'eagle2_top_k',
-                   'eagle2_rule', 'scd_rule', 'sjd_pac_rule')
+                   'eagle2_rule', 'scd_rule', 'scd_coupling', 'sjd_pac_rule')
 
 
 def get_config():

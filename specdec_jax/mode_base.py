@@ -82,12 +82,15 @@ class Drafts:
     probs: f32[B, K, V] (a tree: [B, N, V]) the laws the drafts came from.
     cache: the drafter's cache (R rows), or None without a draft model.
     length: int32[B] drafter slots committed (incl. the pending token), or None.
+    noise_seed: uint32[B, 2] each image's seed of SCD's Gumbel coupling
+      (`jacobi_drafts.gumbel_noise`), or None.
   """
 
   tokens: jax.Array
   probs: jax.Array
   cache: Any = None
   length: Any = None
+  noise_seed: Any = None
 
 
 class Verdict(NamedTuple):

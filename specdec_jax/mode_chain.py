@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from specdec_jax import categorical
 from specdec_jax import checks
 from specdec_jax import drafting
+from specdec_jax import jacobi_drafts
 from specdec_jax import mode_base
 from specdec_jax import protocol
 from specdec_jax import rules as rules_lib
@@ -98,13 +99,16 @@ class Jacobi(mode_base.Mode):
   init 'random' draws fresh drafts uniformly from the target's image tokens
   (`protocol.image_token_range`, e.g. Lumina-mGPT's 8192 ids 4..8195, as SJD's
   released code); 'spatial' repeats the token to the left. The target's own
-  distributions at the window become the next drafts (`drafting.jacobi_next`).
+  distributions at the window become the next drafts (`jacobi_drafts.jacobi_next`).
 
   coupling 'maximal' is Speculative Coupled Decoding (SCD, arXiv 2510.24211):
   a position re-drafted after the accepted prefix keeps its previous draft
   with probability min(1, t/q_old), else draws from Norm([t - q_old]_+)
-  (`drafting.maximal_coupling`); its law is still t, so every Jacobi rule
-  (SJD's lossless test, GSD, CSD) verifies it unchanged.
+  (`jacobi_drafts.maximal_coupling`); 'gumbel' is SCD's other coupling: every
+  draft of image token n is argmax(log t + g_n) with Gumbel numbers g_n fixed
+  for the decode (`jacobi_drafts.gumbel_coupling`). Either way a draft's law
+  is still t, so every Jacobi rule (SJD's lossless test, GSD, CSD) verifies it
+  unchanged.
   """
 
   window: int
@@ -120,24 +124,35 @@ class Jacobi(mode_base.Mode):
   @property
   def draft_uniforms(self) -> int:
     # A draw y_i from every window position's target distribution, fresh drafts,
-    # and with the maximal coupling a keep test per re-drafted position.
-    return drafting.jacobi_uniforms(self.window, self.coupling)
+    # with the maximal coupling a keep test per re-drafted position, with the
+    # Gumbel coupling the seed of the noise (read at the first step only).
+    return jacobi_drafts.jacobi_uniforms(self.window, self.coupling)
 
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     del draft, draft_params, cond
     check_window_and_init(self, num_tokens, target)
-    if self.coupling not in drafting.COUPLINGS:
-      raise ValueError(f'generate: Jacobi.coupling must be one of {drafting.COUPLINGS}, got '
-                       f'{self.coupling!r}.')
+    if self.coupling not in jacobi_drafts.COUPLINGS:
+      raise ValueError(f'generate: Jacobi.coupling must be one of '
+                       f'{jacobi_drafts.COUPLINGS}, got {self.coupling!r}.')
 
   def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
-    tokens, probs = drafting.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size, self.init,
-                                          first, protocol.image_token_range(plan.target))
-    return mode_base.Drafts(tokens=tokens, probs=probs), 0
+    tokens, probs = jacobi_drafts.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size,
+                                               self.init, first,
+                                               protocol.image_token_range(plan.target))
+    seeds = None
+    if self.coupling == 'gumbel':
+      seeds = jacobi_drafts.gumbel_seeds(uniforms[:, -jacobi_drafts.GUMBEL_SEED_UNIFORMS:])
+    return mode_base.Drafts(tokens=tokens, probs=probs, noise_seed=seeds), 0
 
   def advance(self, plan, draft_params, drafts, step, uniforms):
-    tokens, probs = drafting.jacobi_next(
+    noise = None
+    if self.coupling == 'gumbel':
+      # The next drafts are image tokens num_generated .. num_generated + W - 2.
+      token_index = step.num_generated[:, None] + jnp.arange(self.slots)[None, :]
+      noise = jacobi_drafts.gumbel_noise(drafts.noise_seed, token_index,
+                                         plan.target.vocab_size)
+    tokens, probs = jacobi_drafts.jacobi_next(
         uniforms, step.target_probs, step.verdict.num_accepted, step.verdict.next_token, self.init,
         protocol.image_token_range(plan.target), coupling=self.coupling,
-        old_tokens=drafts.tokens, old_probs=drafts.probs)
+        old_tokens=drafts.tokens, old_probs=drafts.probs, noise=noise)
     return drafts.replace(tokens=tokens, probs=probs), 0

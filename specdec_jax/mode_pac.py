@@ -18,7 +18,7 @@ Drafts (the paper's two parts, per position d of the next window):
   * adaptive continuation: the main-chain draft is SCD's maximal coupling of
     the old draft x ~ q_old at that image token with the stale target law p
     from this forward (keep x with probability min(1, p(x)/q_old(x)), else
-    draw from Norm([p - q_old]_+); `drafting.maximal_coupling`), so it is a
+    draw from Norm([p - q_old]_+); `jacobi_drafts.maximal_coupling`), so it is a
     draw from p and p is the law recorded for it;
   * proactive drafting: at the first D positions, siblings 1..K-1 are drawn
     without replacement from the same law p with the main draft removed
@@ -41,7 +41,7 @@ import numpy as np
 
 from specdec_jax import categorical
 from specdec_jax import checks
-from specdec_jax import drafting
+from specdec_jax import jacobi_drafts
 from specdec_jax import mode_base
 from specdec_jax import mode_chain
 from specdec_jax import mode_tree
@@ -152,7 +152,7 @@ class JacobiPAC(mode_base.Mode):
   @property
   def draft_uniforms(self) -> int:
     # The Jacobi update with the maximal coupling, then K - 1 per branching level.
-    return drafting.jacobi_uniforms(self.window, 'maximal') + self.depth * (self.branches - 1)
+    return jacobi_drafts.jacobi_uniforms(self.window, 'maximal') + self.depth * (self.branches - 1)
 
   def check(self, *, target, draft, draft_params, cond, num_tokens: int) -> None:
     del draft, draft_params, cond
@@ -174,7 +174,7 @@ class JacobiPAC(mode_base.Mode):
     return jnp.asarray(tree.ancestor_mask), jnp.asarray(tree.depths)
 
   def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
-    tokens, probs = drafting.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size,
+    tokens, probs = jacobi_drafts.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size,
                                           self.init, first,
                                           protocol.image_token_range(plan.target))
     return self._with_siblings(tokens, probs, uniforms), 0
@@ -200,8 +200,8 @@ class JacobiPAC(mode_base.Mode):
     nodes = jnp.asarray(continuation(tree))[last]  # [B, W]
     stale = jnp.take_along_axis(step.target_probs, nodes[..., None], axis=1)  # [B, W, V]
     old_chain = drafts.tokens[:, main_chain(tree)[1:] - 1]  # [B, W-1]
-    chain_uniforms = uniforms[:, :drafting.jacobi_uniforms(self.window, 'maximal')]
-    tokens, probs = drafting.jacobi_next(
+    chain_uniforms = uniforms[:, :jacobi_drafts.jacobi_uniforms(self.window, 'maximal')]
+    tokens, probs = jacobi_drafts.jacobi_next(
         chain_uniforms, stale, verdict.num_accepted, verdict.next_token, self.init,
         protocol.image_token_range(plan.target), coupling='maximal', old_tokens=old_chain,
         old_probs=drafts.probs)

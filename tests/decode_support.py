@@ -59,13 +59,13 @@ def assert_joint_law(test, result, mode, sampling) -> None:
 
 
 def _run(mode, sampling, *, num_images=NUM_SAMPLES, seed=7, rule=rules.Lossless(),
-         compiler_options=FAST, **kwargs):
+         compiler_options=FAST, num_tokens=NUM_TOKENS, **kwargs):
   target_params, draft_params, eagle_params = _params()
   draft, params = None, None
   if isinstance(mode, (decode.ChainDraft, decode.TreeDraft)):
     draft, params = ((EAGLE, eagle_params) if mode.drafter == 'eagle'
                      else (DRAFT, draft_params))
   return decode.generate(
-      TARGET, target_params, _cond(num_images, sampling), num_tokens=NUM_TOKENS,
+      TARGET, target_params, _cond(num_images, sampling), num_tokens=num_tokens,
       key=jax.random.key(seed), mode=mode, sampling=sampling, rule=rule, draft=draft,
       draft_params=params, compiler_options=compiler_options, **kwargs)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
+import sys
 
 import chex
 import jax
@@ -23,7 +25,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from specdec_jax import decode
-from specdec_jax import drafting
+from specdec_jax import jacobi_drafts
 from specdec_jax import logits
 from specdec_jax import mode_base
 from specdec_jax import modes
@@ -45,6 +47,10 @@ from tests.decode_support import _cond
 from tests.decode_support import _chi_square_pvalue
 from tests.decode_support import assert_joint_law
 from tests.decode_support import _run
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                'bench'))
+import scd_recording  # pylint: disable=g-import-not-at-top,wrong-import-position  (bench/)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +91,9 @@ LOSSLESS_CASES = (
     ('jacobi_scd_random', decode.Jacobi(3, 'random', coupling='maximal'), logits.Sampling()),
     ('jacobi_scd_spatial_cfg', decode.Jacobi(3, 'spatial', coupling='maximal'),
      logits.Sampling(cfg_scale=1.5)),
+    ('jacobi_scd_gumbel_random', decode.Jacobi(3, 'random', coupling='gumbel'), logits.Sampling()),
+    ('jacobi_scd_gumbel_spatial_cfg', decode.Jacobi(3, 'spatial', coupling='gumbel'),
+     logits.Sampling(cfg_scale=1.5)),
     ('plugged_in_mode', _RepeatLeft(2), logits.Sampling()),
 )
 
@@ -122,17 +131,83 @@ class ExactnessTest(parameterized.TestCase):
   def test_scd_broken_coupling_fails(self):
     """Negative control for SCD: keeping every old draft (its law is not the t it
     is verified against) must break the joint law."""
-    original = drafting.maximal_coupling
-    drafting.maximal_coupling = lambda keep_u, draw_u, old, q, p, has_old=None: old
+    original = jacobi_drafts.maximal_coupling
+    jacobi_drafts.maximal_coupling = lambda keep_u, draw_u, old, q, p, has_old=None: old
     decode.clear_compile_cache()
     try:
       sampling = logits.Sampling()
       tokens = np.asarray(_run(decode.Jacobi(3, 'random', coupling='maximal'), sampling).tokens)
     finally:
-      drafting.maximal_coupling = original
+      jacobi_drafts.maximal_coupling = original
       decode.clear_compile_cache()
     law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
     self.assertLess(_chi_square_pvalue(tokens, law), P_THRESHOLD)
+
+
+  def test_scd_released_recording_fails(self):
+    """Negative control for SCD's bookkeeping: recording a kept draft's old law q_old
+    for its next verification (as the released SCD code does,
+    bench/scd_recording.py) instead of the law t it was coupled to must break the
+    joint law. 'spatial' init: on these 3 tokens the only coupled draft is a fresh
+    one, and a 'random' fresh draft (uniform over V) averages the two recordings
+    to one law (p = 0.55 here); the left neighbour does not (p = 0.0)."""
+    sampling = logits.Sampling()
+    mode = decode.Jacobi(3, 'spatial', coupling='maximal')
+    with scd_recording.released_recording():
+      tokens = np.asarray(_run(mode, sampling).tokens)
+    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
+    self.assertLess(_chi_square_pvalue(tokens, law), P_THRESHOLD)
+
+  def test_scd_released_recording_closed_form(self):
+    """bench/scd_recording.biased_law_example: the exact recording (q_old = p_t makes
+    the two recordings one) gives p; the released one 0.15 where p says 0.3."""
+    p = np.array([0.3, 0.3, 0.4])
+    np.testing.assert_allclose(scd_recording.biased_law_example(p, p, p), p, atol=1e-12)
+    np.testing.assert_allclose(
+        scd_recording.biased_law_example([0.6, 0.3, 0.1], p, p), [0.15, 0.3, 0.55], atol=1e-12)
+
+
+class ScdGumbelJointLawTest(parameterized.TestCase):
+  """SCD's Gumbel coupling over 5 tokens (V**5 = 1024 sequences, N = 2**14 images,
+  chi-square threshold 1e-4): on 3 tokens at most one Gumbel draft is ever
+  verified per image, so mistakes in which token gets which Gumbel numbers
+  only show on longer images. Negative controls that must fail (p < 1e-25 when
+  written): one set of numbers for every token of an image, and numbers indexed
+  by window slot instead of image token (the window moves, so a token's draft
+  reuses the numbers an earlier, already verified token was drawn with).
+  """
+
+  NUM_TOKENS = 5
+
+  def _pvalue(self, mode, sampling):
+    result = _run(mode, sampling, num_tokens=self.NUM_TOKENS)
+    law = TARGET.joint_law(_params()[0], 0, self.NUM_TOKENS, sampling)
+    counts = testing.histogram(testing.sequence_index(np.asarray(result.tokens), VOCAB), law.size)
+    return testing.chi_square_pvalue(counts, law)[0], result
+
+  @parameterized.named_parameters(
+      ('random', decode.Jacobi(4, 'random', coupling='gumbel'), logits.Sampling()),
+      ('spatial_cfg', decode.Jacobi(3, 'spatial', coupling='gumbel'),
+       logits.Sampling(cfg_scale=1.5)))
+  def test_scd_gumbel_joint_law_over_five_tokens(self, mode, sampling):
+    p_value, result = self._pvalue(mode, sampling)
+    self.assertGreater(p_value, P_THRESHOLD)
+    self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
+
+  @parameterized.named_parameters(
+      ('shared_numbers', lambda index: jnp.zeros_like(index)),
+      ('numbers_by_window_slot', lambda index: index - index[:, :1]))
+  def test_scd_gumbel_wrong_numbers_fail(self, which_index):
+    original = jacobi_drafts.gumbel_noise
+    jacobi_drafts.gumbel_noise = lambda seeds, index, vocab: original(seeds, which_index(index),
+                                                                      vocab)
+    decode.clear_compile_cache()
+    try:
+      p_value, _ = self._pvalue(decode.Jacobi(4, 'random', coupling='gumbel'), logits.Sampling())
+    finally:
+      jacobi_drafts.gumbel_noise = original
+      decode.clear_compile_cache()
+    self.assertLess(p_value, P_THRESHOLD)
 
 
 class CompilerOptionsTest(absltest.TestCase):
@@ -349,7 +424,7 @@ class BadInputTest(parameterized.TestCase):
                             sampling=logits.Sampling(cfg_scale=2.0)), 'must be even'),
       ('no_draft', dict(draft=None), 'needs draft='),
       ('bad_init', dict(mode=decode.Jacobi(3, 'diagonal')), 'Jacobi.init'),
-      ('scd_bad_coupling', dict(mode=decode.Jacobi(3, coupling='gumbel')), 'Jacobi.coupling'),
+      ('scd_bad_coupling', dict(mode=decode.Jacobi(3, coupling='sinkhorn')), 'Jacobi.coupling'),
       ('attention_phases', dict(attention_phases=0), 'attention_phases must be an int'),
   )
   def test_rejected_before_compilation(self, overrides, message):

@@ -12,7 +12,7 @@ import numpy as np
 from absl.testing import absltest
 
 from specdec_jax import decode
-from specdec_jax import drafting
+from specdec_jax import jacobi_drafts
 from specdec_jax import logits
 from specdec_jax import rules
 from specdec_jax import verify
@@ -32,13 +32,13 @@ class JacobiTokenRangeTest(absltest.TestCase):
   def test_engine_passes_the_declared_range(self):
     ranged = _RangedToy(VOCAB, CLASSES, image_token_range=(1, 3))
     seen = []
-    original = drafting.jacobi_fresh
+    original = jacobi_drafts.jacobi_fresh
 
     def recording(*args, **kwargs):
       seen.append(args[5] if len(args) > 5 else kwargs.get('token_range'))
       return original(*args, **kwargs)
 
-    drafting.jacobi_fresh = recording
+    jacobi_drafts.jacobi_fresh = recording
     decode.clear_compile_cache()
     try:
       target_params = _params()[0]
@@ -53,7 +53,7 @@ class JacobiTokenRangeTest(absltest.TestCase):
                       compiler_options=FAST)
       self.assertEqual(set(seen), {(0, VOCAB)})  # no declaration: the whole vocabulary
     finally:
-      drafting.jacobi_fresh = original
+      jacobi_drafts.jacobi_fresh = original
       decode.clear_compile_cache()
 
   def test_released_models_declare_their_image_tokens(self):

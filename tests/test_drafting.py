@@ -9,13 +9,14 @@ import numpy as np
 from absl.testing import absltest
 
 from specdec_jax import drafting
+from specdec_jax import jacobi_drafts
 from specdec_jax import logits
 from specdec_jax import testing
 from specdec_jax import verify
 from specdec_jax.app import toy
 
 VOCAB, CLASSES = 4, 2
-_jacobi_next = jax.jit(drafting.jacobi_next, static_argnums=4)
+_jacobi_next = jax.jit(jacobi_drafts.jacobi_next, static_argnums=4)
 
 
 def _uniforms(seed: int, *shape) -> jax.Array:
@@ -45,7 +46,7 @@ class JacobiTest(absltest.TestCase):
     np.testing.assert_allclose(np.asarray(probs[0]), np.eye(VOCAB)[[2, 2, 2]])
 
   def test_random_init_is_one_hot_and_in_vocab(self):
-    fresh = jax.jit(drafting.jacobi_fresh, static_argnums=(1, 2, 3))
+    fresh = jax.jit(jacobi_drafts.jacobi_fresh, static_argnums=(1, 2, 3))
     tokens, probs = fresh(_uniforms(1, 64, 5), 5, VOCAB, 'random', jnp.zeros((64,), jnp.int32))
     self.assertTrue(np.all((np.asarray(tokens) >= 0) & (np.asarray(tokens) < VOCAB)))
     np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(tokens, VOCAB)))
@@ -54,7 +55,7 @@ class JacobiTest(absltest.TestCase):
   def test_random_init_draws_only_the_image_token_range(self):
     """SJD draws random drafts from the image tokens only (Lumina-mGPT: ids 4..8195)."""
     vocab, token_range = 16, (4, 12)
-    fresh = jax.jit(drafting.jacobi_fresh, static_argnums=(1, 2, 3, 5))
+    fresh = jax.jit(jacobi_drafts.jacobi_fresh, static_argnums=(1, 2, 3, 5))
     tokens, probs = fresh(_uniforms(2, 256, 8), 8, vocab, 'random', jnp.zeros((256,), jnp.int32),
                           token_range)
     tokens = np.asarray(tokens)
@@ -64,13 +65,13 @@ class JacobiTest(absltest.TestCase):
     self.assertGreater(testing.chi_square_pvalue(counts, np.full(8, 1 / 8))[0], 1e-4)
     np.testing.assert_allclose(np.asarray(probs), np.asarray(jax.nn.one_hot(tokens, vocab)))
     with self.assertRaisesRegex(ValueError, 'token_range'):
-      drafting.jacobi_fresh(_uniforms(0, 2, 3), 3, vocab, 'random', jnp.zeros((2,), jnp.int32),
+      jacobi_drafts.jacobi_fresh(_uniforms(0, 2, 3), 3, vocab, 'random', jnp.zeros((2,), jnp.int32),
                             (12, 12))
 
   def test_window_refill_draws_only_the_image_token_range(self):
     vocab, window, batch = 16, 6, 64
     target_probs = jnp.full((batch, window, vocab), 1.0 / vocab)
-    next_window = jax.jit(drafting.jacobi_next, static_argnums=(4, 5))
+    next_window = jax.jit(jacobi_drafts.jacobi_next, static_argnums=(4, 5))
     # All drafts accepted: the whole next window is fresh.
     drafts, probs = next_window(_uniforms(3, batch, 2 * window - 1), target_probs,
                                 jnp.full((batch,), window - 1), jnp.zeros((batch,), jnp.int32),
@@ -81,7 +82,7 @@ class JacobiTest(absltest.TestCase):
 
 
 class ScdCouplingTest(absltest.TestCase):
-  """drafting.maximal_coupling (SCD): x ~ q re-drafted against p.
+  """jacobi_drafts.maximal_coupling (SCD): x ~ q re-drafted against p.
 
   Closed form: the output law is min(q, p) + (1 - sum min(q, p)) Norm([p - q]_+)
   = p, and the old token survives with probability 1 - TV(p, q). Monte Carlo
@@ -105,7 +106,7 @@ class ScdCouplingTest(absltest.TestCase):
     return np.asarray(old), np.asarray(new)
 
   def test_scd_coupling_has_the_new_law_and_keeps_the_most(self):
-    old, new = self._draws(drafting.maximal_coupling)
+    old, new = self._draws(jacobi_drafts.maximal_coupling)
     counts = testing.histogram(new, 6)
     self.assertGreater(testing.chi_square_pvalue(counts, self.P)[0], 1e-4)
     keep = np.mean(old == new)
@@ -121,22 +122,76 @@ class ScdCouplingTest(absltest.TestCase):
     """coupling='none' is the released SJD update; 'maximal' keeps a draft whose law
     did not move (p = q: kept with probability 1)."""
     target = jax.nn.softmax(jax.random.normal(jax.random.key(1), (1, 4, VOCAB)), axis=-1)
-    uniforms = _uniforms(2, 1, drafting.jacobi_uniforms(4, 'maximal'))
+    uniforms = _uniforms(2, 1, jacobi_drafts.jacobi_uniforms(4, 'maximal'))
     old_tokens = jnp.array([[1, 2, 3]])
     # The old drafts' laws: what this forward predicts at their token indices.
     old_probs = target[:, :3]
     plain = _jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random')
-    coupled = drafting.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
-                                   coupling='maximal', old_tokens=old_tokens,
-                                   old_probs=jnp.concatenate([old_probs[:, 1:], old_probs[:, :1]],
-                                                             axis=1))
+    coupled = jacobi_drafts.jacobi_next(
+        uniforms, target, jnp.array([0]), jnp.array([1]), 'random', coupling='maximal',
+        old_tokens=old_tokens,
+        old_probs=jnp.concatenate([old_probs[:, 1:], old_probs[:, :1]], axis=1))
     # Accepted 0: new drafts at window entries 1, 2 sit where old drafts 1, 2 were,
     # and their laws target[1], target[2] equal the old ones: both kept.
     np.testing.assert_array_equal(np.asarray(coupled[0][0, :2]), [2, 3])
     np.testing.assert_allclose(np.asarray(coupled[1]), np.asarray(plain[1]))
     with self.assertRaisesRegex(ValueError, 'coupling must be one of'):
-      drafting.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
-                           coupling='gumbel', old_tokens=old_tokens, old_probs=old_probs)
+      jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
+                                coupling='sinkhorn', old_tokens=old_tokens, old_probs=old_probs)
+
+
+class ScdGumbelCouplingTest(absltest.TestCase):
+  """jacobi_drafts.gumbel_coupling and gumbel_noise (SCD's Gumbel coupling).
+
+  Closed forms: argmax(log p + g) with g iid standard Gumbel is a draw from p
+  (the Gumbel-max trick); two laws p, q drawn with the same g give the same
+  token with probability between (1 - TV) / (1 + TV) (Gumbel coupling's
+  bound) and 1 - TV (the maximal coupling's). Monte Carlo with N = 2**16 rows
+  over V = 6 bins, chi-square p-value threshold 1e-4 (a law at TV >= 0.03 from
+  p is rejected with probability > 0.99); the negative control (Gumbel numbers
+  doubled: a draw from Norm(sqrt(p)), at TV 0.08 from p) must fail.
+  """
+
+  Q = ScdCouplingTest.Q
+  P = ScdCouplingTest.P
+  N = 2 ** 16
+
+  def _noise(self, seed: int, token_index):
+    seeds = jacobi_drafts.gumbel_seeds(_uniforms(seed, 1, jacobi_drafts.GUMBEL_SEED_UNIFORMS))
+    return jacobi_drafts.gumbel_noise(seeds, jnp.asarray(token_index, jnp.int32)[None], 6)[0]
+
+  def test_scd_gumbel_coupling_has_the_law_and_keeps_within_the_bounds(self):
+    noise = self._noise(0, np.arange(self.N))  # one image, N token indices
+    p = jnp.broadcast_to(jnp.asarray(self.P, jnp.float32), (self.N, 6))
+    q = jnp.broadcast_to(jnp.asarray(self.Q, jnp.float32), (self.N, 6))
+    new, old = (np.asarray(jacobi_drafts.gumbel_coupling(noise, law)) for law in (p, q))
+    self.assertGreater(testing.chi_square_pvalue(testing.histogram(new, 6), self.P)[0], 1e-4)
+    self.assertGreater(testing.chi_square_pvalue(testing.histogram(old, 6), self.Q)[0], 1e-4)
+    tv = 0.5 * np.abs(self.P - self.Q).sum()  # 0.3
+    keep, slack = np.mean(old == new), 6 * np.sqrt(0.25 / self.N)
+    self.assertGreater(keep, (1 - tv) / (1 + tv) - slack)
+    self.assertLess(keep, 1 - tv + slack)
+    # A token without mass is never drawn, whatever its Gumbel number.
+    sparse = jnp.asarray([0.0, 0.5, 0.0, 0.5, 0.0, 0.0], jnp.float32)
+    self.assertTrue(set(np.unique(jacobi_drafts.gumbel_coupling(noise, sparse))) <= {1, 3})
+
+  def test_scd_gumbel_negative_control_wrong_scale_fails(self):
+    noise = self._noise(0, np.arange(self.N))
+    p = jnp.broadcast_to(jnp.asarray(self.P, jnp.float32), (self.N, 6))
+    new = np.asarray(jacobi_drafts.gumbel_coupling(2.0 * noise, p))
+    self.assertLess(testing.chi_square_pvalue(testing.histogram(new, 6), self.P)[0], 1e-4)
+
+  def test_scd_gumbel_noise_is_fixed_per_token_and_independent_across(self):
+    first = np.asarray(self._noise(1, [5, 6, 7]))
+    again = np.asarray(self._noise(1, [7, 5, 9]))
+    np.testing.assert_array_equal(again[0], first[2])  # token 7 at any window slot
+    np.testing.assert_array_equal(again[1], first[0])  # token 5
+    self.assertFalse(np.any(first[0] == first[1]))  # other tokens, other numbers
+    self.assertFalse(np.any(np.asarray(self._noise(2, [5])) == first[0]))  # other seed
+    # Standard Gumbel: mean Euler's gamma, variance pi^2 / 6 (s.e. over 6 N numbers).
+    numbers = np.asarray(self._noise(3, np.arange(self.N))).ravel()
+    self.assertAlmostEqual(numbers.mean(), np.euler_gamma, delta=6 * np.sqrt(1.645 / numbers.size))
+    self.assertAlmostEqual(numbers.var(), np.pi ** 2 / 6, delta=0.05)
 
 
 class NodeLawsTest(absltest.TestCase):

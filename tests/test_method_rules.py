@@ -64,6 +64,18 @@ class MethodRuleTest(parameterized.TestCase):
     built, _ = _method('scd', scd_rule='gsd')
     self.assertIsInstance(built.rule, rules.Grouped)
 
+  def test_scd_coupling_reaches_the_mode(self):
+    """configs/generate.py's scd_coupling picks SCD's coupling ('maximal' by default);
+    anything else is refused by the config checks, naming the choices."""
+    self.assertEqual(_method('scd')[0].mode.coupling, 'maximal')
+    built, _ = _method('scd', scd_coupling='gumbel')
+    self.assertEqual((built.mode.coupling, built.hyperparameters['coupling']),
+                     ('gumbel', 'gumbel'))
+    with self.assertRaisesRegex(cli.ConfigError,
+                                r"config.scd_coupling='none': must be one of \('maximal', "
+                                r"'gumbel'\)"):
+      _method('scd', scd_coupling='none')
+
   @parameterized.parameters('eagle2', 'sjd_pac')
   def test_eagle2_and_sjd_pac_refuse_gsd_before_loading(self, method):
     with self.assertRaisesRegex(cli.ConfigError,

@@ -26,7 +26,7 @@ from absl.testing import parameterized
 
 from specdec_jax import categorical
 from specdec_jax import decode
-from specdec_jax import drafting
+from specdec_jax import jacobi_drafts
 from specdec_jax import logits
 from specdec_jax import mode_pac
 from specdec_jax import rules
@@ -101,7 +101,7 @@ def _one_level(draw, branches, old_law, new_law, target, num_draws, seed=0):
   def one(key):
     keys = jax.random.split(key, 4)
     old = categorical.sample(jax.random.uniform(keys[0]), old_law)
-    first = drafting.maximal_coupling(jax.random.uniform(keys[1]), jax.random.uniform(keys[2]),
+    first = jacobi_drafts.maximal_coupling(jax.random.uniform(keys[1]), jax.random.uniform(keys[2]),
                                       old, old_law, new_law)
     uniforms = jax.random.uniform(keys[3], (branches - 1 + verify.tree_uniforms(tree),))
     children = draw(uniforms[:branches - 1], first, new_law)

@@ -11,6 +11,7 @@ checked by `check_for_family` once it is loaded, before anything compiles.
 from __future__ import annotations
 
 from specdec_jax import dynamic_tree
+from specdec_jax import jacobi_drafts
 from specdec_jax import rules
 from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
@@ -43,6 +44,7 @@ HYPERPARAMETERS = dict(
     eagle2_top_k=cli.integer(1, note='and at most the vocabulary size'),
     eagle2_rule=cli.one_of(*methods_lib.TREE_RULE_NAMES),
     scd_rule=cli.one_of(*methods_lib.RULE_NAMES),
+    scd_coupling=cli.one_of(*[c for c in jacobi_drafts.COUPLINGS if c != 'none']),
     sjd_pac_rule=cli.one_of(*methods_lib.TREE_RULE_NAMES))
 
 

@@ -101,9 +101,10 @@ def build_methods(config, family) -> list[Method]:
                                drafts=config.eagle2_drafts, rule=config.eagle2_rule)),
       'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
       'scd': lambda: Method('scd', decode.Jacobi(window=window, init='random',
-                                                 coupling='maximal'),
+                                                 coupling=config.scd_coupling),
                             rule(config.scd_rule),
-                            hyperparameters=dict(window=window, rule=config.scd_rule)),
+                            hyperparameters=dict(window=window, rule=config.scd_rule,
+                                                 coupling=config.scd_coupling)),
       'sjd_pac': lambda: Method('sjd_pac', decode.JacobiPAC(
           window=window, branches=config.pac_branches, depth=config.pac_depth, init='random'),
           rule(config.sjd_pac_rule),
