@@ -8,11 +8,13 @@ for each window in --windows: one image with CFG per class of --classes,
 vanilla and each method timed in interleaved rounds (every round runs every
 (window, method, class) once; each keeps its best). speedup = vanilla / method
 from the same rounds. The main command's `jacobi_window` is chosen from this.
+--gumbel_scd adds 'scd_gumbel' (SCD with scd_coupling 'gumbel') beside 'scd'.
 Prints a table and writes JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -30,6 +32,20 @@ _WINDOWS = flags.DEFINE_list('windows', ['4', '6', '8', '12', '16'], 'Jacobi win
 _METHODS = flags.DEFINE_list('methods', ['sjd', 'gsd', 'csd'], 'Main-command Jacobi methods.')
 _CLASSES = flags.DEFINE_list('classes', ['0', '3', '6', '9'], 'One image per class.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds (best per call is kept).')
+_GUMBEL_SCD = flags.DEFINE_bool('gumbel_scd', False,
+                                "Add 'scd_gumbel' (SCD's Gumbel coupling) after 'scd'.")
+
+
+def with_gumbel_scd(methods: list, config, family) -> list:
+  """methods with 'scd_gumbel' after 'scd' (the same config, scd_coupling 'gumbel')."""
+  gumbel_config = config.copy_and_resolve_references()
+  gumbel_config.scd_coupling, gumbel_config.methods = 'gumbel', ('vanilla', 'scd')
+  gumbel = dataclasses.replace(methods_lib.build_methods(gumbel_config, family)[1],
+                               name='scd_gumbel')
+  out = []
+  for method in methods:
+    out += [method, gumbel] if method.name == 'scd' else [method]
+  return out
 
 
 def main(argv):
@@ -49,7 +65,10 @@ def main(argv):
     config.methods = ('vanilla', *_METHODS.value)
     sampling = logits.Sampling(**config.sampling.to_dict())
     options = generate_app.compiler_options(config)
-    for method in methods_lib.build_methods(config, family):
+    methods = methods_lib.build_methods(config, family)
+    if _GUMBEL_SCD.value:
+      methods = with_gumbel_scd(methods, config, family)
+    for method in methods:
       if method.name == 'vanilla' and calls:
         continue  # one vanilla reference for every window
       for label in classes:
@@ -69,8 +88,9 @@ def main(argv):
   rows = []
   print('| W | method | tokens / forward | ms per image | speedup |')
   print('|---|---|---|---|---|')
+  names = [n for n in dict.fromkeys(name for _, name, _ in calls) if n != 'vanilla']
   for window in [int(w) for w in _WINDOWS.value]:
-    for name in _METHODS.value:
+    for name in names:
       seconds = mean(best, window, name)
       row = dict(window=window, method=name, latency_s=seconds, speedup=vanilla_s / seconds,
                  tokens_per_forward=mean(tokens_per_forward, window, name))

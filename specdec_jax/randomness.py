@@ -11,7 +11,11 @@ drafts; every later step commits at least one token), so all of them are
 drawn at once, per image, before the loop: f32[B, n, U]. Image b's numbers
 come from its own key only, so its tokens do not depend on the batch, and
 the loop body itself runs no PRNG (on XLA:CPU every PRNG call is a loop of
-its own; on accelerators it is one more kernel per iteration).
+its own; on accelerators it is one more kernel per iteration). The one
+exception is SCD's Gumbel coupling (`Jacobi(coupling='gumbel')`), which needs
+V Gumbel numbers per image token, fixed for the decode: too many to draw
+before the loop, so it makes them there from a per-image seed
+(`jacobi_drafts.gumbel_noise`).
 """
 
 from __future__ import annotations
