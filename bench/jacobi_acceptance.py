@@ -46,6 +46,8 @@ _METHODS = flags.DEFINE_list('methods', ['sjd', 'scd', 'sjd_pac'],
                              "Main-command Jacobi methods; 'sjd' is the reference.")
 _IMAGES = flags.DEFINE_integer('images', 200, 'Images per (window, method), every class in turn.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Key of every decode.')
+_INIT = flags.DEFINE_enum('init', 'random', ['random', 'spatial'],
+                          "Fresh Jacobi drafts (configs/generate.py's jacobi_init).")
 _RELEASED_SCD = flags.DEFINE_bool(
     'released_scd', False, "Add 'scd_released': SCD recording a kept draft's old law as its "
     'released code does (bench/scd_recording.py; not lossless).')
@@ -115,13 +117,14 @@ def main(argv):
   if os.path.exists(json_path):
     with open(json_path) as f:
       saved = json.load(f)
-    if saved['images'] == _IMAGES.value and saved['seed'] == _SEED.value:
+    if (saved['images'], saved['seed'], saved.get('init', 'random')) == (
+        _IMAGES.value, _SEED.value, _INIT.value):
       done = {(r['window'], r['method']): r for r in saved['rows']}
   family = family_lib.load()
   labels = (np.arange(_IMAGES.value) % family.num_classes).astype(np.int32)
   for window in [int(w) for w in _WINDOWS.value]:
     config = generate_config.get_config()
-    config.jacobi_window = window
+    config.jacobi_window, config.jacobi_init = window, _INIT.value
     config.methods = ('vanilla', *_METHODS.value)
     sampling = logits.Sampling(**config.sampling.to_dict())
     methods = []
@@ -164,7 +167,7 @@ def main(argv):
       print(f'W={window} {name}: {per_image.mean():.3f} tokens per forward '
             f'({time.perf_counter() - start:.0f} s)', flush=True)
       with open(json_path, 'w') as f:  # after every row: a killed run resumes
-        json.dump({'images': _IMAGES.value, 'seed': _SEED.value,
+        json.dump({'images': _IMAGES.value, 'seed': _SEED.value, 'init': _INIT.value,
                    'rows': list(done.values())}, f, indent=1)
   # Every row decoded so far (this run's windows and methods and a resumed run's).
   names = list(dict.fromkeys([*_METHODS.value, *sorted(name for _, name in done)]))
@@ -183,7 +186,7 @@ def main(argv):
             + (f"{row['nll_gap_to_sjd']:+.4f} +- {row['nll_gap_stderr']:.4f} |"
                if 'nll_gap_to_sjd' in row else '- |'))
   with open(json_path, 'w') as f:
-    json.dump({'images': _IMAGES.value, 'seed': _SEED.value, 'sampling':
+    json.dump({'images': _IMAGES.value, 'seed': _SEED.value, 'init': _INIT.value, 'sampling':
                generate_config.get_config().sampling.to_dict(), 'rows': rows}, f, indent=1)
   plot(os.path.join(_OUT.value, 'jacobi_acceptance.png'), rows, names)
   print('wrote', _OUT.value)

@@ -8,7 +8,9 @@ for each window in --windows: one image with CFG per class of --classes,
 vanilla and each method timed in interleaved rounds (every round runs every
 (window, method, class) once; each keeps its best). speedup = vanilla / method
 from the same rounds. The main command's `jacobi_window` is chosen from this.
---gumbel_scd adds 'scd_gumbel' (SCD with scd_coupling 'gumbel') beside 'scd'.
+--gumbel_scd adds 'scd_gumbel' (SCD with scd_coupling 'gumbel') beside 'scd';
+--inits times each fresh-draft init (configs/generate.py's jacobi_init) in the
+same rounds.
 Prints a table and writes JSON.
 """
 
@@ -32,6 +34,7 @@ _WINDOWS = flags.DEFINE_list('windows', ['4', '6', '8', '12', '16'], 'Jacobi win
 _METHODS = flags.DEFINE_list('methods', ['sjd', 'gsd', 'csd'], 'Main-command Jacobi methods.')
 _CLASSES = flags.DEFINE_list('classes', ['0', '3', '6', '9'], 'One image per class.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds (best per call is kept).')
+_INITS = flags.DEFINE_list('inits', ['random'], "Fresh-draft inits: 'random', 'spatial'.")
 _GUMBEL_SCD = flags.DEFINE_bool('gumbel_scd', False,
                                 "Add 'scd_gumbel' (SCD's Gumbel coupling) after 'scd'.")
 
@@ -59,9 +62,9 @@ def main(argv):
   family = family_lib.load()
   classes = [int(c) for c in _CLASSES.value]
   calls = {}
-  for window in [int(w) for w in _WINDOWS.value]:
+  for init, window in [(i, int(w)) for i in _INITS.value for w in _WINDOWS.value]:
     config = generate_config.get_config()
-    config.jacobi_window = window
+    config.jacobi_window, config.jacobi_init = window, init
     config.methods = ('vanilla', *_METHODS.value)
     sampling = logits.Sampling(**config.sampling.to_dict())
     options = generate_app.compiler_options(config)
@@ -72,10 +75,10 @@ def main(argv):
       if method.name == 'vanilla' and calls:
         continue  # one vanilla reference for every window
       for label in classes:
-        window_key = 0 if method.name == 'vanilla' else window
+        setting = ('', 0) if method.name == 'vanilla' else (init, window)
         timed_call = generate_app._timed_call  # pylint: disable=protected-access
-        calls[(window_key, method.name, label)] = timed_call(method, family, label, sampling,
-                                                             config.seed, options)
+        calls[(*setting, method.name, label)] = timed_call(method, family, label, sampling,
+                                                           config.seed, options)
   tokens_per_forward = {key: call()[0].metrics.summary()['tokens_per_target_forward']
                         for key, call in calls.items()}  # the first call compiles
   best = dict.fromkeys(calls, np.inf)
@@ -83,20 +86,22 @@ def main(argv):
     for key, call in calls.items():
       best[key] = min(best[key], call()[1])
     print(f'round {index + 1}/{_ROUNDS.value}', flush=True)
-  mean = lambda table, window, name: float(np.mean([table[(window, name, c)] for c in classes]))
-  vanilla_s = mean(best, 0, 'vanilla')
+  def mean(table, setting, name):
+    return float(np.mean([table[(*setting, name, c)] for c in classes]))
+  vanilla_s = mean(best, ('', 0), 'vanilla')
   rows = []
-  print('| W | method | tokens / forward | ms per image | speedup |')
-  print('|---|---|---|---|---|')
-  names = [n for n in dict.fromkeys(name for _, name, _ in calls) if n != 'vanilla']
-  for window in [int(w) for w in _WINDOWS.value]:
+  print('| init | W | method | tokens / forward | ms per image | speedup |')
+  print('|---|---|---|---|---|---|')
+  names = [n for n in dict.fromkeys(key[2] for key in calls) if n != 'vanilla']
+  for init, window in [(i, int(w)) for i in _INITS.value for w in _WINDOWS.value]:
     for name in names:
-      seconds = mean(best, window, name)
-      row = dict(window=window, method=name, latency_s=seconds, speedup=vanilla_s / seconds,
-                 tokens_per_forward=mean(tokens_per_forward, window, name))
+      seconds = mean(best, (init, window), name)
+      row = dict(init=init, window=window, method=name, latency_s=seconds,
+                 speedup=vanilla_s / seconds,
+                 tokens_per_forward=mean(tokens_per_forward, (init, window), name))
       rows.append(row)
-      print(f"| {window} | {name} | {row['tokens_per_forward']:.2f} | {1e3 * seconds:.1f} | "
-            f"{row['speedup']:.2f}x |", flush=True)
+      print(f"| {init} | {window} | {name} | {row['tokens_per_forward']:.2f} | "
+            f"{1e3 * seconds:.1f} | {row['speedup']:.2f}x |", flush=True)
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   with open(_OUT.value, 'w') as f:
     json.dump({'classes': classes, 'rounds': _ROUNDS.value, 'vanilla_s': vanilla_s,

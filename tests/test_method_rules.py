@@ -76,6 +76,18 @@ class MethodRuleTest(parameterized.TestCase):
                                 r"'gumbel'\)"):
       _method('scd', scd_coupling='none')
 
+  def test_jacobi_init_reaches_every_jacobi_method(self):
+    """configs/generate.py's jacobi_init ('spatial' by default, the bundle being a
+    LlamaGen model) sets the fresh drafts of sjd, scd, sjd_pac, gsd and csd; anything
+    else is refused, naming the choices."""
+    for method in ('sjd', 'scd', 'sjd_pac', 'gsd', 'csd'):
+      self.assertEqual(_method(method)[0].mode.init, 'spatial')
+      self.assertEqual(_method(method, jacobi_init='random')[0].mode.init, 'random')
+    with self.assertRaisesRegex(cli.ConfigError,
+                                r"config.jacobi_init='left': must be one of \('random', "
+                                r"'spatial'\)"):
+      _method('sjd', jacobi_init='left')
+
   @parameterized.parameters('eagle2', 'sjd_pac')
   def test_eagle2_and_sjd_pac_refuse_gsd_before_loading(self, method):
     with self.assertRaisesRegex(cli.ConfigError,

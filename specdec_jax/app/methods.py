@@ -68,9 +68,10 @@ def build_methods(config, family) -> list[Method]:
     raise ValueError(f'config.methods has unknown names {unknown}; known: {METHOD_NAMES}.')
   if config.methods[0] != 'vanilla':
     raise ValueError("config.methods must start with 'vanilla' (the speed/drift reference).")
-  k, window = config.draft_length, config.jacobi_window
+  k, window, init = config.draft_length, config.jacobi_window, config.jacobi_init
   eagle_chain = decode.ChainDraft(k=k, drafter='eagle')
-  jacobi = decode.Jacobi(window=window, init='random')
+  jacobi = decode.Jacobi(window=window, init=init)
+  jacobi_settings = dict(window=window, init=init)
   # Built on demand, so the LANTERN table and GSD's embeddings exist only for
   # the methods that are run.
   def rule(name):
@@ -99,19 +100,19 @@ def build_methods(config, family) -> list[Method]:
           hyperparameters=dict(total_tokens=config.eagle2_total_tokens,
                                depth=config.eagle2_depth, top_k=config.eagle2_top_k,
                                drafts=config.eagle2_drafts, rule=config.eagle2_rule)),
-      'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(window=window)),
-      'scd': lambda: Method('scd', decode.Jacobi(window=window, init='random',
+      'sjd': lambda: Method('sjd', jacobi, rules.Lossless(), hyperparameters=dict(jacobi_settings)),
+      'scd': lambda: Method('scd', decode.Jacobi(window=window, init=init,
                                                  coupling=config.scd_coupling),
                             rule(config.scd_rule),
-                            hyperparameters=dict(window=window, rule=config.scd_rule,
+                            hyperparameters=dict(jacobi_settings, rule=config.scd_rule,
                                                  coupling=config.scd_coupling)),
       'sjd_pac': lambda: Method('sjd_pac', decode.JacobiPAC(
-          window=window, branches=config.pac_branches, depth=config.pac_depth, init='random'),
+          window=window, branches=config.pac_branches, depth=config.pac_depth, init=init),
           rule(config.sjd_pac_rule),
-          hyperparameters=dict(window=window, branches=config.pac_branches,
+          hyperparameters=dict(jacobi_settings, branches=config.pac_branches,
                                depth=config.pac_depth, rule=config.sjd_pac_rule)),
-      'gsd': lambda: Method('gsd', jacobi, rule('gsd'), hyperparameters=dict(window=window)),
-      'csd': lambda: Method('csd', jacobi, rule('csd'), hyperparameters=dict(window=window)),
+      'gsd': lambda: Method('gsd', jacobi, rule('gsd'), hyperparameters=dict(jacobi_settings)),
+      'csd': lambda: Method('csd', jacobi, rule('csd'), hyperparameters=dict(jacobi_settings)),
   }
   return [catalogue[m]() for m in config.methods]
 
