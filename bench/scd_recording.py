@@ -10,7 +10,7 @@ junhyukso/SCD, `lumina1/scheduler/jacobi_iteration_lumina_mgpt_SCDMC.py`,
 `SpeculativeSampler.__call__`: on a kept draft it stores `draft_prob`, on a
 redrawn one it keeps `advanced_prob`) records q_old for a kept draft instead.
 That is not lossless: with q_old = (0.6, 0.3, 0.1) and the law unchanged,
-p_t = p = (0.3, 0.3, 0.4), a token keeps token 0 with probability 0.5 and then
+p_t = p = (0.3, 0.3, 0.4), the coupling keeps token 0 with probability 0.5 and then
 accepts it with min(1, 0.3 / 0.6) again, so token 0 comes out with
 probability 0.6 x 0.5 x 0.5 = 0.15 instead of 0.3 (`biased_law_example`).
 

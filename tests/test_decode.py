@@ -143,7 +143,6 @@ class ExactnessTest(parameterized.TestCase):
     law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
     self.assertLess(_chi_square_pvalue(tokens, law), P_THRESHOLD)
 
-
   def test_scd_released_recording_fails(self):
     """Negative control for SCD's bookkeeping: recording a kept draft's old law q_old
     for its next verification (as the released SCD code does,
