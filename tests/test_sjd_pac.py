@@ -217,10 +217,11 @@ class SjdPacValidationTest(parameterized.TestCase):
     config.methods = ('vanilla', 'sjd_pac')
     method = methods_lib.build_methods(config, None)[-1]
     self.assertEqual(method.mode, decode.JacobiPAC(
-        window=config.jacobi_window, branches=config.pac_branches, depth=config.pac_depth))
-    self.assertEqual(method.hyperparameters, dict(
         window=config.jacobi_window, branches=config.pac_branches, depth=config.pac_depth,
-        rule='lossless'))
+        init=config.jacobi_init))
+    self.assertEqual(method.hyperparameters, dict(
+        window=config.jacobi_window, init=config.jacobi_init, branches=config.pac_branches,
+        depth=config.pac_depth, rule='lossless'))
     generate_app.check_config(config)
     config.pac_branches = 1
     with self.assertRaisesRegex(cli.ConfigError, r'config.pac_branches=1: must be an integer '
