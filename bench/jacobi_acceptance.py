@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
 import scd_recording  # pylint: disable=g-import-not-at-top  (bench/scd_recording.py)
+from specdec_jax import jacobi_drafts  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_acceptance', 'Output folder.')
@@ -46,8 +47,9 @@ _METHODS = flags.DEFINE_list('methods', ['sjd', 'scd', 'sjd_pac'],
                              "Main-command Jacobi methods; 'sjd' is the reference.")
 _IMAGES = flags.DEFINE_integer('images', 200, 'Images per (window, method), every class in turn.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Key of every decode.')
-_INIT = flags.DEFINE_enum('init', 'random', ['random', 'spatial'],
-                          "Fresh Jacobi drafts (configs/generate.py's jacobi_init).")
+_INIT = flags.DEFINE_enum('init', 'random', list(jacobi_drafts.INITS),
+                          "Fresh Jacobi drafts; 'random', as the runs committed before the "
+                          "main command's jacobi_init became 'spatial'.")
 _RELEASED_SCD = flags.DEFINE_bool(
     'released_scd', False, "Add 'scd_released': SCD recording a kept draft's old law as its "
     'released code does (bench/scd_recording.py; not lossless).')
@@ -131,18 +133,16 @@ def main(argv):
     for method in methods_lib.build_methods(config, family)[1:]:
       methods.append((method.name, method))
       if method.name == 'scd' and _GUMBEL_SCD.value:
-        gumbel_config = config.copy_and_resolve_references()
-        gumbel_config.scd_coupling, gumbel_config.methods = 'gumbel', ('vanilla', 'scd')
-        methods.append(('scd_gumbel', methods_lib.build_methods(gumbel_config, family)[1]))
+        methods.append(('scd_gumbel', methods_lib.build_variant(config, family, 'scd',
+                                                                scd_coupling='gumbel')))
       if method.name == 'scd' and _RELEASED_SCD.value:
         methods.append(('scd_released', method))
       if method.name != 'sjd_pac':
         continue
       for name, branches, depth in pac_trees:  # beside the configured tree
-        tree_config = config.copy_and_resolve_references()
-        tree_config.pac_branches, tree_config.pac_depth = branches, depth
-        tree_config.methods = ('vanilla', 'sjd_pac')
-        methods.append((name, methods_lib.build_methods(tree_config, family)[1]))
+        methods.append((name, methods_lib.build_variant(config, family, 'sjd_pac',
+                                                        pac_branches=branches,
+                                                        pac_depth=depth)))
     for name, method in methods:
       if (window, name) in done:
         continue

@@ -26,6 +26,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from specdec_jax import jacobi_drafts  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
 
@@ -34,17 +35,17 @@ _WINDOWS = flags.DEFINE_list('windows', ['4', '6', '8', '12', '16'], 'Jacobi win
 _METHODS = flags.DEFINE_list('methods', ['sjd', 'gsd', 'csd'], 'Main-command Jacobi methods.')
 _CLASSES = flags.DEFINE_list('classes', ['0', '3', '6', '9'], 'One image per class.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds (best per call is kept).')
-_INITS = flags.DEFINE_list('inits', ['random'], "Fresh-draft inits: 'random', 'spatial'.")
+_INITS = flags.DEFINE_list('inits', ['random'],
+                          f'Fresh-draft inits of {jacobi_drafts.INITS}, each timed (default '
+                          "'random', as the runs committed before jacobi_init became 'spatial').")
 _GUMBEL_SCD = flags.DEFINE_bool('gumbel_scd', False,
                                 "Add 'scd_gumbel' (SCD's Gumbel coupling) after 'scd'.")
 
 
 def with_gumbel_scd(methods: list, config, family) -> list:
   """methods with 'scd_gumbel' after 'scd' (the same config, scd_coupling 'gumbel')."""
-  gumbel_config = config.copy_and_resolve_references()
-  gumbel_config.scd_coupling, gumbel_config.methods = 'gumbel', ('vanilla', 'scd')
-  gumbel = dataclasses.replace(methods_lib.build_methods(gumbel_config, family)[1],
-                               name='scd_gumbel')
+  gumbel = dataclasses.replace(
+      methods_lib.build_variant(config, family, 'scd', scd_coupling='gumbel'), name='scd_gumbel')
   out = []
   for method in methods:
     out += [method, gumbel] if method.name == 'scd' else [method]

@@ -63,14 +63,12 @@ def _recording_old_law(jacobi_next):
                                 old_probs=old_probs, **kwargs)
     if coupling != 'maximal':
       return tokens, probs
-    window = target_probs.shape[1]
-    # As in jacobi_drafts.jacobi_next: the old draft at the same token index, if any.
-    source = num_accepted[:, None] + 1 + jnp.arange(window - 1)[None, :]  # [B, W-1]
-    old_index = jnp.minimum(source, window - 2)
+    # The old draft at the same token index, if any, as jacobi_next couples them.
+    has_old, old_index = jacobi_drafts.old_draft_slots(num_accepted, target_probs.shape[1])
     old_at = jnp.take_along_axis(old_tokens, old_index, axis=1)
     # A redraw from Norm([p_t - q_old]_+) never equals x where the keep test could
     # fail (p_t(x) < q_old(x) leaves x no residual mass), so equal means kept.
-    kept = (source <= window - 2) & (tokens == old_at)
+    kept = has_old & (tokens == old_at)
     old_law = jnp.take_along_axis(old_probs, old_index[..., None], axis=1)
     return tokens, jnp.where(kept[..., None], old_law, probs)
   return patched

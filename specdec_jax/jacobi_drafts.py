@@ -31,6 +31,10 @@ from specdec_jax import categorical
 from specdec_jax import resampling
 
 
+# Fresh drafts: uniform over the image tokens, or the token to the left (`jacobi_fresh`).
+INITS = ('random', 'spatial')
+
+
 def jacobi_fresh(uniforms, num: int, vocab: int, init: str, left_token,
                  token_range: tuple[int, int] | None = None):
   """Fresh Jacobi drafts and their one-hot draft distributions.
@@ -127,6 +131,19 @@ def jacobi_uniforms(window: int, coupling: str = 'none') -> int:
   return 2 * window - 1 + extra
 
 
+def old_draft_slots(num_accepted: jax.Array, window: int) -> tuple[jax.Array, jax.Array]:
+  """Where each next draft's image token had a draft in this step.
+
+  After n = num_accepted[b] accepted drafts, next draft j is the token window
+  entry s = n + 1 + j predicts; this step's draft s (window entry s + 1) held
+  that token, if s <= W - 2.
+  Returns (has_old bool[B, W-1], old_index int32[B, W-1] into this step's
+  drafts, clipped where has_old is False).
+  """
+  source = num_accepted[:, None] + 1 + jnp.arange(window - 1)[None, :]  # [B, W-1]
+  return source <= window - 2, jnp.minimum(source, window - 2)
+
+
 def jacobi_next(uniforms, target_probs, num_accepted, next_token, init: str,
                 token_range: tuple[int, int] | None = None, *, coupling: str = 'none',
                 old_tokens=None, old_probs=None, noise=None):
@@ -167,9 +184,7 @@ def jacobi_next(uniforms, target_probs, num_accepted, next_token, init: str,
   carried_probs = jnp.take_along_axis(target_probs, clipped[..., None], axis=1)
   draw_uniforms = jnp.take_along_axis(uniforms[:, :window], clipped, axis=1)
   if coupling == 'maximal':
-    # Old draft j (window entry j + 1) sits at the token index window entry j predicts.
-    has_old = source <= window - 2
-    old_index = jnp.minimum(source, window - 2)
+    has_old, old_index = old_draft_slots(num_accepted, window)
     carried_tokens = maximal_coupling(
         jnp.take_along_axis(uniforms[:, 2 * window - 1:], old_index, axis=1), draw_uniforms,
         jnp.take_along_axis(old_tokens, old_index, axis=1),

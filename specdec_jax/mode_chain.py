@@ -86,7 +86,7 @@ def check_window_and_init(mode, num_tokens: int, target) -> None:
   if not 2 <= mode.window <= num_tokens:
     raise ValueError(f'generate: {name}.window must be in [2, num_tokens={num_tokens}] '
                      f'(1 pending token + window-1 drafts), got {mode.window}.')
-  if mode.init not in ('random', 'spatial'):
+  if mode.init not in jacobi_drafts.INITS:
     raise ValueError(f"generate: {name}.init must be 'random' or 'spatial', got "
                      f'{mode.init!r}.')
   protocol.image_token_range(target)  # random drafts are drawn from it: check it now

@@ -118,6 +118,16 @@ class ScdCouplingTest(absltest.TestCase):
     counts = testing.histogram(new, 6)
     self.assertLess(testing.chi_square_pvalue(counts, self.P)[0], 1e-4)
 
+  def test_scd_old_draft_slots(self):
+    """W = 4, n accepted: next draft j is window entry s = n + 1 + j's token, held by
+    this step's draft s when s <= 2."""
+    has_old, old_index = jacobi_drafts.old_draft_slots(jnp.array([0, 1, 2, 3]), 4)
+    np.testing.assert_array_equal(np.asarray(has_old), [[True, True, False],
+                                                        [True, False, False],
+                                                        [False, False, False],
+                                                        [False, False, False]])
+    np.testing.assert_array_equal(np.asarray(old_index)[:2], [[1, 2, 2], [2, 2, 2]])
+
   def test_scd_window_update_without_coupling_is_sjd(self):
     """coupling='none' is the released SJD update; 'maximal' keeps a draft whose law
     did not move (p = q: kept with probability 1)."""

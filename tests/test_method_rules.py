@@ -76,6 +76,19 @@ class MethodRuleTest(parameterized.TestCase):
                                 r"'gumbel'\)"):
       _method('scd', scd_coupling='none')
 
+  def test_build_variant_sets_fields_on_a_copy(self):
+    config = generate_config.get_config()
+    variant = methods_lib.build_variant(config, _StubFamily(), 'sjd_pac', pac_branches=4,
+                                        pac_depth=1, jacobi_init='random')
+    self.assertEqual(variant.name, 'sjd_pac')
+    self.assertEqual((variant.mode.branches, variant.mode.depth, variant.mode.init),
+                     (4, 1, 'random'))
+    self.assertEqual((config.pac_branches, config.pac_depth, config.jacobi_init),
+                     (3, 2, 'spatial'))  # unchanged
+    self.assertIn('eagle', config.methods)
+    self.assertEqual(methods_lib.build_variant(config, _StubFamily(), 'scd',
+                                               scd_coupling='gumbel').mode.coupling, 'gumbel')
+
   def test_jacobi_init_reaches_every_jacobi_method(self):
     """configs/generate.py's jacobi_init ('spatial' by default, the bundle being a
     LlamaGen model) sets the fresh drafts of sjd, scd, sjd_pac, gsd and csd; anything

@@ -27,7 +27,7 @@ SAMPLING = dict(
 HYPERPARAMETERS = dict(
     draft_length=cli.integer(1, note='and below the tokens per image'),
     jacobi_window=cli.integer(2, note='and at most the tokens per image'),
-    jacobi_init=cli.one_of('random', 'spatial'),
+    jacobi_init=cli.one_of(*jacobi_drafts.INITS),
     pac_branches=cli.integer(2, note='SJD-PAC candidates per branching draft'),
     pac_depth=cli.integer(1, note='and below jacobi_window'),
     coolsd_delta=cli.number(above=0.0),

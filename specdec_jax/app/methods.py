@@ -117,6 +117,14 @@ def build_methods(config, family) -> list[Method]:
   return [catalogue[m]() for m in config.methods]
 
 
+def build_variant(config, family, name: str, **fields) -> Method:
+  """Method `name` as `build_methods` builds it from a copy of config with `fields`
+  set (e.g. scd_coupling='gumbel'); config itself is unchanged."""
+  variant = config.copy_and_resolve_references()
+  variant.update(dict(fields, methods=('vanilla', name)))
+  return build_methods(variant, family)[-1]
+
+
 def rule_hyperparameters(rule) -> dict:
   """The scalar fields of a rule (floats, ints, strings, bools) for results.json."""
   if rule is None or not dataclasses.is_dataclass(rule):
