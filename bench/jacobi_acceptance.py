@@ -60,17 +60,6 @@ _PAC_TREES = flags.DEFINE_list(
     "drafts) beside configs/generate.py's; their rows are named 'sjd_pac_KxD'.")
 
 
-def extra_pac_trees() -> list[tuple[str, int, int]]:
-  """(row name, K, D) of each --pac_trees entry 'KxD'."""
-  trees = []
-  for text in _PAC_TREES.value:
-    branches, _, depth = text.partition('x')
-    if not (branches.isdigit() and depth.isdigit()):
-      raise ValueError(f"--pac_trees entries are 'KxD' (e.g. 4x2), got {text!r}.")
-    trees.append((f'sjd_pac_{text}', int(branches), int(depth)))
-  return trees
-
-
 def ratio_row(row: dict, reference: dict) -> dict:
   """Tokens per forward relative to the reference row, with its delta-method s.e."""
   if row is reference:
@@ -112,7 +101,6 @@ def main(argv):
 
   if _METHODS.value[0] != 'sjd':
     raise ValueError(f"--methods must start with 'sjd' (the reference), got {_METHODS.value}.")
-  pac_trees = extra_pac_trees()  # checked before any decode
   os.makedirs(_OUT.value, exist_ok=True)
   json_path = os.path.join(_OUT.value, 'jacobi_acceptance.json')
   done = {}
@@ -139,10 +127,8 @@ def main(argv):
         methods.append(('scd_released', method))
       if method.name != 'sjd_pac':
         continue
-      for name, branches, depth in pac_trees:  # beside the configured tree
-        methods.append((name, methods_lib.build_variant(config, family, 'sjd_pac',
-                                                        pac_branches=branches,
-                                                        pac_depth=depth)))
+      for variant in methods_lib.pac_tree_variants(config, family, _PAC_TREES.value):
+        methods.append((variant.name, variant))  # beside the configured tree
     for name, method in methods:
       if (window, name) in done:
         continue

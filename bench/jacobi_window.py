@@ -10,7 +10,7 @@ vanilla and each method timed in interleaved rounds (every round runs every
 from the same rounds. The main command's `jacobi_window` is chosen from this.
 --gumbel_scd adds 'scd_gumbel' (SCD with scd_coupling 'gumbel') beside 'scd';
 --inits times each fresh-draft init (configs/generate.py's jacobi_init) in the
-same rounds.
+same rounds; --pac_trees adds SJD-PAC with other proactive trees ('sjd_pac_KxD').
 Prints a table and writes JSON.
 """
 
@@ -40,6 +40,9 @@ _INITS = flags.DEFINE_list('inits', ['random'],
                           "'random', as the runs committed before jacobi_init became 'spatial').")
 _GUMBEL_SCD = flags.DEFINE_bool('gumbel_scd', False,
                                 "Add 'scd_gumbel' (SCD's Gumbel coupling) after 'scd'.")
+_PAC_TREES = flags.DEFINE_list(
+    'pac_trees', [], "More SJD-PAC proactive trees 'KxD' (K candidates at each of the first D "
+    "drafts), timed after 'sjd_pac' as 'sjd_pac_KxD'.")
 
 
 def with_gumbel_scd(methods: list, config, family) -> list:
@@ -72,6 +75,7 @@ def main(argv):
     methods = methods_lib.build_methods(config, family)
     if _GUMBEL_SCD.value:
       methods = with_gumbel_scd(methods, config, family)
+    methods += methods_lib.pac_tree_variants(config, family, _PAC_TREES.value)
     for method in methods:
       if method.name == 'vanilla' and calls:
         continue  # one vanilla reference for every window

@@ -5,8 +5,9 @@
 On the bundled Fashion-MNIST family, one image with CFG (2 cache rows), the
 main command's XLA options (per mode, as it compiles them), for the modes
 vanilla, chain (the EAGLE-1 chain, UniformRelaxed(2), k = 4), tree (an
-EAGLE-1 static tree), jacobi (SJD, window 8), and the main command's
-eagle2 and sjd_pac (--modes; default the first four).
+EAGLE-1 static tree), jacobi (SJD, window --jacobi_window), and the main
+command's eagle2 and sjd_pac (K 3, D 2; sjd_pac_KxD for another tree) (--modes;
+default the first four).
 For each mode, in one process:
   * kernels per iteration from the compiled program (`hlo_kernels`), by the
     loop's named pieces (window, target_forward, target_probs, verify,
@@ -45,6 +46,11 @@ _MODES = flags.DEFINE_list('modes', ['vanilla', 'chain', 'tree', 'jacobi'], 'Mod
 _REPEATS = flags.DEFINE_integer('repeats', 10, 'Untimed-trace calls per mode (best is kept).')
 _TRACE_CALLS = flags.DEFINE_integer('trace_calls', 3, 'Traced calls per mode.')
 _CLASS = flags.DEFINE_integer('label', 3, 'Class of the decoded image.')
+_JACOBI_WINDOW = flags.DEFINE_integer('jacobi_window', 8, 'Window W of jacobi and sjd_pac '
+                                      '(the committed runs: 8; the main command now runs 4).')
+_JACOBI_INIT = flags.DEFINE_enum('jacobi_init', 'random', ['random', 'spatial'],
+                                 'Fresh drafts of jacobi and sjd_pac (the committed runs: '
+                                 "'random'; the main command now uses 'spatial').")
 
 # A small EAGLE-1 tree for the bundle: two candidates at each of the first two
 # depths, then a chain (13 nodes, depth 5).
@@ -65,15 +71,19 @@ def mode_kwargs(name: str, family) -> dict:
   if name == 'tree':
     return dict(mode=decode.TreeDraft(verify.StaticTree.from_paths(BUNDLE_TREE), 'eagle'),
                 rule=rules.UniformRelaxed(2.0), **eagle)
+  window, init = _JACOBI_WINDOW.value, _JACOBI_INIT.value
   if name == 'jacobi':
-    return dict(mode=decode.Jacobi(8), rule=rules.Lossless())
+    return dict(mode=decode.Jacobi(window, init=init), rule=rules.Lossless())
   if name == 'eagle2':  # the main command's method 'eagle2' (configs/generate.py)
     return dict(mode=decode.DynamicTreeDraft(total_tokens=24, depth=5, top_k=4,
                                              drafts="sampled"), rule=rules.Lossless(), **eagle)
-  if name == 'sjd_pac':  # the main command's method 'sjd_pac' (configs/generate.py)
-    return dict(mode=decode.JacobiPAC(window=8, branches=3, depth=2), rule=rules.Lossless())
-  raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree, jacobi, eagle2 or '
-                   'sjd_pac.')
+  if name == 'sjd_pac' or name.startswith('sjd_pac_'):  # the main command's tree, or 'KxD'
+    branches, _, depth = (name[len('sjd_pac_'):] if name != 'sjd_pac' else '3x2').partition('x')
+    if branches.isdigit() and depth.isdigit():
+      return dict(mode=decode.JacobiPAC(window=window, branches=int(branches), depth=int(depth),
+                                        init=init), rule=rules.Lossless())
+  raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree, jacobi, eagle2, '
+                   "sjd_pac or sjd_pac_KxD (K candidates at each of the first D drafts).")
 
 
 def self_times(trace_file: str) -> dict:
@@ -187,7 +197,8 @@ def main(argv):
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   with open(_OUT.value, 'w') as f:
     json.dump({'backend': jax.default_backend(), 'compiler_options': options, 'rows': rows,
-               'label': _CLASS.value, 'tree': BUNDLE_TREE}, f, indent=1)
+               'label': _CLASS.value, 'tree': BUNDLE_TREE, 'jacobi_window': _JACOBI_WINDOW.value,
+               'jacobi_init': _JACOBI_INIT.value}, f, indent=1)
   print('wrote', _OUT.value)
 
 

@@ -42,7 +42,12 @@ def jacobi_fresh(uniforms, num: int, vocab: int, init: str, left_token,
   'random': token ids uniform over the model's image tokens `token_range`
   (start, stop), default the whole vocabulary (SJD's default init draws from
   the image-token ids only; `protocol.image_token_range` gives a model's);
-  'spatial': repeat the left neighbour (SJD's 'repeat_horizon' for LlamaGen).
+  'spatial': every fresh draft repeats left_token, the token just before the
+  fresh positions (the last kept draft, or the token just committed): SJD's
+  'repeat_horizon', its setting for LlamaGen, as SCD's release writes it for
+  Cosmos. (The Lumina-mGPT Jacobi code of SJD and SCD copies each fresh
+  position's own left neighbour instead and keeps random drafts in a row's
+  first column.)
   A fresh draft is a point mass, so its draft distribution is one-hot and
   acceptance is t(x). uniforms: f32[B, num] ('random' draws one token each).
   Returns (int32[B, num], f32[B, num, V]).
@@ -178,6 +183,12 @@ def jacobi_next(uniforms, target_probs, num_accepted, next_token, init: str,
     (drafts int32[B, W-1], draft_probs f32[B, W-1, V]).
   """
   batch, window, vocab = target_probs.shape
+  needed = {'maximal': ('old_tokens', 'old_probs'), 'gumbel': ('noise',)}.get(coupling, ())
+  given = dict(old_tokens=old_tokens, old_probs=old_probs, noise=noise)
+  missing = [name for name in needed if given[name] is None]
+  if missing:
+    raise ValueError(f'jacobi_next: coupling {coupling!r} needs {", ".join(missing)} '
+                     f'(see the docstring); pass them, or coupling="none".')
   source = num_accepted[:, None] + 1 + jnp.arange(window - 1)[None, :]  # [B, W-1]
   carried = source <= window - 1
   clipped = jnp.minimum(source, window - 1)

@@ -148,6 +148,12 @@ class ScdCouplingTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'coupling must be one of'):
       jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
                                 coupling='sinkhorn', old_tokens=old_tokens, old_probs=old_probs)
+    with self.assertRaisesRegex(ValueError, "coupling 'maximal' needs old_probs"):
+      jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
+                                coupling='maximal', old_tokens=old_tokens)
+    with self.assertRaisesRegex(ValueError, "coupling 'gumbel' needs noise"):
+      jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
+                                coupling='gumbel')
 
 
 class ScdGumbelCouplingTest(absltest.TestCase):

@@ -89,6 +89,16 @@ class MethodRuleTest(parameterized.TestCase):
     self.assertEqual(methods_lib.build_variant(config, _StubFamily(), 'scd',
                                                scd_coupling='gumbel').mode.coupling, 'gumbel')
 
+  def test_pac_tree_variants_name_and_shape_sjd_pac_trees(self):
+    config = generate_config.get_config()
+    variants = methods_lib.pac_tree_variants(config, _StubFamily(), ['2x1', '4x3'])
+    self.assertEqual([v.name for v in variants], ['sjd_pac_2x1', 'sjd_pac_4x3'])
+    self.assertEqual([(v.mode.branches, v.mode.depth) for v in variants], [(2, 1), (4, 3)])
+    self.assertEqual(methods_lib.pac_tree_variants(config, _StubFamily(), []), [])
+    with self.assertRaisesRegex(ValueError, r"SJD-PAC trees are written 'KxD' \(e.g. 4x2\), "
+                                r"got '3by2'"):
+      methods_lib.pac_tree_variants(config, _StubFamily(), ['3by2'])
+
   def test_jacobi_init_reaches_every_jacobi_method(self):
     """configs/generate.py's jacobi_init ('spatial' by default, the bundle being a
     LlamaGen model) sets the fresh drafts of sjd, scd, sjd_pac, gsd and csd; anything

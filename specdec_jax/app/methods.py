@@ -125,6 +125,21 @@ def build_variant(config, family, name: str, **fields) -> Method:
   return build_methods(variant, family)[-1]
 
 
+def pac_tree_variants(config, family, texts) -> list[Method]:
+  """SJD-PAC methods with other proactive trees: one per 'KxD' in texts (K
+  candidates at each of the first D drafts), named 'sjd_pac_KxD', built as
+  `build_variant` builds them (the benches' --pac_trees)."""
+  variants = []
+  for text in texts:
+    branches, _, depth = text.partition('x')
+    if not (branches.isdigit() and depth.isdigit()):
+      raise ValueError(f"SJD-PAC trees are written 'KxD' (e.g. 4x2), got {text!r}.")
+    method = build_variant(config, family, 'sjd_pac', pac_branches=int(branches),
+                           pac_depth=int(depth))
+    variants.append(dataclasses.replace(method, name=f'sjd_pac_{text}'))
+  return variants
+
+
 def rule_hyperparameters(rule) -> dict:
   """The scalar fields of a rule (floats, ints, strings, bools) for results.json."""
   if rule is None or not dataclasses.is_dataclass(rule):
