@@ -42,6 +42,7 @@ EAGLE2_COOLSD_DELTAS = (2.0, 4.0)
 SCD_CSD_LAMS = (0.05, 0.2)
 SJD_PAC_CSD_LAMS = (0.2,)
 JACOBI_WINDOW = 8  # the committed sweep's (the main command's default is now 4)
+JACOBI_INIT = 'spatial'  # fresh Jacobi drafts: the main command's (the first sweep ran 'random')
 
 
 def sweep_points() -> list[tuple]:
@@ -50,6 +51,7 @@ def sweep_points() -> list[tuple]:
             ('vanilla_seed1', 'vanilla_seed1', None, 'vanilla', {}, 1),
             ('eagle', 'lossless', None, 'eagle', {}, 0),
             ('eagle2', 'lossless', None, 'eagle2', {}, 0),
+            ('sjd', 'lossless', None, 'sjd', {}, 0),
             ('scd', 'lossless', None, 'scd', {}, 0),
             ('sjd_pac', 'lossless', None, 'sjd_pac', {}, 0)]
   points += [(f'coolsd_{d:g}', 'coolsd', d, 'coolsd', {'coolsd_delta': d}, 0) for d in DELTAS]
@@ -77,7 +79,7 @@ def draw(point: tuple, root: str, num_images: int, batch: int) -> str:
              f'--config.method={method}', f'--config.num_images={num_images}',
              f'--config.seed={seed}', f'--config.out_dir={folder}', '--config.write_png=False',
              f'--config.batch_per_device={batch}', f'--config.chunk_size={batch * 4}']
-  hparams = {'jacobi_window': JACOBI_WINDOW, **hparams}
+  hparams = {'jacobi_window': JACOBI_WINDOW, 'jacobi_init': JACOBI_INIT, **hparams}
   command += [f'--config.hparams.{key}={value}' for key, value in hparams.items()]
   print('$', ' '.join(command), flush=True)
   subprocess.run(command, check=True)
@@ -172,7 +174,7 @@ def main(argv=None) -> dict:
   floor = next((r['frechet_to_target'] for r in rows if r['point'] == 'vanilla_seed1'), None)
   os.makedirs(args.out, exist_ok=True)
   output = dict(points=rows, noise_floor=floor, num_images=args.num_images,
-                jacobi_window=JACOBI_WINDOW, command=' '.join(sys.argv),
+                jacobi_window=JACOBI_WINDOW, jacobi_init=JACOBI_INIT, command=' '.join(sys.argv),
                 wall_seconds=time.time() - started)
   with open(os.path.join(args.out, 'pareto.json'), 'w') as f:
     json.dump(output, f, indent=1, default=float)

@@ -44,10 +44,10 @@ def jacobi_fresh(uniforms, num: int, vocab: int, init: str, left_token,
   the image-token ids only; `protocol.image_token_range` gives a model's);
   'spatial': every fresh draft repeats left_token, the token just before the
   fresh positions (the last kept draft, or the token just committed): SJD's
-  'repeat_horizon', its setting for LlamaGen, as SCD's release writes it for
-  Cosmos. (The Lumina-mGPT Jacobi code of SJD and SCD copies each fresh
-  position's own left neighbour instead and keeps random drafts in a row's
-  first column.)
+  'repeat_horizon', its setting for LlamaGen. The releases write it in two
+  ways: SCD's Cosmos code repeats the last committed token; the Lumina-mGPT
+  Jacobi code of SJD and SCD copies each fresh position's own left neighbour
+  and keeps random drafts in a row's first column.
   A fresh draft is a point mass, so its draft distribution is one-hot and
   acceptance is t(x). uniforms: f32[B, num] ('random' draws one token each).
   Returns (int32[B, num], f32[B, num, V]).
