@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hlo_kernels  # pylint: disable=g-import-not-at-top  (bench/hlo_kernels.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
+from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/loop_profile.json', 'JSON results.')
 _MODES = flags.DEFINE_list('modes', ['vanilla', 'chain', 'tree', 'jacobi'], 'Modes to profile.')
@@ -78,10 +79,9 @@ def mode_kwargs(name: str, family) -> dict:
     return dict(mode=decode.DynamicTreeDraft(total_tokens=24, depth=5, top_k=4,
                                              drafts="sampled"), rule=rules.Lossless(), **eagle)
   if name == 'sjd_pac' or name.startswith('sjd_pac_'):  # the main command's tree, or 'KxD'
-    branches, _, depth = (name[len('sjd_pac_'):] if name != 'sjd_pac' else '3x2').partition('x')
-    if branches.isdigit() and depth.isdigit():
-      return dict(mode=decode.JacobiPAC(window=window, branches=int(branches), depth=int(depth),
-                                        init=init), rule=rules.Lossless())
+    branches, depth = methods_lib.parse_pac_tree(name[len('sjd_pac_'):] or '3x2')
+    return dict(mode=decode.JacobiPAC(window=window, branches=branches, depth=depth, init=init),
+                rule=rules.Lossless())
   raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree, jacobi, eagle2, '
                    "sjd_pac or sjd_pac_KxD (K candidates at each of the first D drafts).")
 

@@ -125,17 +125,21 @@ def build_variant(config, family, name: str, **fields) -> Method:
   return build_methods(variant, family)[-1]
 
 
+def parse_pac_tree(text: str) -> tuple[int, int]:
+  """(K, D) of an SJD-PAC tree written 'KxD' (K candidates at each of the first D drafts)."""
+  branches, _, depth = text.partition('x')
+  if not (branches.isdigit() and depth.isdigit()):
+    raise ValueError(f"SJD-PAC trees are written 'KxD' (e.g. 4x2), got {text!r}.")
+  return int(branches), int(depth)
+
+
 def pac_tree_variants(config, family, texts) -> list[Method]:
-  """SJD-PAC methods with other proactive trees: one per 'KxD' in texts (K
-  candidates at each of the first D drafts), named 'sjd_pac_KxD', built as
-  `build_variant` builds them (the benches' --pac_trees)."""
+  """SJD-PAC methods with other proactive trees: one per 'KxD' in texts, named
+  'sjd_pac_KxD', built as `build_variant` builds them (the benches' --pac_trees)."""
   variants = []
   for text in texts:
-    branches, _, depth = text.partition('x')
-    if not (branches.isdigit() and depth.isdigit()):
-      raise ValueError(f"SJD-PAC trees are written 'KxD' (e.g. 4x2), got {text!r}.")
-    method = build_variant(config, family, 'sjd_pac', pac_branches=int(branches),
-                           pac_depth=int(depth))
+    branches, depth = parse_pac_tree(text)
+    method = build_variant(config, family, 'sjd_pac', pac_branches=branches, pac_depth=depth)
     variants.append(dataclasses.replace(method, name=f'sjd_pac_{text}'))
   return variants
 
