@@ -176,6 +176,16 @@ class ContentAware(Rule):
       whenever the relaxation only raises acceptance, i.e. sign +1 without
       `keep_target_support` zeroing anything the lossless rule would accept)
       or 'standard' Norm([t - d]_+).
+    relax_point_masses: False by default: a draft whose law d is a point mass
+      (max d = 1: a Jacobi fresh draft, a top-k tree draft) is verified
+      losslessly, min(1, t(x)). The formula's relaxation is meant for drafts
+      drawn from a law close to t (d ~ t makes t/d ~ 1, so lam H moves little);
+      on a point mass that the TV filter passes (t(x) > 1 - tv_threshold) it
+      adds lam H(t) to t(x). With SJD's random fresh drafts that almost never
+      happens; with fresh drafts that repeat the left token (init 'spatial')
+      it does at most positions, and lam 0.2 streaked the bundle's images
+      (docs/results.md "CSD's relaxation and point-mass drafts"). True applies
+      the formula to point masses too.
   """
 
   lam: Any = 0.1
@@ -185,6 +195,7 @@ class ContentAware(Rule):
   sign: int = flax.struct.field(pytree_node=False, default=1)
   keep_target_support: bool = flax.struct.field(pytree_node=False, default=True)
   residual_mode: str = flax.struct.field(pytree_node=False, default='optimal')
+  relax_point_masses: bool = flax.struct.field(pytree_node=False, default=False)
 
   def __post_init__(self):
     _check('ContentAware', 'lam', self.lam, lambda v: v >= 0, '>= 0')
@@ -199,7 +210,8 @@ class ContentAware(Rule):
         raise ValueError(f'ContentAware: {name} must be one of {allowed}, got {value!r}.')
 
   def relaxation(self, draft_probs, target_probs) -> jax.Array:
-    """sign * lam * h(H) where the TV filter passes, else 0 (scalar)."""
+    """sign * lam * h(H) where the TV filter passes (and the draft is not a point
+    mass, unless relax_point_masses), else 0 (scalar)."""
     probs = target_probs if self.entropy_of == 'target' else draft_probs
     h = entropy(probs)
     if self.transform != 'identity':
@@ -209,7 +221,10 @@ class ContentAware(Rule):
       if self.transform == 'one_minus_normalized':
         h = jnp.where(support > 1, 1.0 - h, 0.0)
     tv = 0.5 * jnp.sum(jnp.abs(draft_probs - target_probs), axis=-1)
-    return jnp.where(tv < self.tv_threshold, self.sign * self.lam * h, 0.0)
+    relaxed = tv < self.tv_threshold
+    if not self.relax_point_masses:
+      relaxed = relaxed & (jnp.max(draft_probs, axis=-1) < 1.0)
+    return jnp.where(relaxed, self.sign * self.lam * h, 0.0)
 
   def accept_prob(self, draft_probs, target_probs, position=1):
     del position

@@ -156,6 +156,33 @@ class ClosedFormTest(parameterized.TestCase):
     np.testing.assert_allclose(rule.residual(draft, target), residual / residual.sum(),
                                atol=1e-6)
 
+  def test_content_aware_verifies_point_masses_losslessly(self):
+    """A point-mass draft (a Jacobi fresh draft) that the TV filter passes is
+    accepted with t(x), not t(x) + lam H(t), unless relax_point_masses; a draft
+    with a law is relaxed as before. Negative control: with relax_point_masses
+    the point mass's acceptance and output law move off the lossless ones."""
+    vocab = 8
+    target = jnp.asarray([0.7, 0.1, 0.05, 0.05, 0.04, 0.03, 0.02, 0.01], jnp.float32)
+    point = jax.nn.one_hot(0, vocab)  # TV(point, target) = 0.3 < 0.5: the filter passes
+    t = np.asarray(target, np.float64)
+    entropy_nats = -np.sum(t * np.log(t))
+    rule = rules.ContentAware(lam=0.2)
+    self.assertAlmostEqual(float(rule.accept_prob(point, target)[0]), 0.7, places=6)
+    np.testing.assert_allclose(verify.output_law(rule, point, target), target, atol=ATOL)
+    literal = rules.ContentAware(lam=0.2, relax_point_masses=True)
+    self.assertAlmostEqual(float(literal.accept_prob(point, target)[0]),
+                           min(1.0, 0.7 + 0.2 * entropy_nats), places=5)
+    self.assertGreater(float(verify.tv_distance(verify.output_law(literal, point, target),
+                                                target)), 0.05)
+    draft, target = dirichlet_pair(6, 16)  # a draft with a law: relaxed either way
+    for relax in (False, True):
+      np.testing.assert_allclose(
+          rules.ContentAware(lam=0.2, tv_threshold=1.0, relax_point_masses=relax).accept_prob(
+              draft, target),
+          rules.ContentAware(lam=0.2, tv_threshold=1.0).accept_prob(draft, target), atol=1e-7)
+    self.assertGreater(float(verify.excess_acceptance(
+        rules.ContentAware(lam=0.2, tv_threshold=1.0), draft, target)), 0.0)
+
   def test_content_aware_keeps_target_support(self):
     draft, target = dirichlet_pair(8, 16)
     target = jnp.where(jnp.arange(16) < 4, target + 0.1, 0.0)
