@@ -184,8 +184,8 @@ class ContentAware(Rule):
       adds lam H(t) to t(x). With SJD's random fresh drafts that almost never
       happens; with fresh drafts that repeat the left token (init 'spatial')
       it does at most positions, and lam 0.2 streaked the bundle's images
-      (docs/results.md "CSD's relaxation and point-mass drafts"). True applies
-      the formula to point masses too.
+      (docs/results.md "The Jacobi points with left-neighbour fresh drafts,
+      and CSD on point masses"). True applies the formula to point masses too.
   """
 
   lam: Any = 0.1
