@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hlo_kernels  # pylint: disable=g-import-not-at-top  (bench/hlo_kernels.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
+from specdec_jax import jacobi_drafts  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
 
@@ -49,7 +50,7 @@ _TRACE_CALLS = flags.DEFINE_integer('trace_calls', 3, 'Traced calls per mode.')
 _CLASS = flags.DEFINE_integer('label', 3, 'Class of the decoded image.')
 _JACOBI_WINDOW = flags.DEFINE_integer('jacobi_window', 8, 'Window W of jacobi and sjd_pac '
                                       '(the committed runs: 8; the main command now runs 4).')
-_JACOBI_INIT = flags.DEFINE_enum('jacobi_init', 'random', ['random', 'spatial'],
+_JACOBI_INIT = flags.DEFINE_enum('jacobi_init', 'random', list(jacobi_drafts.INITS),
                                  'Fresh drafts of jacobi and sjd_pac (the committed runs: '
                                  "'random'; the main command now uses 'spatial').")
 

@@ -52,6 +52,8 @@ def jacobi_fresh(uniforms, num: int, vocab: int, init: str, left_token,
   acceptance is t(x). uniforms: f32[B, num] ('random' draws one token each).
   Returns (int32[B, num], f32[B, num, V]).
   """
+  if init not in INITS:
+    raise ValueError(f'jacobi_fresh: init must be one of {INITS}, got {init!r}.')
   start, stop = (0, vocab) if token_range is None else token_range
   if not 0 <= start < stop <= vocab:
     raise ValueError(f'jacobi_fresh: token_range must be a non-empty range inside [0, {vocab}], '

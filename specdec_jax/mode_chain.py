@@ -87,8 +87,8 @@ def check_window_and_init(mode, num_tokens: int, target) -> None:
     raise ValueError(f'generate: {name}.window must be in [2, num_tokens={num_tokens}] '
                      f'(1 pending token + window-1 drafts), got {mode.window}.')
   if mode.init not in jacobi_drafts.INITS:
-    raise ValueError(f"generate: {name}.init must be 'random' or 'spatial', got "
-                     f'{mode.init!r}.')
+    choices = ' or '.join(repr(init) for init in jacobi_drafts.INITS)
+    raise ValueError(f'generate: {name}.init must be {choices}, got {mode.init!r}.')
   protocol.image_token_range(target)  # random drafts are drawn from it: check it now
 
 

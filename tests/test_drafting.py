@@ -151,6 +151,9 @@ class ScdCouplingTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "coupling 'maximal' needs old_probs"):
       jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
                                 coupling='maximal', old_tokens=old_tokens)
+    with self.assertRaisesRegex(ValueError, r"jacobi_fresh: init must be one of \('random', "
+                                r"'spatial'\), got 'left'"):
+      jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'left')
     with self.assertRaisesRegex(ValueError, "coupling 'gumbel' needs noise"):
       jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
                                 coupling='gumbel')
