@@ -6,7 +6,7 @@ On the bundled Fashion-MNIST family, one image with CFG (2 cache rows), the
 main command's XLA options (per mode, as it compiles them), for the modes
 vanilla, chain (the EAGLE-1 chain, UniformRelaxed(2), k = 4), tree (an
 EAGLE-1 static tree), jacobi (SJD, window --jacobi_window), and the main
-command's eagle2 and sjd_pac (K 3, D 2; sjd_pac_KxD for another tree) (--modes;
+command's eagle2 and sjd_pac (configs/generate.py; sjd_pac_KxD for another tree) (--modes;
 default the first four).
 For each mode, in one process:
   * kernels per iteration from the compiled program (`hlo_kernels`), by the
@@ -42,6 +42,7 @@ import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax import jacobi_drafts  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
+from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/loop_profile.json', 'JSON results.')
 _MODES = flags.DEFINE_list('modes', ['vanilla', 'chain', 'tree', 'jacobi'], 'Modes to profile.')
@@ -76,11 +77,15 @@ def mode_kwargs(name: str, family) -> dict:
   window, init = _JACOBI_WINDOW.value, _JACOBI_INIT.value
   if name == 'jacobi':
     return dict(mode=decode.Jacobi(window, init=init), rule=rules.Lossless())
-  if name == 'eagle2':  # the main command's method 'eagle2' (configs/generate.py)
-    return dict(mode=decode.DynamicTreeDraft(total_tokens=24, depth=5, top_k=4,
-                                             drafts="sampled"), rule=rules.Lossless(), **eagle)
+  config = generate_config.get_config()  # the main command's eagle2 and sjd_pac settings
+  if name == 'eagle2':
+    return dict(mode=decode.DynamicTreeDraft(total_tokens=config.eagle2_total_tokens,
+                                             depth=config.eagle2_depth, top_k=config.eagle2_top_k,
+                                             drafts=config.eagle2_drafts),
+                rule=rules.Lossless(), **eagle)
   if name == 'sjd_pac' or name.startswith('sjd_pac_'):  # the main command's tree, or 'KxD'
-    branches, depth = methods_lib.parse_pac_tree(name[len('sjd_pac_'):] or '3x2')
+    tree = name[len('sjd_pac_'):] or f'{config.pac_branches}x{config.pac_depth}'
+    branches, depth = methods_lib.parse_pac_tree(tree)
     return dict(mode=decode.JacobiPAC(window=window, branches=branches, depth=depth, init=init),
                 rule=rules.Lossless())
   raise ValueError(f'unknown mode {name!r}; use vanilla, chain, tree, jacobi, eagle2, '
