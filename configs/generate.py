@@ -85,7 +85,8 @@ def get_config():
   config.eagle2_top_k = 4
   # The rule the 2026 methods verify with: 'lossless', or a relaxed variant
   # (bench/pareto_sampled.py) 'uniform', 'coolsd', 'lantern_pp', 'csd' (with the
-  # hyperparameters above), and for scd also 'gsd' (GSD has no tree form).
+  # hyperparameters above), and for scd also 'gsd' (GSD has no tree form). Under
+  # 'uniform', 'coolsd' and 'lantern_pp' fresh Jacobi drafts are verified losslessly.
   config.eagle2_rule = 'lossless'
   config.scd_rule = 'lossless'
   # SCD's coupling of a re-drafted position with its previous draft: 'maximal' (keep the

@@ -90,6 +90,9 @@ def check_window_and_init(mode, num_tokens: int, target) -> None:
     choices = ' or '.join(repr(init) for init in jacobi_drafts.INITS)
     raise ValueError(f'generate: {name}.init must be {choices}, got {mode.init!r}.')
   protocol.image_token_range(target)  # random drafts are drawn from it: check it now
+  if not isinstance(mode.relax_fresh_drafts, bool):
+    raise ValueError(f'generate: {name}.relax_fresh_drafts must be True or False, got '
+                     f'{mode.relax_fresh_drafts!r}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,11 +112,16 @@ class Jacobi(mode_base.Mode):
   for the decode (`jacobi_drafts.gumbel_coupling`). Either way a draft's law
   is still t, so every Jacobi rule (SJD's lossless test, GSD, CSD) verifies it
   unchanged.
+
+  relax_fresh_drafts: False verifies fresh drafts (point masses) losslessly
+  under the chain rules (`rules.jacobi_rule`: UniformRelaxed, COOL-SD,
+  LANTERN/LANTERN++; GSD and CSD decide themselves); True relaxes them too.
   """
 
   window: int
   init: str = 'random'
   coupling: str = 'none'
+  relax_fresh_drafts: bool = False
 
   rule_mode = rules_lib.JACOBI
 
@@ -134,6 +142,10 @@ class Jacobi(mode_base.Mode):
     if self.coupling not in jacobi_drafts.COUPLINGS:
       raise ValueError(f'generate: Jacobi.coupling must be one of '
                        f'{jacobi_drafts.COUPLINGS}, got {self.coupling!r}.')
+
+  def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
+    return super().verify(plan, rules_lib.jacobi_rule(rule, self.relax_fresh_drafts), uniforms,
+                          window, drafts, target_probs, cache, start)
 
   def start(self, plan, draft_params, draft_cond, prefill, first, first_index, uniforms):
     tokens, probs = jacobi_drafts.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size,

@@ -120,6 +120,7 @@ class JacobiPAC(mode_base.Mode):
   the tree adds branches + ... + branches**depth - depth nodes to the forward.
   init: fresh drafts as `Jacobi` ('random' or 'spatial'); a fresh draft is a
   point mass, so its extra siblings have no mass and are skipped.
+  relax_fresh_drafts: as `Jacobi`'s (fresh drafts verified losslessly by default).
 
   Drafts: tokens int32[B, T - 1] (window entries 1..T - 1, node j = entry j),
   probs f32[B, W - 1, V] the law of the chain draft at each depth (the law of
@@ -130,6 +131,7 @@ class JacobiPAC(mode_base.Mode):
   branches: int = 3
   depth: int = 2
   init: str = 'random'
+  relax_fresh_drafts: bool = False
 
   rule_mode = rules_lib.TREE
 
@@ -180,7 +182,7 @@ class JacobiPAC(mode_base.Mode):
     return self._with_siblings(tokens, probs, uniforms), 0
 
   def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
-    tree = self.tree
+    tree, rule = self.tree, rules_lib.jacobi_rule(rule, self.relax_fresh_drafts)
     # A node's children are drawn from the law of the next depth (leaves: unused).
     child_law = np.minimum(tree.depths, self.window - 2)
     draft_probs = drafts.probs[:, child_law]  # [B, T, V]

@@ -71,6 +71,9 @@ class Rule:
   supports_modes: ClassVar[frozenset] = ALL_MODES
   # True when the residual depends on which token was rejected.
   residual_depends_on_token: ClassVar[bool] = False
+  # False: the Jacobi modes verify this rule's point-mass drafts (fresh drafts)
+  # losslessly (`rules.LosslessOnPointMasses`); True: as the rule says.
+  jacobi_point_masses_as_given: ClassVar[bool] = False
 
   def accept_prob(self, draft_probs, target_probs, position) -> jax.Array:
     raise NotImplementedError

@@ -34,6 +34,8 @@ class Grouped(Rule):
   residual_mode: str = flax.struct.field(pytree_node=False, default='standard')
 
   supports_modes: ClassVar[frozenset] = frozenset({CHAIN, JACOBI})
+  # GSD's group test is defined on SJD's drafts, fresh (point-mass) ones included.
+  jacobi_point_masses_as_given: ClassVar[bool] = True
 
   def __post_init__(self):
     _check('Grouped', 'prob_threshold', self.prob_threshold, lambda v: v > 0, '> 0')

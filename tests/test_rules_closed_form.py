@@ -183,6 +183,46 @@ class ClosedFormTest(parameterized.TestCase):
     self.assertGreater(float(verify.excess_acceptance(
         rules.ContentAware(lam=0.2, tv_threshold=1.0), draft, target)), 0.0)
 
+  @parameterized.parameters('uniform', 'coolsd', 'lantern', 'lanternpp')
+  def test_lossless_on_point_masses(self, name):
+    """The Jacobi modes' wrapper (`rules.jacobi_rule`): a point-mass draft (a fresh
+    Jacobi draft) is accepted with t(x) and the output law is the target's; a
+    draft with a law gets the wrapped rule's acceptance and residual exactly.
+    Negative control: the chain rule itself on the point mass accepts more than
+    t(x) and moves the output law (TV > 0.05)."""
+    vocab = 8
+    rule = relaxed_rules(vocab)[name]
+    guarded = rules.jacobi_rule(rule, relax_fresh_drafts=False)
+    self.assertIsInstance(guarded, rules.LosslessOnPointMasses)
+    self.assertIs(rules.jacobi_rule(rule, relax_fresh_drafts=True), rule)
+    target = jnp.asarray([0.3, 0.25, 0.15, 0.1, 0.08, 0.06, 0.04, 0.02], jnp.float32)
+    for x in (0, 3):
+      point = jax.nn.one_hot(x, vocab)
+      self.assertAlmostEqual(float(guarded.accept_prob(point, target, 1)[x]), float(target[x]),
+                             places=6)
+      self.assertAlmostEqual(float(guarded.accept_prob_at(point, target, 1, x)),
+                             float(target[x]), places=6)
+      np.testing.assert_allclose(verify.output_law(guarded, point, target, 1), target,
+                                 atol=ATOL)
+    point = jax.nn.one_hot(3, vocab)  # every one of the four rules relaxes this token
+    self.assertGreater(float(rule.accept_prob(point, target, 1)[3]), 0.1 + 0.1)
+    self.assertGreater(float(verify.tv_distance(verify.output_law(rule, point, target, 1),
+                                                target)), 0.05)
+    draft, target = dirichlet_pair(3, vocab)
+    for position in (1, 3):
+      np.testing.assert_allclose(guarded.accept_prob(draft, target, position),
+                                 rule.accept_prob(draft, target, position), atol=1e-7)
+      np.testing.assert_allclose(guarded.residual(draft, target, position, 2),
+                                 rule.residual(draft, target, position, 2), atol=1e-7)
+      np.testing.assert_allclose(verify.output_law(guarded, draft, target, position),
+                                 verify.output_law(rule, draft, target, position), atol=1e-6)
+
+  def test_jacobi_rule_keeps_rules_that_decide_point_masses(self):
+    """Lossless (nothing to relax), CSD (its own relax_point_masses) and GSD (its
+    group test is defined on SJD's drafts, fresh ones included) are not wrapped."""
+    for rule in (relaxed_rules(8)['csd'], relaxed_rules(8)['gsd'], rules.Lossless()):
+      self.assertIs(rules.jacobi_rule(rule, relax_fresh_drafts=False), rule)
+
   def test_content_aware_keeps_target_support(self):
     draft, target = dirichlet_pair(8, 16)
     target = jnp.where(jnp.arange(16) < 4, target + 0.1, 0.0)
