@@ -41,6 +41,8 @@ import plotting  # bench/plotting.py
 EAGLE2_COOLSD_DELTAS = (2.0, 4.0)
 SCD_CSD_LAMS = (0.05, 0.2)
 SJD_PAC_CSD_LAMS = (0.2,)
+SCD_CHAIN_RULE_DELTAS = (2.0,)
+SCD_LANTERN_LAMS = (3.0,)
 JACOBI_WINDOW = 8  # the committed sweep's (the main command's default is now 4)
 JACOBI_INIT = 'spatial'  # fresh Jacobi drafts: the main command's (the first sweep ran 'random')
 
@@ -66,6 +68,15 @@ def sweep_points() -> list[tuple]:
              for lam in SCD_CSD_LAMS]
   points += [(f'sjd_pac_csd_{lam:g}', 'sjd_pac_csd', lam, 'sjd_pac',
               {'sjd_pac_rule': 'csd', 'csd_lam': lam}, 0) for lam in SJD_PAC_CSD_LAMS]
+  # GSD, and the chain rules on SCD's Jacobi drafts (fresh drafts are point masses).
+  points += [('gsd', 'gsd', None, 'gsd', {}, 0)]
+  points += [(f'scd_uniform_{d:g}', 'scd_uniform', d, 'scd',
+              {'scd_rule': 'uniform', 'uniform_omega': d}, 0) for d in SCD_CHAIN_RULE_DELTAS]
+  points += [(f'scd_coolsd_{d:g}', 'scd_coolsd', d, 'scd',
+              {'scd_rule': 'coolsd', 'coolsd_delta': d}, 0) for d in SCD_CHAIN_RULE_DELTAS]
+  points += [(f'scd_lantern_pp_{lam:g}', 'scd_lantern_pp', lam, 'scd',
+              {'scd_rule': 'lantern_pp', 'lantern_lam': lam, 'lantern_residual': 'optimal'}, 0)
+             for lam in SCD_LANTERN_LAMS]
   return points
 
 
