@@ -268,6 +268,8 @@ class LosslessOnPointMasses(Rule):
 
   rule: Any
 
+  jacobi_point_masses_as_given: ClassVar[bool] = True  # wrapped already
+
   @property
   def supports_modes(self):
     return self.rule.supports_modes
