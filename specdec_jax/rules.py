@@ -19,6 +19,8 @@ Interface of every rule:
   residual(draft_probs, target_probs, position, rejected_token) -> f32[V]
       the distribution to resample from after rejecting `rejected_token`.
   supports_modes: the decoding modes the rule makes sense in.
+  jacobi_point_masses_as_given: False if the Jacobi modes verify the rule's
+      point-mass (fresh) drafts losslessly (`LosslessOnPointMasses`).
   for_window(window): the rule specialised to a draft window length (only
       COOL-SD's mean-normalised schedule needs it).
 

@@ -13,12 +13,11 @@ from specdec_jax.app import config_checks
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.configs import generate as generate_config
+from specdec_jax.configs import sample_fashion
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'bench'))
 import pareto_sampled  # pylint: disable=g-import-not-at-top,wrong-import-position  (bench/)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from configs import sample_fashion  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 class SweepPointsTest(absltest.TestCase):
