@@ -52,6 +52,12 @@ def reject_nonfinite(accept_probs, draft_probs, target_probs) -> jax.Array:
   return jnp.where(finite, accept_probs, 0.0)
 
 
+def is_point_mass(draft_probs: jax.Array) -> jax.Array:
+  """bool[...]: whether each draft law [..., V] is a point mass (max d = 1), e.g. a
+  Jacobi fresh draft or a top-k tree draft."""
+  return jnp.max(draft_probs, axis=-1) >= 1.0
+
+
 def ratio_accept(draft_probs: jax.Array, target_probs: jax.Array, weight=1.0) -> jax.Array:
   """min(1, weight * t / d), with f = 1 where d = 0 (such x is never drafted) and
   f = 0 where d or t is not finite (`reject_nonfinite`).

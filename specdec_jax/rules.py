@@ -41,7 +41,7 @@ from specdec_jax import resampling
 from specdec_jax import schedules
 # The base and the LANTERN / GSD rules live in their own modules; re-exported here.
 from specdec_jax.rule_base import (ALL_MODES, CHAIN, JACOBI, TREE, Rule, _check, _concrete,
-                                   ratio_accept, reject_nonfinite)
+                                   is_point_mass, ratio_accept, reject_nonfinite)
 from specdec_jax.rules_grouped import Grouped
 from specdec_jax.rules_neighbor import (_LANTERN_RESIDUALS, NO_NEIGHBOR, Lantern, LanternPP,
                                         _neighbor_mass_bound_check, _NeighborRelaxed)
@@ -229,7 +229,7 @@ class ContentAware(Rule):
     tv = 0.5 * jnp.sum(jnp.abs(draft_probs - target_probs), axis=-1)
     relaxed = tv < self.tv_threshold
     if not self.relax_point_masses:
-      relaxed = relaxed & (jnp.max(draft_probs, axis=-1) < 1.0)
+      relaxed = relaxed & ~is_point_mass(draft_probs)
     return jnp.where(relaxed, self.sign * self.lam * h, 0.0)
 
   def accept_prob(self, draft_probs, target_probs, position=1):
@@ -245,10 +245,6 @@ class ContentAware(Rule):
     if self.residual_mode == 'standard':
       return resampling.standard_residual(draft_probs, target_probs)
     return super().residual(draft_probs, target_probs, position, rejected_token)
-
-
-def _is_point_mass(draft_probs) -> jax.Array:
-  return jnp.max(draft_probs, axis=-1) >= 1.0
 
 
 @flax.struct.dataclass
@@ -281,16 +277,16 @@ class LosslessOnPointMasses(Rule):
     return self.rule.residual_depends_on_token
 
   def accept_prob(self, draft_probs, target_probs, position=1):
-    return jnp.where(_is_point_mass(draft_probs), ratio_accept(draft_probs, target_probs),
+    return jnp.where(is_point_mass(draft_probs), ratio_accept(draft_probs, target_probs),
                      self.rule.accept_prob(draft_probs, target_probs, position))
 
   def accept_prob_at(self, draft_probs, target_probs, position, token):
     lossless = ratio_accept(draft_probs[token], target_probs[token])
-    return jnp.where(_is_point_mass(draft_probs), lossless,
+    return jnp.where(is_point_mass(draft_probs), lossless,
                      self.rule.accept_prob_at(draft_probs, target_probs, position, token))
 
   def residual(self, draft_probs, target_probs, position=1, rejected_token=None):
-    return jnp.where(_is_point_mass(draft_probs)[..., None],
+    return jnp.where(is_point_mass(draft_probs)[..., None],
                      resampling.standard_residual(draft_probs, target_probs),
                      self.rule.residual(draft_probs, target_probs, position, rejected_token))
 

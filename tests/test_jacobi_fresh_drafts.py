@@ -39,8 +39,8 @@ class _RelaxesPointMassesOnly(rules.Rule):
 
   def accept_prob(self, draft_probs, target_probs, position=1):
     del position
-    point_mass = jnp.max(draft_probs, axis=-1) >= 1.0
-    return rules.ratio_accept(draft_probs, target_probs, jnp.where(point_mass, 3.0, 1.0))
+    weight = jnp.where(rules.is_point_mass(draft_probs), 3.0, 1.0)
+    return rules.ratio_accept(draft_probs, target_probs, weight)
 
 
 MODES = (
