@@ -79,8 +79,9 @@ class ChainDraft(mode_base.DrafterMode):
 
 def check_window_and_init(mode, num_tokens: int, target) -> None:
   """The Jacobi family's checks (`Jacobi`, `mode_pac.JacobiPAC`): an int window in
-  [2, num_tokens], init 'random' or 'spatial', and a target whose image-token
-  range random drafts can be drawn from (ValueError naming the field)."""
+  [2, num_tokens], init 'random' or 'spatial', a bool relax_fresh_drafts, and a
+  target whose image-token range random drafts can be drawn from (ValueError
+  naming the field)."""
   name = type(mode).__name__
   checks.check_int_field(mode, 'window')
   if not 2 <= mode.window <= num_tokens:
