@@ -10,6 +10,10 @@ E hidden width.
   (the visible slot whose position is one less), so a wrong cache length or a
   wrong tree mask changes its law: the property the engine's exactness tests
   rely on. Its exact joint law is `joint_law`.
+* `GridToy`: the same alphabet and cache, laid out as an image: rows of
+  `width` tokens, each token's logits a table lookup on its left and upper
+  neighbours (read from the cache along the query's tree path), so a
+  changed token disturbs the token below it `width` positions later.
 * `ToyEagle`: an EAGLE-style drafter with the engine's drafter signature
   `forward(params, cache, tokens, features, window_mask, depths)`: logits
   depend on the fed token, the previous token read from its own cache and a
@@ -35,23 +39,29 @@ from specdec_jax import protocol
 from specdec_jax.models.tiny import check_class_ids
 
 
-def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, positions, bos: int):
-  """Token at position-1 of each new query, read from the cache after the write.
+def _visible_tokens_at(cache: kv.KVCache, num_new: int, window_mask, wanted, bos: int):
+  """Token at position `wanted` for each new query, read from the cache after the write.
 
   The cache holds each slot's token in its key and its position id in its
   value (`_markov_step`), as a transformer's rotary keys carry their positions.
-  positions: int32[B, T] of the new queries.
-  Returns int32[B, T]: among the slots the query may attend to, the one whose
-  position id is the query's position minus one (BOS when there is none).
+  wanted: int32[B, T], one position id per new query.
+  Returns int32[B, T]: among the slots the query may attend to (its tree
+  path and the committed tokens), the one whose position id is `wanted` (BOS
+  when there is none).
   """
   slot_position = cache.values[0][:, 0, :, 0].astype(jnp.int32)  # [B, S] (values [B, K, S, D])
   visible = kv.attention_mask(cache, num_new, window_mask)  # [B, T, S]
-  match = visible & (slot_position[:, None, :] == positions[..., None] - 1)
+  match = visible & (slot_position[:, None, :] == wanted[..., None])
   stored = cache.keys[0][:, 0, 0, :].astype(jnp.int32)  # [B, S] (keys are [B, K, D, S])
   found = jnp.any(match, axis=-1)
   slot = jnp.argmax(match, axis=-1)  # [B, T]
-  previous = jnp.take_along_axis(stored, slot, axis=1)
-  return jnp.where(found, previous, bos)
+  token = jnp.take_along_axis(stored, slot, axis=1)
+  return jnp.where(found, token, bos)
+
+
+def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, positions, bos: int):
+  """Token at position-1 of each new query (positions int32[B, T]), BOS if none."""
+  return _visible_tokens_at(cache, num_new, window_mask, positions - 1, bos)
 
 
 def _token_cache(batch_size: int, capacity: int) -> kv.KVCache:
@@ -74,13 +84,13 @@ def _markov_step(table, cache, tokens, window_mask, depths, bos):
 
 
 @dataclasses.dataclass(frozen=True)
-class MarkovToy:
-  """Second-order Markov chain with a class-token prefix, reading through its cache.
-
-  The prefix of class c is [BOS, V + c] (P = 2); generated tokens are in [0, V).
-  Class id C is the unconditional ("null") class used for CFG rows.
-  Params: {'table': f32[A, A, V]} logits of the next token given
-  (previous, current).
+class _TableToy:
+  """What the table toys share: the alphabet, the class-token prefix [BOS, V + c]
+  (P = 2; class C is the null class of CFG rows), the token cache and the
+  protocol's calls and the exact joint law. Subclasses define
+  `_output(params, cache, tokens [B, T], window_mask, depths)` (the engine's
+  forward) and `step_logits` (the same logits from a numpy sequence).
+  Params: {'table': f32[A, A, V]}, next-token logits indexed by two tokens.
   """
 
   vocab: int = 4
@@ -117,15 +127,8 @@ class MarkovToy:
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     return _token_cache(batch_size, capacity)
 
-  def _output(self, params, cache, tokens, window_mask=None, depths=None):
-    previous, logits, cache = _markov_step(params['table'], cache, tokens, window_mask,
-                                           depths, self.bos)
-    hidden = jnp.concatenate([jax.nn.one_hot(previous, self.alphabet),
-                              jax.nn.one_hot(tokens, self.alphabet)], axis=-1)
-    return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
-
   def prefill(self, params, cache, cond) -> protocol.ForwardOutput:
-    check_class_ids(cond, self.num_classes, 'MarkovToy.prefill', allow_null=True)
+    check_class_ids(cond, self.num_classes, f'{type(self).__name__}.prefill', allow_null=True)
     batch = cond.shape[0]
     tokens = jnp.stack([jnp.full((batch,), self.bos, jnp.int32),
                         self.vocab + cond.astype(jnp.int32)], axis=1)  # [B, 2]
@@ -139,27 +142,94 @@ class MarkovToy:
 
     `sampling` (a `specdec_jax.logits.Sampling`) is applied exactly as the
     engine does: CFG between the class row and the null-class row, then
-    processing; token index i decides the CFG interval.
+    processing; token index i decides the CFG interval. Each token's logits
+    come from the subclass's `step_logits(table, class_token, sequence, index)`.
     """
     table = np.asarray(params['table'], np.float32)
     law = np.zeros((self.vocab,) * num_tokens)
-    cond_prefix = (self.bos, self.vocab + class_id)
-    uncond_prefix = (self.bos, self.vocab + self.num_classes)
     for sequence in itertools.product(range(self.vocab), repeat=num_tokens):
       prob = 1.0
       for index in range(num_tokens):
-        history_c = cond_prefix + sequence[:index]
-        history_u = uncond_prefix + sequence[:index]
-        cond_logits = table[history_c[-2], history_c[-1]]
-        uncond_logits = table[history_u[-2], history_u[-1]]
+        cond_logits = self.step_logits(table, self.vocab + class_id, sequence, index)
         if sampling is None:
           step = jax.nn.softmax(jnp.asarray(cond_logits))
         else:
+          uncond_logits = self.step_logits(table, self.vocab + self.num_classes, sequence, index)
           step = sampling.probs(jnp.asarray(cond_logits), jnp.asarray(uncond_logits),
                                 token_index=index)
         prob *= float(np.asarray(step, np.float64)[sequence[index]])
       law[sequence] = prob
     return law.reshape(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovToy(_TableToy):
+  """Second-order Markov chain with a class-token prefix, reading through its cache.
+
+  The prefix of class c is [BOS, V + c] (P = 2); generated tokens are in [0, V).
+  Class id C is the unconditional ("null") class used for CFG rows.
+  Params: {'table': f32[A, A, V]} logits of the next token given
+  (previous, current).
+  """
+
+  def _output(self, params, cache, tokens, window_mask=None, depths=None):
+    previous, logits, cache = _markov_step(params['table'], cache, tokens, window_mask,
+                                           depths, self.bos)
+    hidden = jnp.concatenate([jax.nn.one_hot(previous, self.alphabet),
+                              jax.nn.one_hot(tokens, self.alphabet)], axis=-1)
+    return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
+
+  def step_logits(self, table: np.ndarray, class_token: int, sequence, index: int) -> np.ndarray:
+    """Logits float32[V] of generated token `index` after `sequence[:index]` (numpy)."""
+    history = (self.bos, class_token) + tuple(sequence[:index])
+    return table[history[-2], history[-1]]
+
+
+@dataclasses.dataclass(frozen=True)
+class GridToy(_TableToy):
+  """An image-like toy: tokens fill rows of `width`; each depends on its left and upper
+  neighbours, read through the cache.
+
+  Generated token k sits at row k // width, column k % width. Its logits are
+  `table[left, above]`: left is token k - 1 (the class token V + c at column
+  0), above is token k - width (BOS in the first row). So a changed token
+  moves the law of its right neighbour and of the token below it, width
+  positions later, as a VQ image model's does (bench/jacobi_grid_toy.py
+  measures the Jacobi methods against the width). The prefix of class c is
+  [BOS, V + c] (P = 2), class C is the null class for CFG rows, as
+  `MarkovToy`'s. Tree windows read both neighbours along their own path
+  (`_visible_tokens_at`), so a wrong tree mask changes the law.
+  Params: {'table': f32[A, A, V]} logits of token k given (left, above).
+  """
+
+  width: int = 3
+
+  def __post_init__(self):
+    if self.width < 1:
+      raise ValueError(f'GridToy.width must be >= 1, got {self.width}.')
+
+  def _output(self, params, cache, tokens, window_mask=None, depths=None):
+    num_new = tokens.shape[1]
+    positions = kv.window_positions(cache, num_new, depths)  # [B, T]
+    written = kv.update_layer(cache, 0, tokens.astype(jnp.float32)[..., None, None],
+                              positions.astype(jnp.float32)[..., None, None])
+    index = positions - 1  # the generated token each query predicts (-1 at BOS)
+    class_token = _visible_tokens_at(written, num_new, window_mask, jnp.ones_like(positions),
+                                     self.bos)
+    left = jnp.where(index % self.width == 0, class_token, tokens)
+    upper = _visible_tokens_at(written, num_new, window_mask, positions + 1 - self.width,
+                               self.bos)
+    above = jnp.where(index >= self.width, upper, self.bos)
+    logits = params['table'][left, above].astype(jnp.float32)  # [B, T, V]
+    hidden = jnp.concatenate([jax.nn.one_hot(left, self.alphabet),
+                              jax.nn.one_hot(above, self.alphabet)], axis=-1)
+    return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=kv.advance(written, num_new))
+
+  def step_logits(self, table: np.ndarray, class_token: int, sequence, index: int) -> np.ndarray:
+    """Logits float32[V] of generated token `index` after `sequence[:index]` (numpy)."""
+    left = class_token if index % self.width == 0 else sequence[index - 1]
+    above = sequence[index - self.width] if index >= self.width else self.bos
+    return table[left, above]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,128 @@
+"""Whole-loop laws of the Jacobi modes on `GridToy`, a target that reads two tokens back.
+
+`MarkovToy` (tests/decode_support.py) reads only the token before a query,
+which in a tree window is the node's parent. `GridToy` with width 3 reads
+the token `width - 1 = 2` positions before the query as well (the upper
+neighbour), which inside an SJD-PAC tree is the node's grandparent: so its
+law checks the whole ancestor path of the tree mask, where MarkovToy's
+checks one edge.
+
+Chi-square of 2**14 images over the V**n = 3**6 = 729 sequences of a 2 x 3
+grid (bins with expected count under 5 pooled, `testing.chi_square_pvalue`),
+p > 1e-4, as tests/decode_support.py: a law whose chi-square divergence from
+the target is >= 0.012 (noncentrality 2**14 x 0.012 = 197 over ~190 degrees
+of freedom) is rejected with probability >= 0.99. Negative controls that
+must fail: the same tokens against the law with the upper neighbour ignored
+(the toy's second read is visible in the test: total variation 0.75), and
+SJD-PAC with a tree mask that shows each node only itself and its parent
+(its law breaks on GridToy, and still passes on MarkovToy, which cannot see
+a missing grandparent).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from specdec_jax import decode
+from specdec_jax import logits
+from specdec_jax import mode_pac
+from specdec_jax import rules
+from specdec_jax import testing
+from specdec_jax.app import toy
+from specdec_jax.models import tiny
+
+VOCAB, CLASSES, WIDTH, NUM_TOKENS = 3, 2, 3, 6
+NUM_SAMPLES = 2 ** 14
+P_THRESHOLD = 1e-4
+GRID = toy.GridToy(VOCAB, CLASSES, WIDTH)
+PARAMS = GRID.init_params(jax.random.key(0))
+MARKOV = toy.MarkovToy(VOCAB, CLASSES)  # the same table shape: it runs on PARAMS too
+
+CASES = (
+    ('sjd_random', decode.Jacobi(5, init='random'), logits.Sampling()),
+    ('scd_spatial_cfg', decode.Jacobi(5, init='spatial', coupling='maximal'),
+     logits.Sampling(cfg_scale=1.5)),
+    ('scd_gumbel', decode.Jacobi(4, init='spatial', coupling='gumbel'), logits.Sampling()),
+    ('sjd_pac_random', decode.JacobiPAC(5, branches=2, depth=2, init='random'),
+     logits.Sampling()),
+    ('sjd_pac_spatial_deep_tree', decode.JacobiPAC(5, branches=3, depth=3, init='spatial'),
+     logits.Sampling(cfg_scale=1.5)),
+)
+
+
+def _decode(mode, sampling, target=GRID, params=PARAMS):
+  """Tokens int32[NUM_SAMPLES, NUM_TOKENS] of class 0 and the run's tokens per forward."""
+  ids = jnp.zeros((NUM_SAMPLES,), jnp.int32)
+  cond = tiny.cfg_class_rows(ids, CLASSES) if sampling.uses_cfg else ids
+  result = decode.generate(target, params, cond, num_tokens=NUM_TOKENS, key=jax.random.key(7),
+                           mode=mode, sampling=sampling, rule=rules.Lossless(),
+                           compiler_options=decode.FAST_COMPILE)
+  tokens = np.asarray(result.tokens)
+  return tokens, float(result.metrics.summary()['tokens_per_target_forward'])
+
+
+def _pvalue(tokens, law) -> float:
+  counts = testing.histogram(testing.sequence_index(tokens, VOCAB), law.size)
+  return testing.chi_square_pvalue(counts, law)[0]
+
+
+def _parent_only_layout(self, drafts):
+  """A broken SJD-PAC tree mask: each node sees itself and its parent, no further
+  ancestor (window entries only; committed tokens stay visible)."""
+  del drafts
+  tree = self.tree
+  nodes = np.arange(tree.num_nodes)
+  mask = (nodes[:, None] == nodes[None, :]) | (tree.parents[:, None] == nodes[None, :])
+  return jnp.asarray(mask), jnp.asarray(tree.depths)
+
+
+class GridToyLawTest(parameterized.TestCase):
+
+  def test_grid_toy_vanilla_law_and_upper_neighbour_is_visible(self):
+    sampling = logits.Sampling()
+    tokens, _ = _decode(decode.Vanilla(), sampling)
+    law = GRID.joint_law(PARAMS, 0, NUM_TOKENS, sampling)
+    self.assertGreater(_pvalue(tokens, law), P_THRESHOLD)
+    # Negative control: the law of the same table with the upper neighbour
+    # ignored (every token in the first row) is rejected.
+    no_upper = toy.GridToy(VOCAB, CLASSES, width=NUM_TOKENS).joint_law(PARAMS, 0, NUM_TOKENS)
+    self.assertGreater(0.5 * np.abs(law - no_upper).sum(), 0.3)
+    self.assertLess(_pvalue(tokens, no_upper), P_THRESHOLD)
+
+  def test_grid_toy_rejects_width_below_one(self):
+    with self.assertRaisesRegex(ValueError, r'GridToy.width must be >= 1, got 0'):
+      toy.GridToy(VOCAB, CLASSES, width=0)
+
+  @parameterized.named_parameters(*CASES)
+  def test_grid_joint_law_matches_target(self, mode, sampling):
+    tokens, tokens_per_forward = _decode(mode, sampling)
+    law = GRID.joint_law(PARAMS, 0, NUM_TOKENS, sampling)
+    self.assertGreater(_pvalue(tokens, law), P_THRESHOLD, f'{mode}')
+    self.assertGreater(tokens_per_forward, 1.05)
+
+  def test_sjd_pac_parent_only_tree_mask_fails_on_grid_only(self):
+    """Negative control: a tree mask missing grandparents breaks GridToy's law; the
+    Markov toy, which reads only parents, cannot tell."""
+    mode = decode.JacobiPAC(5, branches=3, depth=3, init='spatial')
+    sampling = logits.Sampling()
+    original = mode_pac.JacobiPAC.layout
+    mode_pac.JacobiPAC.layout = _parent_only_layout
+    decode.clear_compile_cache()
+    try:
+      grid_tokens, _ = _decode(mode, sampling)
+      markov_tokens, _ = _decode(mode, sampling, MARKOV, PARAMS)
+    finally:
+      mode_pac.JacobiPAC.layout = original
+      decode.clear_compile_cache()
+    self.assertLess(_pvalue(grid_tokens, GRID.joint_law(PARAMS, 0, NUM_TOKENS, sampling)),
+                    P_THRESHOLD)
+    markov_law = MARKOV.joint_law(PARAMS, 0, NUM_TOKENS, sampling)
+    self.assertGreater(_pvalue(markov_tokens, markov_law), P_THRESHOLD)
+
+
+if __name__ == '__main__':
+  absltest.main()
