@@ -17,7 +17,10 @@ from the target's own law at i with the original token removed (what a
 rejection and residual draw does to a window), and for offsets j = 1..--max_offset
 TV(p(x_{i+j} | original prefix), p(x_{i+j} | perturbed prefix)) is averaged
 over images and positions. Raster order: offset G (the grid width) is the
-token directly below the perturbed one. Prints a table, writes JSON and a PNG.
+token directly below the perturbed one. The JSON also records the TV's
+quantiles at j = 1 and j = G and how peaked the images' own laws are
+(entropy quantiles, share with a top token over 0.9), to compare with
+bench/jacobi_grid_toy.py's uniform toy. Prints a table, writes JSON and a PNG.
 """
 
 from __future__ import annotations
@@ -61,6 +64,19 @@ def perturb(rng, probs, tokens, num_positions: int, max_offset: int):
       law[tokens[image, position]] = 0.0
     perturbed[row, position] = rng.choice(law.size, p=law / law.sum())
   return images, positions, perturbed
+
+
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+def law_spread(probs) -> dict:
+  """Entropy quantiles (nats) of the laws probs [N, L, V] and the share of them whose
+  top token holds over 0.9 (nearly a point mass: every Jacobi method accepts there)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  probs = np.asarray(probs, np.float64).reshape(-1, probs.shape[-1])
+  entropy = -(probs * np.log(np.where(probs > 0, probs, 1.0))).sum(-1)
+  return {'entropy_quantiles': np.quantile(entropy, QUANTILES).tolist(),
+          'share_top_token_over_0.9': float((probs.max(-1) > 0.9).mean())}
 
 
 def plot(path: str, offsets, mean, stderr, grid_width: int) -> None:
@@ -122,6 +138,12 @@ def main(argv):
       'sampling': config.sampling.to_dict(), 'grid_width': grid_width,
       'offsets': offsets.tolist(), 'tv_mean': mean.tolist(), 'tv_stderr': stderr.tolist(),
       'tv_mean_offsets_2_to_13': float(mean[1:grid_width - 1].mean()),
+      # How the mean is made up: the TV's quantiles at j = 1 and at the token below,
+      # and how peaked the vanilla images' own laws are (every position).
+      'quantiles': list(QUANTILES),
+      'tv_quantiles_offset_1': np.quantile(distances[:, 0], QUANTILES).tolist(),
+      'tv_quantiles_below': np.quantile(distances[:, grid_width - 1], QUANTILES).tolist(),
+      **law_spread(probs),
   }
   with open(os.path.join(_OUT.value, 'context_sensitivity.json'), 'w') as f:
     json.dump(result, f, indent=1)

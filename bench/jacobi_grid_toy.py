@@ -1,0 +1,194 @@
+"""SCD and SJD-PAC against SJD on an image-like toy, against the grid's width (not a test).
+
+  python bench/jacobi_grid_toy.py --out bench/results/jacobi_grid_toy
+
+docs/results.md explains the bundle's small gains of SCD (arXiv 2510.24211)
+and SJD-PAC (arXiv 2603.18599) over SJD by its grid: 14 tokens wide, so a
+window longer than 13 drafts holds the token below a changed one, whose law
+moves as much as its right neighbour's. This bench tests that explanation
+on `specdec_jax.app.toy.GridToy`, a target whose token k depends on its left
+neighbour (k - 1) and its upper one (k - width) through a random table,
+with nothing else changed between widths: the same table, the same number of
+tokens per image, the same modes. Width 14 is the bundle's grid, 48
+Lumina-mGPT's at 768 pixels (SJD-PAC's setting), and a width of
+--num_tokens (one row) has no upper neighbour at all.
+
+Modes: SJD `Jacobi(W, init)`, SCD `Jacobi(W, init, coupling)` and SJD-PAC
+`JacobiPAC(W, K, D, init)`, with the init, coupling, K and D of
+configs/generate.py; lossless; the toy's own law (no CFG: the null class
+would change only the first column). Each table is `scale` x N(0, 1) logits
+over --vocab tokens, one per --scales value (flat to peaked laws); the JSON
+records what each means for the law: its mean entropy and the mean
+total-variation distance between a token's laws under two different left
+neighbours (the bundle's: 0.37, bench/results/context_sensitivity/). Counts, so machine load does not
+change them. Resumable: rows already in the JSON (same settings) are kept.
+Prints a table, writes JSON and a PNG (ratio to SJD against W, per width).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
+
+_OUT = flags.DEFINE_string('out', 'bench/results/jacobi_grid_toy', 'Output folder.')
+_WIDTHS = flags.DEFINE_list('widths', ['14', '48', '384'],
+                            'Grid widths; --num_tokens means one row (no upper neighbour).')
+_WINDOWS = flags.DEFINE_list('windows', ['4', '8', '16', '32'], 'Jacobi windows W.')
+_METHODS = flags.DEFINE_list('methods', ['sjd', 'scd', 'sjd_pac'], "'sjd' is the reference.")
+_NUM_TOKENS = flags.DEFINE_integer('num_tokens', 384, 'Tokens per image (8 rows of 48).')
+_IMAGES = flags.DEFINE_integer('images', 200, 'Images per (width, window, method).')
+_VOCAB = flags.DEFINE_integer('vocab', 256, 'Image tokens V of the toy.')
+_SCALES = flags.DEFINE_list('scales', ['0.3', '0.75', '2.0'],
+                            'Standard deviations of the table logits (one table each).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Key of the table and of every decode.')
+
+
+def law_statistics(table, vocab: int) -> dict:
+  """Mean entropy (nats) of the image-token laws and mean TV distance between the laws
+  under two different left neighbours (the same upper one), from table [A, A, V]."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  logits = np.asarray(table, np.float64)[:vocab, :vocab]  # image tokens as neighbours
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  entropy = float(-(probs * np.log(probs)).sum(-1).mean())
+  shifted = np.roll(probs, 1, axis=0)  # left neighbour a against a - 1
+  left_tv = float(0.5 * np.abs(probs - shifted).sum(-1).mean())
+  return dict(mean_entropy=entropy, max_entropy=float(np.log(vocab)), left_change_tv=left_tv)
+
+
+def with_ratio(row: dict, reference: dict) -> dict:
+  """row + its tokens per forward over the reference's, with a delta-method s.e."""
+  ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
+  relative = ((row['stderr'] / row['tokens_per_forward']) ** 2
+              + (reference['stderr'] / reference['tokens_per_forward']) ** 2) ** 0.5
+  return dict(row, ratio_to_sjd=ratio, ratio_stderr=0.0 if row is reference else ratio * relative)
+
+
+def build_mode(name: str, window: int, config):
+  from specdec_jax import decode  # pylint: disable=g-import-not-at-top
+  if name == 'sjd':
+    return decode.Jacobi(window, init=config.jacobi_init)
+  if name == 'scd':
+    return decode.Jacobi(window, init=config.jacobi_init, coupling=config.scd_coupling)
+  if name == 'sjd_pac':
+    return decode.JacobiPAC(window, branches=config.pac_branches, depth=config.pac_depth,
+                            init=config.jacobi_init)
+  raise ValueError(f"--methods: unknown method {name!r}; use 'sjd', 'scd' or 'sjd_pac'.")
+
+
+def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
+  """One panel per table scale: each method's ratio to SJD against W, per width."""
+  scales = sorted({r['scale'] for r in rows})
+  fig, axes = plotting.subplots(1, len(scales), figsize=(4.2 * len(scales), 4.0))
+  for ax, scale in zip(list(getattr(axes, 'flat', [axes])), scales):
+    for width in sorted({r['width'] for r in rows}):
+      for name in methods[1:]:
+        mine = sorted((r for r in rows if (r['scale'], r['width'], r['method'])
+                       == (scale, width, name)), key=lambda r: r['window'])
+        ax.errorbar([r['window'] for r in mine], [r['ratio_to_sjd'] for r in mine],
+                    yerr=[r['ratio_stderr'] for r in mine], marker='o', ms=4, capsize=2,
+                    linestyle='-' if name == 'scd' else '--', label=f'{name}, width {width}')
+    ax.axhline(1.2, color='grey', lw=0.8, ls=':')
+    ax.axhline(1.5, color='grey', lw=0.8, ls=':')
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('Jacobi window W')
+    law = laws[str(scale)]
+    ax.set_title(f"scale {scale}: entropy {law['mean_entropy']:.1f} nats, "
+                 f"left-change TV {law['left_change_tv']:.2f}", fontsize=9)
+    ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.suptitle("GridToy: SCD and SJD-PAC tokens per forward / SJD's, by grid width")
+  fig.supylabel("ratio to SJD at the same W")
+  plotting.save(fig, path)
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from specdec_jax import decode, logits, rules  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import toy  # pylint: disable=g-import-not-at-top
+  from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
+
+  methods = list(_METHODS.value)
+  if methods[0] != 'sjd':
+    raise ValueError(f"--methods must start with 'sjd' (the reference), got {methods}.")
+  widths = [int(w) for w in _WIDTHS.value]
+  if not all(1 <= w <= _NUM_TOKENS.value for w in widths):
+    raise ValueError(f'--widths must be in [1, --num_tokens={_NUM_TOKENS.value}], got {widths}.')
+  config = generate_config.get_config()
+  settings = dict(images=_IMAGES.value, seed=_SEED.value, vocab=_VOCAB.value,
+                  num_tokens=_NUM_TOKENS.value, init=config.jacobi_init,
+                  coupling=config.scd_coupling, pac_tree=[config.pac_branches, config.pac_depth])
+  os.makedirs(_OUT.value, exist_ok=True)
+  json_path = os.path.join(_OUT.value, 'jacobi_grid_toy.json')
+  done = {}
+  if os.path.exists(json_path):
+    with open(json_path) as f:
+      saved = json.load(f)
+    if saved['settings'] == settings:
+      done = {(r['scale'], r['width'], r['window'], r['method']): r for r in saved['rows']}
+  classes = 2
+  cond = jnp.asarray(np.arange(_IMAGES.value) % classes, jnp.int32)
+
+  def write(rows):
+    with open(json_path, 'w') as f:  # after every row: a killed run resumes
+      json.dump({'settings': settings, 'laws': laws, 'rows': rows}, f, indent=1)
+
+  laws = {}
+  scales = [float(x) for x in _SCALES.value]
+  for scale in scales:
+    params = toy.GridToy(_VOCAB.value, classes).init_params(jax.random.key(_SEED.value),
+                                                            scale=scale)
+    laws[str(scale)] = law_statistics(params['table'], _VOCAB.value)
+    print(f'scale {scale}: toy law {laws[str(scale)]}', flush=True)
+    for width, window, name in itertools.product(widths, [int(w) for w in _WINDOWS.value],
+                                                  methods):
+      if (scale, width, window, name) in done:
+        continue
+      start = time.perf_counter()
+      result = decode.generate(toy.GridToy(_VOCAB.value, classes, width), params, cond,
+                               num_tokens=_NUM_TOKENS.value, key=jax.random.key(_SEED.value + 1),
+                               mode=build_mode(name, window, config), sampling=logits.Sampling(),
+                               rule=rules.Lossless())
+      per_image = np.asarray(result.metrics.tokens_per_target_forward, np.float64)
+      done[(scale, width, window, name)] = dict(
+          scale=scale, width=width, window=window, method=name,
+          tokens_per_forward=float(per_image.mean()),
+          stderr=float(per_image.std(ddof=1) / np.sqrt(per_image.size)),
+          acceptance_per_position=result.metrics.summary()['acceptance_per_position'])
+      print(f'scale {scale} width {width} W={window} {name}: {per_image.mean():.3f} tokens '
+            f'per forward ({time.perf_counter() - start:.0f} s)', flush=True)
+      write(list(done.values()))
+  rows = []
+  print('| scale | width | W | ' + ' | '.join(methods) + ' | '
+        + ' | '.join(f'{name} / SJD' for name in methods[1:]) + ' |')
+  print('|---' * (2 + 2 * len(methods)) + '|')
+  for scale, width, window in sorted({key[:3] for key in done if key[0] in scales}):
+    if (scale, width, window, 'sjd') not in done:
+      continue
+    reference = done[(scale, width, window, 'sjd')]
+    mine = [with_ratio(done[(scale, width, window, name)], reference)
+            for name in methods if (scale, width, window, name) in done]
+    rows.extend(mine)
+    print(f'| {scale} | {width} | {window} | ' + ' | '.join(
+        f"{r['tokens_per_forward']:.2f} ({r['stderr']:.2f})" for r in mine) + ' | ' + ' | '.join(
+            f"{r['ratio_to_sjd']:.2f} ({r['ratio_stderr']:.2f})" for r in mine[1:]) + ' |')
+  write(rows)
+  plot(os.path.join(_OUT.value, 'jacobi_grid_toy.png'), rows, laws, methods)
+  print('wrote', _OUT.value)
+
+
+if __name__ == '__main__':
+  app.run(main)
