@@ -2,16 +2,20 @@
 
   python bench/jacobi_grid_toy.py --out bench/results/jacobi_grid_toy
 
-docs/results.md explains the bundle's small gains of SCD (arXiv 2510.24211)
-and SJD-PAC (arXiv 2603.18599) over SJD by its grid: 14 tokens wide, so a
-window longer than 13 drafts holds the token below a changed one, whose law
-moves as much as its right neighbour's. This bench tests that explanation
-on `specdec_jax.app.toy.GridToy`, a target whose token k depends on its left
+SCD (arXiv 2510.24211) and SJD-PAC (arXiv 2603.18599) gain less over SJD
+on the bundle than in their papers. An earlier docs/results.md blamed its
+grid: 14 tokens wide, so a window longer than 13 drafts holds the token below
+a changed one, whose law moves as much as its right neighbour's. This bench
+tests that explanation (it does not hold) and others on `specdec_jax.app.toy.GridToy`, a target whose token k depends on its left
 neighbour (k - 1) and its upper one (k - width) through a random table,
 with nothing else changed between widths: the same table, the same number of
 tokens per image, the same modes. Width 14 is the bundle's grid, 48
 Lumina-mGPT's at 768 pixels (SJD-PAC's setting), and a width of
---num_tokens (one row) has no upper neighbour at all.
+--num_tokens (one row) has no upper neighbour at all. --borders and
+--context_weights add GridToy's two image-model traits (each combination a
+row set of its own): background columns whose law is a point mass on one
+token, and a small pull of each of the 32 tokens before a token on its law
+(GridToy's default context_span, recorded in those rows).
 
 Modes: SJD `Jacobi(W, init)`, SCD `Jacobi(W, init, coupling)` and SJD-PAC
 `JacobiPAC(W, K, D, init)`, with the init, coupling, K and D of
@@ -22,7 +26,7 @@ records what each means for the law: its mean entropy and the mean
 total-variation distance between a token's laws under two different left
 neighbours (the bundle's: 0.37, bench/results/context_sensitivity/). Counts, so machine load does not
 change them. Resumable: rows already in the JSON (same settings) are kept.
-Prints a table, writes JSON and a PNG (ratio to SJD against W, per width).
+Prints a table, writes JSON and a PNG (ratio to SJD against W, per toy).
 """
 
 from __future__ import annotations
@@ -50,7 +54,25 @@ _IMAGES = flags.DEFINE_integer('images', 200, 'Images per (width, window, method
 _VOCAB = flags.DEFINE_integer('vocab', 256, 'Image tokens V of the toy.')
 _SCALES = flags.DEFINE_list('scales', ['0.3', '0.75', '2.0'],
                             'Standard deviations of the table logits (one table each).')
+_BORDERS = flags.DEFINE_list('borders', ['0'], 'GridToy.border values (background columns '
+                             'on each side of a row).')
+_CONTEXT_WEIGHTS = flags.DEFINE_list('context_weights', ['0'], 'GridToy.context_weight values.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Key of the table and of every decode.')
+
+_TOY_FIELDS = ('scale', 'width', 'border', 'context_weight')  # a row's toy, with window, method
+
+
+def toy_key(row: dict) -> tuple:
+  """(scale, width, border, context_weight) of a JSON row (rows written before the
+  two options have none: 0)."""
+  return tuple(row.get(field, 0) for field in _TOY_FIELDS)
+
+
+def toy_label(key: tuple) -> str:
+  scale, width, border, context_weight = key
+  extras = (f', border {border}' if border else '') + (
+      f', context {context_weight:g}' if context_weight else '')
+  return f'width {width}{extras}'
 
 
 def law_statistics(table, vocab: int) -> dict:
@@ -87,17 +109,17 @@ def build_mode(name: str, window: int, config):
 
 
 def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
-  """One panel per table scale: each method's ratio to SJD against W, per width."""
+  """One panel per table scale: each method's ratio to SJD against W, per toy."""
   scales = sorted({r['scale'] for r in rows})
-  fig, axes = plotting.subplots(1, len(scales), figsize=(4.2 * len(scales), 4.0))
+  fig, axes = plotting.subplots(1, len(scales), figsize=(max(6.4, 4.2 * len(scales)), 4.0))
   for ax, scale in zip(list(getattr(axes, 'flat', [axes])), scales):
-    for width in sorted({r['width'] for r in rows}):
+    for key in sorted({toy_key(r) for r in rows if r['scale'] == scale}):
       for name in methods[1:]:
-        mine = sorted((r for r in rows if (r['scale'], r['width'], r['method'])
-                       == (scale, width, name)), key=lambda r: r['window'])
+        mine = sorted((r for r in rows if toy_key(r) == key and r['method'] == name),
+                      key=lambda r: r['window'])
         ax.errorbar([r['window'] for r in mine], [r['ratio_to_sjd'] for r in mine],
                     yerr=[r['ratio_stderr'] for r in mine], marker='o', ms=4, capsize=2,
-                    linestyle='-' if name == 'scd' else '--', label=f'{name}, width {width}')
+                    linestyle='-' if name == 'scd' else '--', label=f'{name}, {toy_label(key)}')
     ax.axhline(1.2, color='grey', lw=0.8, ls=':')
     ax.axhline(1.5, color='grey', lw=0.8, ls=':')
     ax.set_xscale('log', base=2)
@@ -106,9 +128,9 @@ def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
     ax.set_title(f"scale {scale}: entropy {law['mean_entropy']:.1f} nats, "
                  f"left-change TV {law['left_change_tv']:.2f}", fontsize=9)
     ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.suptitle("GridToy: SCD and SJD-PAC tokens per forward / SJD's, by grid width")
-  fig.supylabel("ratio to SJD at the same W")
+    ax.legend(fontsize=6)
+  fig.suptitle("GridToy: SCD and SJD-PAC tokens per forward / SJD's")
+  fig.supylabel('ratio to SJD at the same W')
   plotting.save(fig, path)
 
 
@@ -138,7 +160,7 @@ def main(argv):
     with open(json_path) as f:
       saved = json.load(f)
     if saved['settings'] == settings:
-      done = {(r['scale'], r['width'], r['window'], r['method']): r for r in saved['rows']}
+      done = {(toy_key(r), r['window'], r['method']): r for r in saved['rows']}
   classes = 2
   cond = jnp.asarray(np.arange(_IMAGES.value) % classes, jnp.int32)
 
@@ -148,41 +170,46 @@ def main(argv):
 
   laws = {}
   scales = [float(x) for x in _SCALES.value]
+  toys = list(itertools.product(widths, [int(b) for b in _BORDERS.value],
+                                [float(c) for c in _CONTEXT_WEIGHTS.value]))
   for scale in scales:
     params = toy.GridToy(_VOCAB.value, classes).init_params(jax.random.key(_SEED.value),
                                                             scale=scale)
     laws[str(scale)] = law_statistics(params['table'], _VOCAB.value)
     print(f'scale {scale}: toy law {laws[str(scale)]}', flush=True)
-    for width, window, name in itertools.product(widths, [int(w) for w in _WINDOWS.value],
-                                                  methods):
-      if (scale, width, window, name) in done:
+    for (width, border, context_weight), window, name in itertools.product(
+        toys, [int(w) for w in _WINDOWS.value], methods):
+      key = (scale, width, border, context_weight)
+      if (key, window, name) in done:
         continue
       start = time.perf_counter()
-      result = decode.generate(toy.GridToy(_VOCAB.value, classes, width), params, cond,
-                               num_tokens=_NUM_TOKENS.value, key=jax.random.key(_SEED.value + 1),
+      target = toy.GridToy(_VOCAB.value, classes, width, border, context_weight)
+      result = decode.generate(target, params, cond, num_tokens=_NUM_TOKENS.value,
+                               key=jax.random.key(_SEED.value + 1),
                                mode=build_mode(name, window, config), sampling=logits.Sampling(),
                                rule=rules.Lossless())
       per_image = np.asarray(result.metrics.tokens_per_target_forward, np.float64)
-      done[(scale, width, window, name)] = dict(
-          scale=scale, width=width, window=window, method=name,
+      done[(key, window, name)] = dict(
+          zip(_TOY_FIELDS, key), window=window, method=name,
+          **({'context_span': target.context_span} if context_weight else {}),
           tokens_per_forward=float(per_image.mean()),
           stderr=float(per_image.std(ddof=1) / np.sqrt(per_image.size)),
           acceptance_per_position=result.metrics.summary()['acceptance_per_position'])
-      print(f'scale {scale} width {width} W={window} {name}: {per_image.mean():.3f} tokens '
-            f'per forward ({time.perf_counter() - start:.0f} s)', flush=True)
+      print(f'scale {scale} {toy_label(key)} W={window} {name}: {per_image.mean():.3f} '
+            f'tokens per forward ({time.perf_counter() - start:.0f} s)', flush=True)
       write(list(done.values()))
   rows = []
-  print('| scale | width | W | ' + ' | '.join(methods) + ' | '
+  print('| scale | toy | W | ' + ' | '.join(methods) + ' | '
         + ' | '.join(f'{name} / SJD' for name in methods[1:]) + ' |')
-  print('|---' * (2 + 2 * len(methods)) + '|')
-  for scale, width, window in sorted({key[:3] for key in done if key[0] in scales}):
-    if (scale, width, window, 'sjd') not in done:
+  print('|---' * (3 + 2 * len(methods)) + '|')
+  for key, window in sorted({(key, window) for key, window, _ in done if key[0] in scales}):
+    if (key, window, 'sjd') not in done:
       continue
-    reference = done[(scale, width, window, 'sjd')]
-    mine = [with_ratio(done[(scale, width, window, name)], reference)
-            for name in methods if (scale, width, window, name) in done]
+    reference = done[(key, window, 'sjd')]
+    mine = [with_ratio(done[(key, window, name)], reference)
+            for name in methods if (key, window, name) in done]
     rows.extend(mine)
-    print(f'| {scale} | {width} | {window} | ' + ' | '.join(
+    print(f'| {key[0]} | {toy_label(key)} | {window} | ' + ' | '.join(
         f"{r['tokens_per_forward']:.2f} ({r['stderr']:.2f})" for r in mine) + ' | ' + ' | '.join(
             f"{r['ratio_to_sjd']:.2f} ({r['ratio_stderr']:.2f})" for r in mine[1:]) + ' |')
   write(rows)

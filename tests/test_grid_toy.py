@@ -16,10 +16,14 @@ must fail: the same tokens against the law with the upper neighbour ignored
 (the toy's second read is visible in the test: total variation 0.75), and
 SJD-PAC with a tree mask that shows each node only itself and its parent
 (its law breaks on GridToy, and still passes on MarkovToy, which cannot see
-a missing grandparent).
+a missing grandparent). GridToy's two image-model options (background
+columns, a pull of every earlier token) get the same check, each with the
+law without the option as a control that must fail.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +107,29 @@ class GridToyLawTest(parameterized.TestCase):
     law = GRID.joint_law(PARAMS, 0, NUM_TOKENS, sampling)
     self.assertGreater(_pvalue(tokens, law), P_THRESHOLD, f'{mode}')
     self.assertGreater(tokens_per_forward, 1.05)
+
+  @parameterized.named_parameters(
+      ('sjd_pac_context_pull', toy.GridToy(VOCAB, CLASSES, WIDTH, context_weight=1.0,
+                                               context_span=2),
+       decode.JacobiPAC(5, branches=3, depth=3, init='spatial'), 'context_weight'),
+      ('scd_background_columns', toy.GridToy(VOCAB, CLASSES, WIDTH, border=1),
+       decode.Jacobi(5, init='spatial', coupling='maximal'), 'border'),
+  )
+  def test_grid_options_joint_law(self, target, mode, option):
+    """GridToy's image-model options keep the engine exact; negative control: the
+    same tokens against the law without the option are rejected."""
+    sampling = logits.Sampling()
+    params = target.init_params(jax.random.key(0))
+    tokens, _ = _decode(mode, sampling, target, params)
+    law = target.joint_law(params, 0, NUM_TOKENS, sampling)
+    self.assertGreater(_pvalue(tokens, law), P_THRESHOLD)
+    without = dataclasses.replace(target, **{option: 0}).joint_law(params, 0, NUM_TOKENS)
+    self.assertGreater(0.5 * np.abs(law - without).sum(), 0.1)
+    self.assertLess(_pvalue(tokens, without), P_THRESHOLD)
+
+  def test_grid_toy_rejects_border_past_the_middle(self):
+    with self.assertRaisesRegex(ValueError, r'GridToy.border must be in \[0, \(width - 1\) / 2\]'):
+      toy.GridToy(VOCAB, CLASSES, width=4, border=2)
 
   def test_sjd_pac_parent_only_tree_mask_fails_on_grid_only(self):
     """Negative control: a tree mask missing grandparents breaks GridToy's law; the

@@ -143,18 +143,20 @@ class _TableToy:
     `sampling` (a `specdec_jax.logits.Sampling`) is applied exactly as the
     engine does: CFG between the class row and the null-class row, then
     processing; token index i decides the CFG interval. Each token's logits
-    come from the subclass's `step_logits(table, class_token, sequence, index)`.
+    come from the subclass's `step_logits(arrays, class_token, sequence, index)`
+    (arrays: the params as numpy).
     """
-    table = np.asarray(params['table'], np.float32)
+    arrays = {name: np.asarray(value, np.float32) for name, value in params.items()}
     law = np.zeros((self.vocab,) * num_tokens)
     for sequence in itertools.product(range(self.vocab), repeat=num_tokens):
       prob = 1.0
       for index in range(num_tokens):
-        cond_logits = self.step_logits(table, self.vocab + class_id, sequence, index)
+        cond_logits = self.step_logits(arrays, self.vocab + class_id, sequence, index)
         if sampling is None:
           step = jax.nn.softmax(jnp.asarray(cond_logits))
         else:
-          uncond_logits = self.step_logits(table, self.vocab + self.num_classes, sequence, index)
+          uncond_logits = self.step_logits(arrays, self.vocab + self.num_classes, sequence,
+                                           index)
           step = sampling.probs(jnp.asarray(cond_logits), jnp.asarray(uncond_logits),
                                 token_index=index)
         prob *= float(np.asarray(step, np.float64)[sequence[index]])
@@ -179,10 +181,10 @@ class MarkovToy(_TableToy):
                               jax.nn.one_hot(tokens, self.alphabet)], axis=-1)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
 
-  def step_logits(self, table: np.ndarray, class_token: int, sequence, index: int) -> np.ndarray:
+  def step_logits(self, arrays: dict, class_token: int, sequence, index: int) -> np.ndarray:
     """Logits float32[V] of generated token `index` after `sequence[:index]` (numpy)."""
     history = (self.bos, class_token) + tuple(sequence[:index])
-    return table[history[-2], history[-1]]
+    return arrays['table'][history[-2], history[-1]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,14 +201,42 @@ class GridToy(_TableToy):
   [BOS, V + c] (P = 2), class C is the null class for CFG rows, as
   `MarkovToy`'s. Tree windows read both neighbours along their own path
   (`_visible_tokens_at`), so a wrong tree mask changes the law.
-  Params: {'table': f32[A, A, V]} logits of token k given (left, above).
+
+  Two options bring it closer to an image model (both off by default):
+  `border` columns on each side of every row are background: there the law
+  is a point mass on token 0 whatever the context (a centred object on a
+  black ground); `context_weight` adds `context_weight * sum_j context[x_j]`
+  over the `context_span` generated tokens before token k, so a changed token
+  moves the next `context_span` laws a little, as a transformer's does.
+  Token 0 (the background) pulls nothing: a run of background would
+  otherwise add up to one sharp bias.
+  Params: {'table': f32[A, A, V]} logits of token k given (left, above),
+  {'context': f32[A, V]} the per-token pull (row 0 zero).
   """
 
   width: int = 3
+  border: int = 0
+  context_weight: float = 0.0
+  context_span: int = 32
 
   def __post_init__(self):
     if self.width < 1:
       raise ValueError(f'GridToy.width must be >= 1, got {self.width}.')
+    if not 0 <= 2 * self.border < self.width:
+      raise ValueError(f'GridToy.border must be in [0, (width - 1) / 2] (columns of '
+                       f'background on each side), got {self.border} for width {self.width}.')
+    if self.context_span < 1:
+      raise ValueError(f'GridToy.context_span must be >= 1, got {self.context_span}.')
+
+  def init_params(self, key, scale: float = 1.5) -> dict:
+    context = jax.random.normal(jax.random.fold_in(key, 1), (self.alphabet, self.vocab))
+    context = context.at[0].set(0.0)  # the background pulls nothing
+    return {**super().init_params(key, scale), 'context': context.astype(jnp.float32)}
+
+  def _is_border(self, index):
+    """Whether generated token `index` (int or int32 array) is a background column."""
+    column = index % self.width
+    return (column < self.border) | (column >= self.width - self.border)
 
   def _output(self, params, cache, tokens, window_mask=None, depths=None):
     num_new = tokens.shape[1]
@@ -221,15 +251,34 @@ class GridToy(_TableToy):
                                self.bos)
     above = jnp.where(index >= self.width, upper, self.bos)
     logits = params['table'][left, above].astype(jnp.float32)  # [B, T, V]
+    if self.context_weight:
+      slot_position = written.values[0][:, 0, :, 0].astype(jnp.int32)  # [B, S]
+      first = jnp.maximum(2, positions + 1 - self.context_span)  # [B, T] oldest slot pulled
+      earlier = (kv.attention_mask(written, num_new, window_mask)
+                 & (slot_position[:, None, :] >= first[..., None]))  # [B, T, S]
+      stored = written.keys[0][:, 0, 0, :].astype(jnp.int32)  # [B, S]
+      per_slot = params['context'][stored]  # [B, S, V]
+      logits += self.context_weight * jnp.einsum('bts,bsv->btv', earlier.astype(jnp.float32),
+                                                 per_slot)
+    if self.border:
+      background = jnp.where(jnp.arange(self.vocab) == 0, 0.0, -1e4)  # a point mass on 0
+      logits = jnp.where(self._is_border(index)[..., None], background, logits)
     hidden = jnp.concatenate([jax.nn.one_hot(left, self.alphabet),
                               jax.nn.one_hot(above, self.alphabet)], axis=-1)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=kv.advance(written, num_new))
 
-  def step_logits(self, table: np.ndarray, class_token: int, sequence, index: int) -> np.ndarray:
+  def step_logits(self, arrays: dict, class_token: int, sequence, index: int) -> np.ndarray:
     """Logits float32[V] of generated token `index` after `sequence[:index]` (numpy)."""
     left = class_token if index % self.width == 0 else sequence[index - 1]
     above = sequence[index - self.width] if index >= self.width else self.bos
-    return table[left, above]
+    logits = arrays['table'][left, above]
+    if self.context_weight:
+      pulling = sequence[max(0, index - self.context_span):index]
+      logits = logits + self.context_weight * sum(
+          (arrays['context'][token] for token in pulling), np.zeros(self.vocab))
+    if self.border and self._is_border(index):
+      logits = np.where(np.arange(self.vocab) == 0, 0.0, -1e4)
+    return logits
 
 
 @dataclasses.dataclass(frozen=True)
