@@ -1,24 +1,26 @@
-"""Whole-loop laws of the Jacobi modes on `GridToy`, a target that reads two tokens back.
+"""Whole-loop laws of the decoding modes on `GridToy`, a target that reads two tokens back.
 
 `MarkovToy` (tests/decode_support.py) reads only the token before a query,
 which in a tree window is the node's parent. `GridToy` with width 3 reads
 the token `width - 1 = 2` positions before the query as well (the upper
-neighbour), which inside an SJD-PAC tree is the node's grandparent: so its
-law checks the whole ancestor path of the tree mask, where MarkovToy's
-checks one edge.
+neighbour), which inside a tree is the node's grandparent: so its law checks
+the whole ancestor path of the tree mask, where MarkovToy's checks one edge.
+Modes: SJD, SCD and SJD-PAC (Jacobi), EAGLE-2's per-image trees, a static
+tree and a chain, the trees three drafts deep.
 
 Chi-square of 2**14 images over the V**n = 3**6 = 729 sequences of a 2 x 3
 grid (bins with expected count under 5 pooled, `testing.chi_square_pvalue`),
 p > 1e-4, as tests/decode_support.py: a law whose chi-square divergence from
-the target is >= 0.012 (noncentrality 2**14 x 0.012 = 197 over ~190 degrees
-of freedom) is rejected with probability >= 0.99. Negative controls that
-must fail: the same tokens against the law with the upper neighbour ignored
-(the toy's second read is visible in the test: total variation 0.75), and
-SJD-PAC with a tree mask that shows each node only itself and its parent
-(its law breaks on GridToy, and still passes on MarkovToy, which cannot see
-a missing grandparent). GridToy's two image-model options (background
-columns, a pull of every earlier token) get the same check, each with the
-law without the option as a control that must fail.
+the target is >= 0.012 (noncentrality 2**14 x 0.012 = 197 over the ~120-190
+degrees of freedom left after pooling) is rejected with probability >= 0.99.
+Negative controls that must fail: the same tokens against the law with the
+upper neighbour ignored (the toy's second read is visible in the test: total
+variation 0.75), and
+SJD-PAC and EAGLE-2 with a tree mask that shows each node only itself and
+its parent (their law breaks on GridToy, and still passes on MarkovToy,
+which cannot see a missing grandparent). GridToy's two image-model options
+(background columns, a pull of the tokens before) get the same check, each
+with the law without the option as a control that must fail.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from specdec_jax import decode
 from specdec_jax import logits
 from specdec_jax import mode_pac
 from specdec_jax import rules
+from specdec_jax import mode_dynamic_tree
 from specdec_jax import testing
+from specdec_jax import verify
 from specdec_jax.app import toy
 from specdec_jax.models import tiny
 
@@ -45,6 +49,12 @@ P_THRESHOLD = 1e-4
 GRID = toy.GridToy(VOCAB, CLASSES, WIDTH)
 PARAMS = GRID.init_params(jax.random.key(0))
 MARKOV = toy.MarkovToy(VOCAB, CLASSES)  # the same table shape: it runs on PARAMS too
+# Drafters for the drafter modes: an independent draft model and an EAGLE head.
+DRAFTERS = {'model': (MARKOV, MARKOV.init_params(jax.random.key(1))),
+            'eagle': (toy.ToyEagle(VOCAB, CLASSES),
+                      toy.ToyEagle(VOCAB, CLASSES).init_params(jax.random.key(2)))}
+DEEP_TREE = verify.StaticTree.from_paths(
+    ((0,), (1,), (0, 0), (1, 0), (1, 1), (0, 0, 0), (1, 0, 0), (1, 1, 0)))
 
 CASES = (
     ('sjd_random', decode.Jacobi(5, init='random'), logits.Sampling()),
@@ -55,6 +65,15 @@ CASES = (
      logits.Sampling()),
     ('sjd_pac_spatial_deep_tree', decode.JacobiPAC(5, branches=3, depth=3, init='spatial'),
      logits.Sampling(cfg_scale=1.5)),
+    # Drafter modes whose trees are 3 drafts deep: a node at depth 3 reads its
+    # depth-1 ancestor, which differs between branches.
+    ('eagle2_sampled_deep', decode.DynamicTreeDraft(total_tokens=8, depth=3, top_k=2,
+                                                    drafts='sampled'), logits.Sampling()),
+    ('eagle2_top_k_model_cfg', decode.DynamicTreeDraft(total_tokens=7, depth=3, top_k=2,
+                                                       drafter='model'),
+     logits.Sampling(cfg_scale=1.5)),
+    ('static_tree_eagle', decode.TreeDraft(DEEP_TREE, 'eagle'), logits.Sampling()),
+    ('chain_model', decode.ChainDraft(4, 'model'), logits.Sampling()),
 )
 
 
@@ -62,9 +81,10 @@ def _decode(mode, sampling, target=GRID, params=PARAMS):
   """Tokens int32[NUM_SAMPLES, NUM_TOKENS] of class 0 and the run's tokens per forward."""
   ids = jnp.zeros((NUM_SAMPLES,), jnp.int32)
   cond = tiny.cfg_class_rows(ids, CLASSES) if sampling.uses_cfg else ids
+  draft, draft_params = DRAFTERS.get(getattr(mode, 'drafter', None), (None, None))
   result = decode.generate(target, params, cond, num_tokens=NUM_TOKENS, key=jax.random.key(7),
-                           mode=mode, sampling=sampling, rule=rules.Lossless(),
-                           compiler_options=decode.FAST_COMPILE)
+                           mode=mode, sampling=sampling, rule=rules.Lossless(), draft=draft,
+                           draft_params=draft_params, compiler_options=decode.FAST_COMPILE)
   tokens = np.asarray(result.tokens)
   return tokens, float(result.metrics.summary()['tokens_per_target_forward'])
 
@@ -74,14 +94,24 @@ def _pvalue(tokens, law) -> float:
   return testing.chi_square_pvalue(counts, law)[0]
 
 
+def _parent_only(ancestor_mask, depths):
+  """ancestor_mask bool[..., T, T] cut to each node and its parent (depth one less)."""
+  parent = ancestor_mask & (depths[..., None, :] == depths[..., :, None] - 1)
+  return jnp.eye(ancestor_mask.shape[-1], dtype=bool) | parent
+
+
 def _parent_only_layout(self, drafts):
   """A broken SJD-PAC tree mask: each node sees itself and its parent, no further
   ancestor (window entries only; committed tokens stay visible)."""
   del drafts
   tree = self.tree
-  nodes = np.arange(tree.num_nodes)
-  mask = (nodes[:, None] == nodes[None, :]) | (tree.parents[:, None] == nodes[None, :])
-  return jnp.asarray(mask), jnp.asarray(tree.depths)
+  depths = jnp.asarray(tree.depths)
+  return _parent_only(jnp.asarray(tree.ancestor_mask), depths), depths
+
+
+def _parent_only_dynamic_layout(self, drafts):
+  """The same break in EAGLE-2's per-image trees (masks bool[B, T, T])."""
+  return _parent_only(drafts.ancestor_mask, drafts.depths), drafts.depths
 
 
 class GridToyLawTest(parameterized.TestCase):
@@ -131,19 +161,24 @@ class GridToyLawTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r'GridToy.border must be in \[0, \(width - 1\) / 2\]'):
       toy.GridToy(VOCAB, CLASSES, width=4, border=2)
 
-  def test_sjd_pac_parent_only_tree_mask_fails_on_grid_only(self):
+  @parameterized.named_parameters(
+      ('sjd_pac', mode_pac.JacobiPAC, _parent_only_layout,
+       decode.JacobiPAC(5, branches=3, depth=3, init='spatial')),
+      ('eagle2', mode_dynamic_tree.DynamicTreeDraft, _parent_only_dynamic_layout,
+       decode.DynamicTreeDraft(total_tokens=8, depth=3, top_k=2, drafts='sampled')),
+  )
+  def test_parent_only_tree_mask_fails_on_grid_only(self, mode_class, broken_layout, mode):
     """Negative control: a tree mask missing grandparents breaks GridToy's law; the
     Markov toy, which reads only parents, cannot tell."""
-    mode = decode.JacobiPAC(5, branches=3, depth=3, init='spatial')
     sampling = logits.Sampling()
-    original = mode_pac.JacobiPAC.layout
-    mode_pac.JacobiPAC.layout = _parent_only_layout
+    original = mode_class.layout
+    mode_class.layout = broken_layout
     decode.clear_compile_cache()
     try:
       grid_tokens, _ = _decode(mode, sampling)
       markov_tokens, _ = _decode(mode, sampling, MARKOV, PARAMS)
     finally:
-      mode_pac.JacobiPAC.layout = original
+      mode_class.layout = original
       decode.clear_compile_cache()
     self.assertLess(_pvalue(grid_tokens, GRID.joint_law(PARAMS, 0, NUM_TOKENS, sampling)),
                     P_THRESHOLD)
