@@ -19,7 +19,8 @@ TV(p(x_{i+j} | original prefix), p(x_{i+j} | perturbed prefix)) is averaged
 over images and positions. Raster order: offset G (the grid width) is the
 token directly below the perturbed one. The JSON also records the TV's
 quantiles at j = 1 and j = G and how peaked the images' own laws are
-(entropy quantiles, share with a top token over 0.9), to compare with
+(entropy quantiles, share with a top token over 0.9) and the mean TV over
+the ambiguous laws only (top token at most 0.9), to compare with
 bench/jacobi_grid_toy.py's uniform toy. Prints a table, writes JSON and a PNG.
 """
 
@@ -116,6 +117,7 @@ def main(argv):
   images, positions, perturbed = perturb(rng, probs, tokens, _POSITIONS.value, max_offset)
   offsets = np.arange(1, max_offset + 1)
   distances = []  # [M, max_offset]
+  ambiguous = []  # [M, max_offset]: the original law at i + j puts <= 0.9 on its top token
   for start in range(0, len(images), 256):
     rows = slice(start, start + 256)
     changed = np.asarray(family.guided_probs(labels[images[rows]], perturbed[rows], sampling))
@@ -123,8 +125,12 @@ def main(argv):
     original = probs[images[rows][:, None], after]  # [m, J, V]
     new = np.take_along_axis(changed, after[..., None], axis=1)
     distances.append(0.5 * np.abs(original - new).sum(-1))
+    ambiguous.append(original.max(-1) <= 0.9)
     print(f'  perturbed sequences {min(start + 256, len(images))}/{len(images)}', flush=True)
   distances = np.concatenate(distances)
+  ambiguous = np.concatenate(ambiguous)
+  # The same mean over the ambiguous laws only (objects, not background).
+  ambiguous_mean = (distances * ambiguous).sum(0) / np.maximum(ambiguous.sum(0), 1)
   mean = distances.mean(0)
   stderr = distances.std(0, ddof=1) / np.sqrt(len(distances))
   grid_width = family.grid[1]
@@ -144,6 +150,8 @@ def main(argv):
       'tv_quantiles_offset_1': np.quantile(distances[:, 0], QUANTILES).tolist(),
       'tv_quantiles_below': np.quantile(distances[:, grid_width - 1], QUANTILES).tolist(),
       **law_spread(probs),
+      'tv_mean_ambiguous': ambiguous_mean.tolist(),
+      'ambiguous_share': ambiguous.mean(0).tolist(),
   }
   with open(os.path.join(_OUT.value, 'context_sensitivity.json'), 'w') as f:
     json.dump(result, f, indent=1)

@@ -88,6 +88,25 @@ def law_statistics(table, vocab: int) -> dict:
   return dict(mean_entropy=entropy, max_entropy=float(np.log(vocab)), left_change_tv=left_tv)
 
 
+def pull_tv(params, vocab: int, weight: float) -> float:
+  """Mean TV distance between a token's law before and after one of the tokens
+  before it changes, under GridToy's context pull of `weight`: laws
+  softmax(table[l, u]) against softmax(table[l, u] + weight (context[a] - context[b]))
+  over the image-token contexts (l, u) and token pairs a -> b = a + 1 (token 0,
+  the background, pulls nothing, so pairs start at token 1)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  logits = np.asarray(params['table'], np.float64)[:vocab, :vocab].reshape(-1, vocab)
+  context = np.asarray(params['context'], np.float64)[1:vocab]
+  shifts = weight * (np.roll(context, -1, axis=0) - context)  # [V - 1, V]
+  shifts = shifts[np.arange(len(logits)) % len(shifts)]  # one change per context
+
+  def softmax(x):
+    x = np.exp(x - x.max(-1, keepdims=True))
+    return x / x.sum(-1, keepdims=True)
+
+  return float(0.5 * np.abs(softmax(logits) - softmax(logits + shifts)).sum(-1).mean())
+
+
 def with_ratio(row: dict, reference: dict) -> dict:
   """row + its tokens per forward over the reference's, with a delta-method s.e."""
   ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
@@ -113,13 +132,16 @@ def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
   scales = sorted({r['scale'] for r in rows})
   fig, axes = plotting.subplots(1, len(scales), figsize=(max(6.4, 4.2 * len(scales)), 4.0))
   for ax, scale in zip(list(getattr(axes, 'flat', [axes])), scales):
-    for key in sorted({toy_key(r) for r in rows if r['scale'] == scale}):
+    keys = sorted({toy_key(r) for r in rows if r['scale'] == scale})
+    for index, key in enumerate(keys):
+      color = f'C{index % 10}'  # a colour per toy
       for name in methods[1:]:
         mine = sorted((r for r in rows if toy_key(r) == key and r['method'] == name),
                       key=lambda r: r['window'])
         ax.errorbar([r['window'] for r in mine], [r['ratio_to_sjd'] for r in mine],
                     yerr=[r['ratio_stderr'] for r in mine], marker='o', ms=4, capsize=2,
-                    linestyle='-' if name == 'scd' else '--', label=f'{name}, {toy_label(key)}')
+                    color=color, linestyle='-' if name == 'scd' else '--',
+                    label=f'{name}, {toy_label(key)}')
     ax.axhline(1.2, color='grey', lw=0.8, ls=':')
     ax.axhline(1.5, color='grey', lw=0.8, ls=':')
     ax.set_xscale('log', base=2)
@@ -176,6 +198,8 @@ def main(argv):
     params = toy.GridToy(_VOCAB.value, classes).init_params(jax.random.key(_SEED.value),
                                                             scale=scale)
     laws[str(scale)] = law_statistics(params['table'], _VOCAB.value)
+    laws[str(scale)]['context_change_tv'] = {
+        str(float(c)): pull_tv(params, _VOCAB.value, float(c)) for c in _CONTEXT_WEIGHTS.value}
     print(f'scale {scale}: toy law {laws[str(scale)]}', flush=True)
     for (width, border, context_weight), window, name in itertools.product(
         toys, [int(w) for w in _WINDOWS.value], methods):
