@@ -1,4 +1,4 @@
-"""SCD and SJD-PAC against SJD on an image-like toy, against the grid's width (not a test).
+"""SCD and SJD-PAC against SJD on an image-like toy, by grid width, window and law (not a test).
 
   python bench/jacobi_grid_toy.py --out bench/results/jacobi_grid_toy
 
@@ -6,7 +6,8 @@ SCD (arXiv 2510.24211) and SJD-PAC (arXiv 2603.18599) gain less over SJD
 on the bundle than in their papers. An earlier docs/results.md blamed its
 grid: 14 tokens wide, so a window longer than 13 drafts holds the token below
 a changed one, whose law moves as much as its right neighbour's. This bench
-tests that explanation (it does not hold) and others on `specdec_jax.app.toy.GridToy`, a target whose token k depends on its left
+tests that explanation (it does not hold) and others on
+`specdec_jax.app.toy.GridToy`, a target whose token k depends on its left
 neighbour (k - 1) and its upper one (k - width) through a random table,
 with nothing else changed between widths: the same table, the same number of
 tokens per image, the same modes. Width 14 is the bundle's grid, 48
@@ -24,8 +25,9 @@ would change only the first column). Each table is `scale` x N(0, 1) logits
 over --vocab tokens, one per --scales value (flat to peaked laws); the JSON
 records what each means for the law: its mean entropy and the mean
 total-variation distance between a token's laws under two different left
-neighbours (the bundle's: 0.37, bench/results/context_sensitivity/). Counts, so machine load does not
-change them. Resumable: rows already in the JSON (same settings) are kept.
+neighbours (the bundle's: 0.37, bench/results/context_sensitivity/) and,
+per context weight, the TV a changed token makes in a later law. Counts, so
+machine load does not change them. Resumable: rows already in the JSON (same settings) are kept.
 Prints a table, writes JSON and a PNG (ratio to SJD against W, per toy).
 """
 

@@ -1,0 +1,54 @@
+"""`bench/jacobi_grid_toy.py` end to end on a tiny grid: every toy, window and method
+gets a row with its ratio to SJD, the PNG is written, and a second run resumes
+(decodes nothing)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_FLAGS = ['--images=4', '--num_tokens=12', '--widths=3', '--windows=3', '--scales=1.0',
+          '--borders=0,1', '--context_weights=0,0.1']
+
+
+def _run(out: str) -> str:
+  command = [sys.executable, os.path.join(_ROOT, 'bench', 'jacobi_grid_toy.py'), f'--out={out}',
+             *_FLAGS]
+  result = subprocess.run(command, cwd=_ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, check=False)
+  if result.returncode:
+    raise AssertionError(f'bench failed:\n{result.stdout}\n{result.stderr}')
+  return result.stdout
+
+
+class JacobiGridToyBenchTest(absltest.TestCase):
+
+  def test_rows_plot_and_resume(self):
+    with tempfile.TemporaryDirectory() as out:
+      first = _run(out)
+      with open(os.path.join(out, 'jacobi_grid_toy.json')) as f:
+        saved = json.load(f)
+      rows = saved['rows']
+      # 2 borders x 2 context weights x 1 width x 1 window x 3 methods.
+      self.assertLen(rows, 12)
+      self.assertEqual({(r['border'], r['context_weight']) for r in rows},
+                       {(0, 0.0), (0, 0.1), (1, 0.0), (1, 0.1)})
+      for row in rows:
+        self.assertGreaterEqual(row['tokens_per_forward'], 1.0)
+        self.assertIn('ratio_to_sjd', row)
+        self.assertEqual('context_span' in row, row['context_weight'] > 0)
+      self.assertEqual([r['ratio_to_sjd'] for r in rows if r['method'] == 'sjd'], [1.0] * 4)
+      pull = saved['laws']['1.0']['context_change_tv']
+      self.assertEqual(pull['0.0'], 0.0)
+      self.assertGreater(pull['0.1'], 0.0)
+      self.assertTrue(os.path.exists(os.path.join(out, 'jacobi_grid_toy.png')))
+      self.assertEqual(first.count('tokens per forward ('), 12)
+      self.assertEqual(_run(out).count('tokens per forward ('), 0)  # resumed
+
+
+if __name__ == '__main__':
+  absltest.main()
