@@ -132,11 +132,18 @@ def build_mode(name: str, window: int, config):
 def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
   """One panel per table scale: each method's ratio to SJD against W, per toy."""
   scales = sorted({r['scale'] for r in rows})
-  fig, axes = plotting.subplots(1, len(scales), figsize=(max(6.4, 4.2 * len(scales)), 4.0))
-  for ax, scale in zip(list(getattr(axes, 'flat', [axes])), scales):
+  columns = min(3, len(scales))
+  lines = -(-len(scales) // columns)
+  fig, axes = plotting.subplots(lines, columns, figsize=(max(6.4, 4.2 * columns), 4.0 * lines))
+  axes = list(getattr(axes, 'flat', [axes]))
+  for ax in axes[len(scales):]:
+    ax.set_visible(False)
+  for index, (ax, scale) in enumerate(zip(axes, scales)):
+    if index % columns == 0:
+      ax.set_ylabel('ratio to SJD at the same W')
     keys = sorted({toy_key(r) for r in rows if r['scale'] == scale})
-    for index, key in enumerate(keys):
-      color = f'C{index % 10}'  # a colour per toy
+    for number, key in enumerate(keys):
+      color = f'C{number % 10}'  # a colour per toy
       for name in methods[1:]:
         mine = sorted((r for r in rows if toy_key(r) == key and r['method'] == name),
                       key=lambda r: r['window'])
@@ -154,7 +161,6 @@ def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
   fig.suptitle("GridToy: SCD and SJD-PAC tokens per forward / SJD's")
-  fig.supylabel('ratio to SJD at the same W')
   plotting.save(fig, path)
 
 
