@@ -37,6 +37,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import scd_recording  # pylint: disable=g-import-not-at-top  (bench/scd_recording.py)
 from specdec_jax import jacobi_drafts  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
@@ -103,13 +104,11 @@ def main(argv):
     raise ValueError(f"--methods must start with 'sjd' (the reference), got {_METHODS.value}.")
   os.makedirs(_OUT.value, exist_ok=True)
   json_path = os.path.join(_OUT.value, 'jacobi_acceptance.json')
-  done = {}
-  if os.path.exists(json_path):
-    with open(json_path) as f:
-      saved = json.load(f)
-    if (saved['images'], saved['seed'], saved.get('init', 'random')) == (
-        _IMAGES.value, _SEED.value, _INIT.value):
-      done = {(r['window'], r['method']): r for r in saved['rows']}
+  settings = (_IMAGES.value, _SEED.value, _INIT.value)
+  done = resume.saved_rows(
+      json_path, lambda saved: (saved['images'], saved['seed'],
+                                saved.get('init', 'random')) == settings,
+      lambda r: (r['window'], r['method']))
   family = family_lib.load()
   labels = (np.arange(_IMAGES.value) % family.num_classes).astype(np.int32)
   for window in [int(w) for w in _WINDOWS.value]:

@@ -45,6 +45,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_grid_toy', 'Output folder.')
 _WIDTHS = flags.DEFINE_list('widths', ['14', '48', '384'],
@@ -185,12 +186,8 @@ def main(argv):
                   coupling=config.scd_coupling, pac_tree=[config.pac_branches, config.pac_depth])
   os.makedirs(_OUT.value, exist_ok=True)
   json_path = os.path.join(_OUT.value, 'jacobi_grid_toy.json')
-  done = {}
-  if os.path.exists(json_path):
-    with open(json_path) as f:
-      saved = json.load(f)
-    if saved['settings'] == settings:
-      done = {(toy_key(r), r['window'], r['method']): r for r in saved['rows']}
+  done = resume.saved_rows(json_path, lambda saved: saved['settings'] == settings,
+                          lambda r: (toy_key(r), r['window'], r['method']))
   classes = 2
   cond = jnp.asarray(np.arange(_IMAGES.value) % classes, jnp.int32)
 

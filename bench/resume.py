@@ -1,0 +1,19 @@
+"""Resumable bench results: the rows an earlier (perhaps killed) run already wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+
+def saved_rows(json_path: str, same_settings: Callable[[dict], bool],
+               key: Callable[[dict], Any]) -> dict:
+  """{key(row): row} for the rows of the JSON at json_path ({'rows': [...], ...}), if
+  the file exists and same_settings(its contents) says it was written with this run's
+  settings; else {} (every row is decoded again)."""
+  if not os.path.exists(json_path):
+    return {}
+  with open(json_path) as f:
+    saved = json.load(f)
+  return {key(row): row for row in saved['rows']} if same_settings(saved) else {}
