@@ -52,7 +52,9 @@ def get_config():
   # 0.96-1.02x at W = 8 on a Xeon host (bench/results/host_xeon_amx/rope_mask/), and
   # 0.71-0.75x against 0.55-0.57x on a Zen 4 one (bench/results/jacobi_window_small.json).
   # Where a 32-token forward costs about what an 8-token one does (an accelerator at
-  # batch 1), longer windows pay: SCD's released default is 32.
+  # batch 1), longer windows pay: SCD's released default is 32. SCD's and SJD-PAC's gain
+  # over SJD needs them too: at W = 4 at most 1.13x and 1.19x on every image-like toy
+  # measured, 1.5x from W = 8-32 (docs/results.md, bench/results/jacobi_grid_toy).
   config.jacobi_window = 4
   # Fresh drafts at the end of a Jacobi window: 'random' (uniform over the image tokens,
   # SJD's released default for Lumina-mGPT) or 'spatial' (the token to the left, SJD's
