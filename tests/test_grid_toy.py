@@ -35,9 +35,9 @@ from absl.testing import parameterized
 
 from specdec_jax import decode
 from specdec_jax import logits
+from specdec_jax import mode_dynamic_tree
 from specdec_jax import mode_pac
 from specdec_jax import rules
-from specdec_jax import mode_dynamic_tree
 from specdec_jax import testing
 from specdec_jax import verify
 from specdec_jax.app import toy
