@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,29 +40,41 @@ from specdec_jax import protocol
 from specdec_jax.models.tiny import check_class_ids
 
 
-def _visible_tokens_at(cache: kv.KVCache, num_new: int, window_mask, wanted, bos: int):
-  """Token at position `wanted` for each new query, read from the cache after the write.
+class _Slots(NamedTuple):
+  """What the new queries of one forward see in the token cache (after the write).
 
   The cache holds each slot's token in its key and its position id in its
-  value (`_markov_step`), as a transformer's rotary keys carry their positions.
-  wanted: int32[B, T], one position id per new query.
-  Returns int32[B, T]: among the slots the query may attend to (its tree
-  path and the committed tokens), the one whose position id is `wanted` (BOS
-  when there is none).
+  value (`_write`), as a transformer's rotary keys carry their positions.
   """
-  slot_position = cache.values[0][:, 0, :, 0].astype(jnp.int32)  # [B, S] (values [B, K, S, D])
-  visible = kv.attention_mask(cache, num_new, window_mask)  # [B, T, S]
-  match = visible & (slot_position[:, None, :] == wanted[..., None])
-  stored = cache.keys[0][:, 0, 0, :].astype(jnp.int32)  # [B, S] (keys are [B, K, D, S])
-  found = jnp.any(match, axis=-1)
-  slot = jnp.argmax(match, axis=-1)  # [B, T]
-  token = jnp.take_along_axis(stored, slot, axis=1)
-  return jnp.where(found, token, bos)
+
+  visible: jax.Array  # bool[B, T, S]: the slots each query may attend to
+  positions: jax.Array  # int32[B, S]: each slot's position id
+  tokens: jax.Array  # int32[B, S]: each slot's token
 
 
-def _previous_tokens(cache: kv.KVCache, num_new: int, window_mask, positions, bos: int):
-  """Token at position-1 of each new query (positions int32[B, T]), BOS if none."""
-  return _visible_tokens_at(cache, num_new, window_mask, positions - 1, bos)
+def _write(cache: kv.KVCache, tokens, window_mask, depths):
+  """Writes tokens int32[B, T] at the window's positions.
+
+  Returns (positions int32[B, T] of the new queries, the written cache, not yet
+  advanced, and its `_Slots`).
+  """
+  num_new = tokens.shape[1]
+  positions = kv.window_positions(cache, num_new, depths)  # [B, T]
+  # Keys hold the tokens, values their position ids ([B, T, 1, 1] each).
+  written = kv.update_layer(cache, 0, tokens.astype(jnp.float32)[..., None, None],
+                            positions.astype(jnp.float32)[..., None, None])
+  slots = _Slots(visible=kv.attention_mask(written, num_new, window_mask),
+                 positions=written.values[0][:, 0, :, 0].astype(jnp.int32),  # [B, K, S, D]
+                 tokens=written.keys[0][:, 0, 0, :].astype(jnp.int32))  # [B, K, D, S]
+  return positions, written, slots
+
+
+def _token_at(slots: _Slots, wanted, bos: int):
+  """int32[B, T]: for each new query, the token of the visible slot (its tree path
+  and the committed tokens) whose position id is wanted int32[B, T]; BOS if none."""
+  match = slots.visible & (slots.positions[:, None, :] == wanted[..., None])
+  token = jnp.take_along_axis(slots.tokens, jnp.argmax(match, axis=-1), axis=1)
+  return jnp.where(jnp.any(match, axis=-1), token, bos)
 
 
 def _token_cache(batch_size: int, capacity: int) -> kv.KVCache:
@@ -73,14 +86,10 @@ def _token_cache(batch_size: int, capacity: int) -> kv.KVCache:
 
 def _markov_step(table, cache, tokens, window_mask, depths, bos):
   """Writes tokens [B, T], reads their predecessors, returns (prev, logits, cache)."""
-  num_new = tokens.shape[1]
-  positions = kv.window_positions(cache, num_new, depths)  # [B, T]
-  # Keys hold the tokens, values their position ids ([B, T, 1, 1] each).
-  written = kv.update_layer(cache, 0, tokens.astype(jnp.float32)[..., None, None],
-                            positions.astype(jnp.float32)[..., None, None])
-  previous = _previous_tokens(written, num_new, window_mask, positions, bos)  # [B, T]
+  positions, written, slots = _write(cache, tokens, window_mask, depths)
+  previous = _token_at(slots, positions - 1, bos)  # [B, T]
   logits = table[previous, tokens]  # [B, T, V]
-  return previous, logits.astype(jnp.float32), kv.advance(written, num_new)
+  return previous, logits.astype(jnp.float32), kv.advance(written, tokens.shape[1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +209,7 @@ class GridToy(_TableToy):
   measures the Jacobi methods against the width). The prefix of class c is
   [BOS, V + c] (P = 2), class C is the null class for CFG rows, as
   `MarkovToy`'s. Tree windows read both neighbours along their own path
-  (`_visible_tokens_at`), so a wrong tree mask changes the law.
+  (`_token_at`), so a wrong tree mask changes the law.
 
   Two options bring it closer to an image model (both off by default):
   `border` columns on each side of every row are background: there the law
@@ -239,25 +248,17 @@ class GridToy(_TableToy):
     return (column < self.border) | (column >= self.width - self.border)
 
   def _output(self, params, cache, tokens, window_mask=None, depths=None):
-    num_new = tokens.shape[1]
-    positions = kv.window_positions(cache, num_new, depths)  # [B, T]
-    written = kv.update_layer(cache, 0, tokens.astype(jnp.float32)[..., None, None],
-                              positions.astype(jnp.float32)[..., None, None])
+    positions, written, slots = _write(cache, tokens, window_mask, depths)
     index = positions - 1  # the generated token each query predicts (-1 at BOS)
-    class_token = _visible_tokens_at(written, num_new, window_mask, jnp.ones_like(positions),
-                                     self.bos)
+    class_token = _token_at(slots, jnp.ones_like(positions), self.bos)
     left = jnp.where(index % self.width == 0, class_token, tokens)
-    upper = _visible_tokens_at(written, num_new, window_mask, positions + 1 - self.width,
-                               self.bos)
+    upper = _token_at(slots, positions + 1 - self.width, self.bos)
     above = jnp.where(index >= self.width, upper, self.bos)
     logits = params['table'][left, above].astype(jnp.float32)  # [B, T, V]
     if self.context_weight:
-      slot_position = written.values[0][:, 0, :, 0].astype(jnp.int32)  # [B, S]
       first = jnp.maximum(2, positions + 1 - self.context_span)  # [B, T] oldest slot pulled
-      earlier = (kv.attention_mask(written, num_new, window_mask)
-                 & (slot_position[:, None, :] >= first[..., None]))  # [B, T, S]
-      stored = written.keys[0][:, 0, 0, :].astype(jnp.int32)  # [B, S]
-      per_slot = params['context'][stored]  # [B, S, V]
+      earlier = slots.visible & (slots.positions[:, None, :] >= first[..., None])  # [B, T, S]
+      per_slot = params['context'][slots.tokens]  # [B, S, V]
       logits += self.context_weight * jnp.einsum('bts,bsv->btv', earlier.astype(jnp.float32),
                                                  per_slot)
     if self.border:
@@ -265,7 +266,8 @@ class GridToy(_TableToy):
       logits = jnp.where(self._is_border(index)[..., None], background, logits)
     hidden = jnp.concatenate([jax.nn.one_hot(left, self.alphabet),
                               jax.nn.one_hot(above, self.alphabet)], axis=-1)
-    return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=kv.advance(written, num_new))
+    return protocol.ForwardOutput(logits=logits, hidden=hidden,
+                                  cache=kv.advance(written, tokens.shape[1]))
 
   def step_logits(self, arrays: dict, class_token: int, sequence, index: int) -> np.ndarray:
     """Logits float32[V] of generated token `index` after `sequence[:index]` (numpy)."""
