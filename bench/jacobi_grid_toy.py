@@ -78,16 +78,26 @@ def toy_label(key: tuple) -> str:
   return f'width {width}{extras}'
 
 
+def _softmax(logits):
+  """float64 laws [..., V] of logits [..., V] (numpy)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  probs = np.exp(np.asarray(logits, np.float64) - np.max(logits, axis=-1, keepdims=True))
+  return probs / probs.sum(-1, keepdims=True)
+
+
+def _mean_tv(probs, others) -> float:
+  """Mean total-variation distance between matching laws [..., V]."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return float(0.5 * np.abs(probs - others).sum(-1).mean())
+
+
 def law_statistics(table, vocab: int) -> dict:
   """Mean entropy (nats) of the image-token laws and mean TV distance between the laws
   under two different left neighbours (the same upper one), from table [A, A, V]."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  logits = np.asarray(table, np.float64)[:vocab, :vocab]  # image tokens as neighbours
-  probs = np.exp(logits - logits.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
+  probs = _softmax(np.asarray(table, np.float64)[:vocab, :vocab])  # image tokens as neighbours
   entropy = float(-(probs * np.log(probs)).sum(-1).mean())
-  shifted = np.roll(probs, 1, axis=0)  # left neighbour a against a - 1
-  left_tv = float(0.5 * np.abs(probs - shifted).sum(-1).mean())
+  left_tv = _mean_tv(probs, np.roll(probs, 1, axis=0))  # left neighbour a against a - 1
   return dict(mean_entropy=entropy, max_entropy=float(np.log(vocab)), left_change_tv=left_tv)
 
 
@@ -102,12 +112,7 @@ def pull_tv(params, vocab: int, weight: float) -> float:
   context = np.asarray(params['context'], np.float64)[1:vocab]
   shifts = weight * (np.roll(context, -1, axis=0) - context)  # [V - 1, V]
   shifts = shifts[np.arange(len(logits)) % len(shifts)]  # one change per context
-
-  def softmax(x):
-    x = np.exp(x - x.max(-1, keepdims=True))
-    return x / x.sum(-1, keepdims=True)
-
-  return float(0.5 * np.abs(softmax(logits) - softmax(logits + shifts)).sum(-1).mean())
+  return _mean_tv(_softmax(logits), _softmax(logits + shifts))
 
 
 def with_ratio(row: dict, reference: dict) -> dict:
