@@ -13,10 +13,15 @@ with nothing else changed between widths: the same table, the same number of
 tokens per image, the same modes. Width 14 is the bundle's grid, 48
 Lumina-mGPT's at 768 pixels (SJD-PAC's setting), and a width of
 --num_tokens (one row) has no upper neighbour at all. --borders and
---context_weights add GridToy's two image-model traits (each combination a
-row set of its own): background columns whose law is a point mass on one
-token, and a small pull of each of the 32 tokens before a token on its law
-(GridToy's default context_span, recorded in those rows).
+--context_weights and --background_pulls add GridToy's three image-model
+traits (each combination a row set of its own): background columns whose
+law is a point mass on one token, a small pull of each of the 32 tokens
+before a token on its law (GridToy's default context_span, recorded in
+those rows), and background that grows from the border columns into the
+image, so that where an object ends depends on the tokens before. SJD's rows
+of a toy with background record `peaked_share`, the share of the decoded
+images' laws that put over 0.9 on one token (the bundle's: 0.43,
+bench/results/context_sensitivity/).
 
 Modes: SJD `Jacobi(W, init)`, SCD `Jacobi(W, init, coupling)` and SJD-PAC
 `JacobiPAC(W, K, D, init)`, with the init, coupling, K and D of
@@ -60,21 +65,24 @@ _SCALES = flags.DEFINE_list('scales', ['0.3', '0.75', '2.0'],
 _BORDERS = flags.DEFINE_list('borders', ['0'], 'GridToy.border values (background columns '
                              'on each side of a row).')
 _CONTEXT_WEIGHTS = flags.DEFINE_list('context_weights', ['0'], 'GridToy.context_weight values.')
+_BACKGROUND_PULLS = flags.DEFINE_list('background_pulls', ['0'],
+                                      'GridToy.background_pull values.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Key of the table and of every decode.')
 
-_TOY_FIELDS = ('scale', 'width', 'border', 'context_weight')  # a row's toy, with window, method
+_TOY_FIELDS = ('scale', 'width', 'border', 'context_weight', 'background_pull')  # a row's toy
 
 
 def toy_key(row: dict) -> tuple:
-  """(scale, width, border, context_weight) of a JSON row (rows written before the
-  two options have none: 0)."""
+  """(scale, width, border, context_weight, background_pull) of a JSON row (rows
+  written before an option existed have none: 0)."""
   return tuple(row.get(field, 0) for field in _TOY_FIELDS)
 
 
 def toy_label(key: tuple) -> str:
-  scale, width, border, context_weight = key
+  scale, width, border, context_weight, background_pull = key
   extras = (f', border {border}' if border else '') + (
-      f', context {context_weight:g}' if context_weight else '')
+      f', context {context_weight:g}' if context_weight else '') + (
+          f', background pull {background_pull:g}' if background_pull else '')
   return f'width {width}{extras}'
 
 
@@ -115,6 +123,17 @@ def pull_tv(params, vocab: int, weight: float) -> float:
   return _mean_tv(_softmax(logits), _softmax(logits + shifts))
 
 
+def peaked_share(target, params, cond, tokens) -> float:
+  """Share of the laws of decoded images tokens [N, L] that put over 0.9 on one
+  token (each image's class cond [N]), from the toy's own step_logits."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  arrays = {name: np.asarray(value) for name, value in params.items()}
+  tokens, cond = np.asarray(tokens), np.asarray(cond)
+  laws = [_softmax(target.step_logits(arrays, target.vocab + int(c), sequence, index))
+          for c, sequence in zip(cond, tokens) for index in range(len(sequence))]
+  return float(np.mean(np.max(laws, axis=-1) > 0.9))
+
+
 def with_ratio(row: dict, reference: dict) -> dict:
   """row + its tokens per forward over the reference's, with a delta-method s.e."""
   ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
@@ -140,7 +159,9 @@ def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
   scales = sorted({r['scale'] for r in rows})
   columns = min(3, len(scales))
   lines = -(-len(scales) // columns)
-  fig, axes = plotting.subplots(lines, columns, figsize=(max(6.4, 4.2 * columns), 4.0 * lines))
+  fig, axes = plotting.subplots(lines, columns,  # each panel's legend to its right
+                                figsize=(max(6.4, 7.4 * columns), 4.0 * lines))
+  import matplotlib  # pylint: disable=g-import-not-at-top  (after plotting's backend choice)
   axes = list(getattr(axes, 'flat', [axes]))
   for ax in axes[len(scales):]:
     ax.set_visible(False)
@@ -148,8 +169,9 @@ def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
     if index % columns == 0:
       ax.set_ylabel('ratio to SJD at the same W')
     keys = sorted({toy_key(r) for r in rows if r['scale'] == scale})
+    colors = matplotlib.colormaps['tab20'] if len(keys) > 10 else None
     for number, key in enumerate(keys):
-      color = f'C{number % 10}'  # a colour per toy
+      color = colors(number % 20) if colors else f'C{number}'  # a colour per toy
       for name in methods[1:]:
         mine = sorted((r for r in rows if toy_key(r) == key and r['method'] == name),
                       key=lambda r: r['window'])
@@ -165,7 +187,7 @@ def plot(path: str, rows: list[dict], laws: dict, methods: list[str]) -> None:
     ax.set_title(f"scale {scale}: entropy {law['mean_entropy']:.1f} nats, "
                  f"left-change TV {law['left_change_tv']:.2f}", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc='upper left', bbox_to_anchor=(1.01, 1.0))
   fig.suptitle("GridToy: SCD and SJD-PAC tokens per forward / SJD's")
   plotting.save(fig, path)
 
@@ -203,7 +225,8 @@ def main(argv):
   laws = {}
   scales = [float(x) for x in _SCALES.value]
   toys = list(itertools.product(widths, [int(b) for b in _BORDERS.value],
-                                [float(c) for c in _CONTEXT_WEIGHTS.value]))
+                                [float(c) for c in _CONTEXT_WEIGHTS.value],
+                                [float(g) for g in _BACKGROUND_PULLS.value]))
   for scale in scales:
     params = toy.GridToy(_VOCAB.value, classes).init_params(jax.random.key(_SEED.value),
                                                             scale=scale)
@@ -211,13 +234,14 @@ def main(argv):
     laws[str(scale)]['context_change_tv'] = {
         str(float(c)): pull_tv(params, _VOCAB.value, float(c)) for c in _CONTEXT_WEIGHTS.value}
     print(f'scale {scale}: toy law {laws[str(scale)]}', flush=True)
-    for (width, border, context_weight), window, name in itertools.product(
+    for (width, border, context_weight, background_pull), window, name in itertools.product(
         toys, [int(w) for w in _WINDOWS.value], methods):
-      key = (scale, width, border, context_weight)
+      key = (scale, width, border, context_weight, background_pull)
       if (key, window, name) in done:
         continue
       start = time.perf_counter()
-      target = toy.GridToy(_VOCAB.value, classes, width, border, context_weight)
+      target = toy.GridToy(_VOCAB.value, classes, width, border, context_weight,
+                           background_pull=background_pull)
       result = decode.generate(target, params, cond, num_tokens=_NUM_TOKENS.value,
                                key=jax.random.key(_SEED.value + 1),
                                mode=build_mode(name, window, config), sampling=logits.Sampling(),
@@ -228,7 +252,9 @@ def main(argv):
           **({'context_span': target.context_span} if context_weight else {}),
           tokens_per_forward=float(per_image.mean()),
           stderr=float(per_image.std(ddof=1) / np.sqrt(per_image.size)),
-          acceptance_per_position=result.metrics.summary()['acceptance_per_position'])
+          acceptance_per_position=result.metrics.summary()['acceptance_per_position'],
+          **({'peaked_share': peaked_share(target, params, cond, result.tokens)}
+             if name == 'sjd' and (border or background_pull) else {}))
       print(f'scale {scale} {toy_label(key)} W={window} {name}: {per_image.mean():.3f} '
             f'tokens per forward ({time.perf_counter() - start:.0f} s)', flush=True)
       write(list(done.values()))

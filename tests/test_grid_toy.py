@@ -18,9 +18,10 @@ upper neighbour ignored (the toy's second read is visible in the test: total
 variation 0.75), and
 SJD-PAC and EAGLE-2 with a tree mask that shows each node only itself and
 its parent (their law breaks on GridToy, and still passes on MarkovToy,
-which cannot see a missing grandparent). GridToy's two image-model options
-(background columns, a pull of the tokens before) get the same check, each
-with the law without the option as a control that must fail.
+which cannot see a missing grandparent). GridToy's three image-model options
+(background columns, a pull of the tokens before, background growing from
+the border) get the same check, each with the law without the option as a
+control that must fail.
 """
 
 from __future__ import annotations
@@ -144,6 +145,9 @@ class GridToyLawTest(parameterized.TestCase):
        decode.JacobiPAC(5, branches=3, depth=3, init='spatial'), 'context_weight'),
       ('scd_background_columns', toy.GridToy(VOCAB, CLASSES, WIDTH, border=1),
        decode.Jacobi(5, init='spatial', coupling='maximal'), 'border'),
+      ('sjd_pac_background_pull', toy.GridToy(VOCAB, CLASSES, WIDTH, border=1,
+                                              background_pull=2.0),
+       decode.JacobiPAC(5, branches=2, depth=2, init='spatial'), 'background_pull'),
   )
   def test_grid_options_joint_law(self, target, mode, option):
     """GridToy's image-model options keep the engine exact; negative control: the
@@ -156,6 +160,10 @@ class GridToyLawTest(parameterized.TestCase):
     without = dataclasses.replace(target, **{option: 0}).joint_law(params, 0, NUM_TOKENS)
     self.assertGreater(0.5 * np.abs(law - without).sum(), 0.1)
     self.assertLess(_pvalue(tokens, without), P_THRESHOLD)
+
+  def test_grid_toy_rejects_negative_background_pull(self):
+    with self.assertRaisesRegex(ValueError, r'GridToy.background_pull must be >= 0'):
+      toy.GridToy(VOCAB, CLASSES, WIDTH, background_pull=-1.0)
 
   def test_grid_toy_rejects_border_past_the_middle(self):
     with self.assertRaisesRegex(ValueError, r'GridToy.border must be in \[0, \(width - 1\) / 2\]'):

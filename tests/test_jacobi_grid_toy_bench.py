@@ -12,7 +12,7 @@ from absl.testing import absltest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FLAGS = ['--images=4', '--num_tokens=12', '--widths=3', '--windows=3', '--scales=1.0',
-          '--borders=0,1', '--context_weights=0,0.1']
+          '--borders=0,1', '--context_weights=0,0.1', '--background_pulls=0,2']
 
 
 def _run(out: str) -> str:
@@ -33,20 +33,27 @@ class JacobiGridToyBenchTest(absltest.TestCase):
       with open(os.path.join(out, 'jacobi_grid_toy.json')) as f:
         saved = json.load(f)
       rows = saved['rows']
-      # 2 borders x 2 context weights x 1 width x 1 window x 3 methods.
-      self.assertLen(rows, 12)
-      self.assertEqual({(r['border'], r['context_weight']) for r in rows},
-                       {(0, 0.0), (0, 0.1), (1, 0.0), (1, 0.1)})
+      # 2 borders x 2 context weights x 2 background pulls x 1 width x 1 window x 3 methods.
+      self.assertLen(rows, 24)
+      self.assertEqual({(r['border'], r['context_weight'], r['background_pull']) for r in rows},
+                       {(b, c, g) for b in (0, 1) for c in (0.0, 0.1) for g in (0.0, 2.0)})
       for row in rows:
         self.assertGreaterEqual(row['tokens_per_forward'], 1.0)
         self.assertIn('ratio_to_sjd', row)
         self.assertEqual('context_span' in row, row['context_weight'] > 0)
-      self.assertEqual([r['ratio_to_sjd'] for r in rows if r['method'] == 'sjd'], [1.0] * 4)
+        with_background = row['method'] == 'sjd' and (row['border'] or row['background_pull'])
+        self.assertEqual('peaked_share' in row, bool(with_background))
+        if with_background:
+          self.assertBetween(row['peaked_share'], 0.0, 1.0)
+      # Border 1 of width 3: two of three columns are point masses.
+      self.assertTrue(all(r['peaked_share'] >= 2 / 3 for r in rows
+                          if r['method'] == 'sjd' and r['border']))
+      self.assertEqual([r['ratio_to_sjd'] for r in rows if r['method'] == 'sjd'], [1.0] * 8)
       pull = saved['laws']['1.0']['context_change_tv']
       self.assertEqual(pull['0.0'], 0.0)
       self.assertGreater(pull['0.1'], 0.0)
       self.assertTrue(os.path.exists(os.path.join(out, 'jacobi_grid_toy.png')))
-      self.assertEqual(first.count('tokens per forward ('), 12)
+      self.assertEqual(first.count('tokens per forward ('), 24)
       self.assertEqual(_run(out).count('tokens per forward ('), 0)  # resumed
 
 

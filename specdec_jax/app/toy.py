@@ -211,14 +211,19 @@ class GridToy(_TableToy):
   `MarkovToy`'s. Tree windows read both neighbours along their own path
   (`_token_at`), so a wrong tree mask changes the law.
 
-  Two options bring it closer to an image model (both off by default):
+  Three options bring it closer to an image model (all off by default):
   `border` columns on each side of every row are background: there the law
   is a point mass on token 0 whatever the context (a centred object on a
   black ground); `context_weight` adds `context_weight * sum_j context[x_j]`
   over the `context_span` generated tokens before token k, so a changed token
   moves the next `context_span` laws a little, as a transformer's does.
   Token 0 (the background) pulls nothing: a run of background would
-  otherwise add up to one sharp bias.
+  otherwise add up to one sharp bias. `background_pull` makes the background
+  grow from the border into the image, so where an object ends depends on
+  the tokens drawn before: a token whose left or upper neighbour is
+  background gets `background_pull` added to token 0's logit (twice with
+  both), and one whose left and upper neighbours are both background is
+  background (a point mass on 0).
   Params: {'table': f32[A, A, V]} logits of token k given (left, above),
   {'context': f32[A, V]} the per-token pull (row 0 zero).
   """
@@ -227,6 +232,7 @@ class GridToy(_TableToy):
   border: int = 0
   context_weight: float = 0.0
   context_span: int = 32
+  background_pull: float = 0.0
 
   def __post_init__(self):
     if self.width < 1:
@@ -236,6 +242,9 @@ class GridToy(_TableToy):
                        f'background on each side), got {self.border} for width {self.width}.')
     if self.context_span < 1:
       raise ValueError(f'GridToy.context_span must be >= 1, got {self.context_span}.')
+    if not self.background_pull >= 0:
+      raise ValueError('GridToy.background_pull must be >= 0 (a logit added to the '
+                       f'background token), got {self.background_pull}.')
 
   def init_params(self, key, scale: float = 1.5) -> dict:
     context = jax.random.normal(jax.random.fold_in(key, 1), (self.alphabet, self.vocab))
@@ -261,8 +270,12 @@ class GridToy(_TableToy):
       per_slot = params['context'][slots.tokens]  # [B, S, V]
       logits += self.context_weight * jnp.einsum('bts,bsv->btv', earlier.astype(jnp.float32),
                                                  per_slot)
+    background = jnp.where(jnp.arange(self.vocab) == 0, 0.0, -1e4)  # a point mass on 0
+    if self.background_pull:
+      beside = (left == 0).astype(jnp.float32) + (above == 0)  # [B, T] background neighbours
+      logits = logits.at[..., 0].add(self.background_pull * beside)
+      logits = jnp.where(((left == 0) & (above == 0))[..., None], background, logits)
     if self.border:
-      background = jnp.where(jnp.arange(self.vocab) == 0, 0.0, -1e4)  # a point mass on 0
       logits = jnp.where(self._is_border(index)[..., None], background, logits)
     hidden = jnp.concatenate([jax.nn.one_hot(left, self.alphabet),
                               jax.nn.one_hot(above, self.alphabet)], axis=-1)
@@ -278,8 +291,14 @@ class GridToy(_TableToy):
       pulling = sequence[max(0, index - self.context_span):index]
       logits = logits + self.context_weight * sum(
           (arrays['context'][token] for token in pulling), np.zeros(self.vocab))
+    background = np.where(np.arange(self.vocab) == 0, 0.0, -1e4)
+    if self.background_pull:
+      logits = logits + np.where(np.arange(self.vocab) == 0,
+                                 self.background_pull * ((left == 0) + (above == 0)), 0.0)
+      if left == 0 and above == 0:
+        logits = background
     if self.border and self._is_border(index):
-      logits = np.where(np.arange(self.vocab) == 0, 0.0, -1e4)
+      logits = background
     return logits
 
 
