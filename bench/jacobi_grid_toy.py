@@ -12,7 +12,7 @@ neighbour (k - 1) and its upper one (k - width) through a random table,
 with nothing else changed between widths: the same table, the same number of
 tokens per image, the same modes. Width 14 is the bundle's grid, 48
 Lumina-mGPT's at 768 pixels (SJD-PAC's setting), and a width of
---num_tokens (one row) has no upper neighbour at all. --borders and
+--num_tokens (one row) has no upper neighbour at all. --borders,
 --context_weights and --background_pulls add GridToy's three image-model
 traits (each combination a row set of its own): background columns whose
 law is a point mass on one token, a small pull of each of the 32 tokens
