@@ -220,10 +220,9 @@ class GridToy(_TableToy):
   Token 0 (the background) pulls nothing: a run of background would
   otherwise add up to one sharp bias. `background_pull` makes the background
   grow from the border into the image, so where an object ends depends on
-  the tokens drawn before: a token whose left or upper neighbour is
-  background gets `background_pull` added to token 0's logit (twice with
-  both), and one whose left and upper neighbours are both background is
-  background (a point mass on 0).
+  the tokens drawn before: a token whose left and upper neighbours are both
+  background is background (a point mass on 0), and one with background on
+  one side gets `background_pull` added to token 0's logit.
   Params: {'table': f32[A, A, V]} logits of token k given (left, above),
   {'context': f32[A, V]} the per-token pull (row 0 zero).
   """
@@ -272,7 +271,7 @@ class GridToy(_TableToy):
                                                  per_slot)
     background = jnp.where(jnp.arange(self.vocab) == 0, 0.0, -1e4)  # a point mass on 0
     if self.background_pull:
-      beside = (left == 0).astype(jnp.float32) + (above == 0)  # [B, T] background neighbours
+      beside = ((left == 0) | (above == 0)).astype(jnp.float32)  # [B, T]
       logits = logits.at[..., 0].add(self.background_pull * beside)
       logits = jnp.where(((left == 0) & (above == 0))[..., None], background, logits)
     if self.border:
@@ -293,8 +292,8 @@ class GridToy(_TableToy):
           (arrays['context'][token] for token in pulling), np.zeros(self.vocab))
     background = np.where(np.arange(self.vocab) == 0, 0.0, -1e4)
     if self.background_pull:
-      logits = logits + np.where(np.arange(self.vocab) == 0,
-                                 self.background_pull * ((left == 0) + (above == 0)), 0.0)
+      if left == 0 or above == 0:
+        logits = logits + np.where(np.arange(self.vocab) == 0, self.background_pull, 0.0)
       if left == 0 and above == 0:
         logits = background
     if self.border and self._is_border(index):
