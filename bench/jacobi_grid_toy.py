@@ -32,7 +32,8 @@ records what each means for the law: its mean entropy and the mean
 total-variation distance between a token's laws under two different left
 neighbours (the bundle's: 0.37, bench/results/context_sensitivity/) and,
 per context weight, the TV a changed token makes in a later law. Counts, so
-machine load does not change them. Resumable: rows already in the JSON (same settings) are kept.
+machine load does not change them. Resumable: rows already in the JSON (same settings) are kept,
+also those of toys, scales and methods a later run does not name.
 Prints a table, writes JSON and a PNG (ratio to SJD against W, per toy).
 """
 
@@ -227,13 +228,19 @@ def main(argv):
   toys = list(itertools.product(widths, [int(b) for b in _BORDERS.value],
                                 [float(c) for c in _CONTEXT_WEIGHTS.value],
                                 [float(g) for g in _BACKGROUND_PULLS.value]))
-  for scale in scales:
+  # Every saved toy is kept, with its law's statistics: a run over fewer scales or
+  # context weights than the JSON holds adds rows and drops none.
+  for scale in sorted(set(scales) | {key[0] for key, _, _ in done}):
     params = toy.GridToy(_VOCAB.value, classes).init_params(jax.random.key(_SEED.value),
                                                             scale=scale)
     laws[str(scale)] = law_statistics(params['table'], _VOCAB.value)
+    weights = sorted({float(c) for c in _CONTEXT_WEIGHTS.value}
+                     | {float(key[3]) for key, _, _ in done if key[0] == scale})
     laws[str(scale)]['context_change_tv'] = {
-        str(float(c)): pull_tv(params, _VOCAB.value, float(c)) for c in _CONTEXT_WEIGHTS.value}
+        str(c): pull_tv(params, _VOCAB.value, c) for c in weights}
     print(f'scale {scale}: toy law {laws[str(scale)]}', flush=True)
+    if scale not in scales:
+      continue
     for (width, border, context_weight, background_pull), window, name in itertools.product(
         toys, [int(w) for w in _WINDOWS.value], methods):
       key = (scale, width, border, context_weight, background_pull)
@@ -262,16 +269,18 @@ def main(argv):
   print('| scale | toy | W | ' + ' | '.join(methods) + ' | '
         + ' | '.join(f'{name} / SJD' for name in methods[1:]) + ' |')
   print('|---' * (3 + 2 * len(methods)) + '|')
-  for key, window in sorted({(key, window) for key, window, _ in done if key[0] in scales}):
+  names = methods + sorted({name for _, _, name in done} - set(methods))
+  for key, window in sorted({(key, window) for key, window, _ in done}):
     if (key, window, 'sjd') not in done:
       continue
     reference = done[(key, window, 'sjd')]
     mine = [with_ratio(done[(key, window, name)], reference)
-            for name in methods if (key, window, name) in done]
+            for name in names if (key, window, name) in done]
     rows.extend(mine)
+    shown = [r for r in mine if r['method'] in methods]  # the table's columns
     print(f'| {key[0]} | {toy_label(key)} | {window} | ' + ' | '.join(
-        f"{r['tokens_per_forward']:.2f} ({r['stderr']:.2f})" for r in mine) + ' | ' + ' | '.join(
-            f"{r['ratio_to_sjd']:.2f} ({r['ratio_stderr']:.2f})" for r in mine[1:]) + ' |')
+        f"{r['tokens_per_forward']:.2f} ({r['stderr']:.2f})" for r in shown) + ' | ' + ' | '.join(
+            f"{r['ratio_to_sjd']:.2f} ({r['ratio_stderr']:.2f})" for r in shown[1:]) + ' |')
   write(rows)
   plot(os.path.join(_OUT.value, 'jacobi_grid_toy.png'), rows, laws, methods)
   print('wrote', _OUT.value)

@@ -1,6 +1,6 @@
 """`bench/jacobi_grid_toy.py` end to end on a tiny grid: every toy, window and method
-gets a row with its ratio to SJD, the PNG is written, and a second run resumes
-(decodes nothing)."""
+gets a row with its ratio to SJD, the PNG is written, a second run resumes
+(decodes nothing), and a run over fewer toys and methods keeps every row and law."""
 
 import json
 import os
@@ -15,9 +15,10 @@ _FLAGS = ['--images=4', '--num_tokens=12', '--widths=3', '--windows=3', '--scale
           '--borders=0,1', '--context_weights=0,0.1', '--background_pulls=0,2']
 
 
-def _run(out: str) -> str:
+def _run(out: str, extra_flags=()) -> str:
+  """The bench's stdout; extra_flags override _FLAGS (absl keeps the last value)."""
   command = [sys.executable, os.path.join(_ROOT, 'bench', 'jacobi_grid_toy.py'), f'--out={out}',
-             *_FLAGS]
+             *_FLAGS, *extra_flags]
   result = subprocess.run(command, cwd=_ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, check=False)
   if result.returncode:
@@ -55,6 +56,12 @@ class JacobiGridToyBenchTest(absltest.TestCase):
       self.assertTrue(os.path.exists(os.path.join(out, 'jacobi_grid_toy.png')))
       self.assertEqual(first.count('tokens per forward ('), 24)
       self.assertEqual(_run(out).count('tokens per forward ('), 0)  # resumed
+      # A run over a subset of the toys decodes nothing and drops no row or law.
+      subset = _run(out, ['--borders=0', '--context_weights=0', '--background_pulls=0',
+                          '--methods=sjd,scd'])
+      self.assertEqual(subset.count('tokens per forward ('), 0)
+      with open(os.path.join(out, 'jacobi_grid_toy.json')) as f:
+        self.assertEqual(json.load(f), saved)
 
 
 if __name__ == '__main__':
