@@ -37,6 +37,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
+import ratios  # pylint: disable=g-import-not-at-top  (bench/ratios.py)
 import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import scd_recording  # pylint: disable=g-import-not-at-top  (bench/scd_recording.py)
 from specdec_jax import jacobi_drafts  # pylint: disable=g-import-not-at-top
@@ -62,16 +63,14 @@ _PAC_TREES = flags.DEFINE_list(
 
 
 def ratio_row(row: dict, reference: dict) -> dict:
-  """Tokens per forward relative to the reference row, with its delta-method s.e."""
+  """Tokens per forward relative to the reference row (`ratios.with_ratio`), and the
+  NLL gap to it where both rows have one."""
   if row is reference:
-    return dict(row, ratio_to_sjd=1.0, ratio_stderr=0.0, nll_gap_to_sjd=0.0, nll_gap_stderr=0.0)
+    return dict(ratios.with_ratio(row, row), nll_gap_to_sjd=0.0, nll_gap_stderr=0.0)
   if 'nll' in row and 'nll' in reference:
     row = dict(row, nll_gap_to_sjd=row['nll'] - reference['nll'],
                nll_gap_stderr=(row['nll_stderr'] ** 2 + reference['nll_stderr'] ** 2) ** 0.5)
-  ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
-  relative = ((row['stderr'] / row['tokens_per_forward']) ** 2
-              + (reference['stderr'] / reference['tokens_per_forward']) ** 2) ** 0.5
-  return dict(row, ratio_to_sjd=ratio, ratio_stderr=ratio * relative)
+  return ratios.with_ratio(row, reference)
 
 
 def plot(path: str, rows: list[dict], methods: list[str]) -> None:

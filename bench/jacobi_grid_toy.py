@@ -51,6 +51,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
+import ratios  # pylint: disable=g-import-not-at-top  (bench/ratios.py)
 import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_grid_toy', 'Output folder.')
@@ -133,14 +134,6 @@ def peaked_share(target, params, cond, tokens) -> float:
   laws = [_softmax(target.step_logits(arrays, target.vocab + int(c), sequence, index))
           for c, sequence in zip(cond, tokens) for index in range(len(sequence))]
   return float(np.mean(np.max(laws, axis=-1) > 0.9))
-
-
-def with_ratio(row: dict, reference: dict) -> dict:
-  """row + its tokens per forward over the reference's, with a delta-method s.e."""
-  ratio = row['tokens_per_forward'] / reference['tokens_per_forward']
-  relative = ((row['stderr'] / row['tokens_per_forward']) ** 2
-              + (reference['stderr'] / reference['tokens_per_forward']) ** 2) ** 0.5
-  return dict(row, ratio_to_sjd=ratio, ratio_stderr=0.0 if row is reference else ratio * relative)
 
 
 def build_mode(name: str, window: int, config):
@@ -274,7 +267,7 @@ def main(argv):
     if (key, window, 'sjd') not in done:
       continue
     reference = done[(key, window, 'sjd')]
-    mine = [with_ratio(done[(key, window, name)], reference)
+    mine = [ratios.with_ratio(done[(key, window, name)], reference)
             for name in names if (key, window, name) in done]
     rows.extend(mine)
     shown = [r for r in mine if r['method'] in methods]  # the table's columns
