@@ -38,10 +38,10 @@ def _cond(num_images: int, sampling: logits.Sampling, class_id: int = 0):
   return tiny.cfg_class_rows(ids, CLASSES) if sampling.uses_cfg else ids
 
 
-def _chi_square_pvalue(tokens: np.ndarray, law: np.ndarray) -> float:
-  """Pearson chi-square (`specdec_jax.testing`) of sequences [N, n] against a law over
-  V**n sequences; a zero-probability sequence gives p = 0."""
-  counts = testing.histogram(testing.sequence_index(tokens, VOCAB), law.size)
+def _chi_square_pvalue(tokens: np.ndarray, law: np.ndarray, vocab: int = VOCAB) -> float:
+  """Pearson chi-square (`specdec_jax.testing`) of sequences [N, n] over `vocab` tokens
+  against a law over vocab**n sequences; a zero-probability sequence gives p = 0."""
+  counts = testing.histogram(testing.sequence_index(tokens, vocab), law.size)
   return testing.chi_square_pvalue(counts, law)[0]
 
 

@@ -39,14 +39,14 @@ from specdec_jax import logits
 from specdec_jax import mode_dynamic_tree
 from specdec_jax import mode_pac
 from specdec_jax import rules
-from specdec_jax import testing
 from specdec_jax import verify
 from specdec_jax.app import toy
 from specdec_jax.models import tiny
+from tests.decode_support import _chi_square_pvalue
+from tests.decode_support import NUM_SAMPLES
+from tests.decode_support import P_THRESHOLD
 
-VOCAB, CLASSES, WIDTH, NUM_TOKENS = 3, 2, 3, 6
-NUM_SAMPLES = 2 ** 14
-P_THRESHOLD = 1e-4
+VOCAB, CLASSES, WIDTH, NUM_TOKENS = 3, 2, 3, 6  # NUM_SAMPLES, P_THRESHOLD: the Markov tests'
 GRID = toy.GridToy(VOCAB, CLASSES, WIDTH)
 PARAMS = GRID.init_params(jax.random.key(0))
 MARKOV = toy.MarkovToy(VOCAB, CLASSES)  # the same table shape: it runs on PARAMS too
@@ -91,8 +91,7 @@ def _decode(mode, sampling, target=GRID, params=PARAMS):
 
 
 def _pvalue(tokens, law) -> float:
-  counts = testing.histogram(testing.sequence_index(tokens, VOCAB), law.size)
-  return testing.chi_square_pvalue(counts, law)[0]
+  return _chi_square_pvalue(tokens, law, VOCAB)
 
 
 def _parent_only(ancestor_mask, depths):
