@@ -15,13 +15,12 @@ call with `jax.experimental.checkify`.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import categorical
+from specdec_jax import static_tree
 
 
 _PROB_SUM_TOLERANCE = 1e-3
@@ -146,97 +145,8 @@ def verify_chain_with_uniforms(rule, uniforms, draft_tokens, draft_probs, target
   return num_accepted, categorical.sample(uniforms[num_drafts], next_probs)
 
 
-@dataclasses.dataclass(frozen=True)
-class StaticTree:
-  """An EAGLE-1 static draft tree, built from choice paths.
-
-  A path (i_1, ..., i_d) names the node reached by taking the i_1-th sampled
-  child of the root, then its i_2-th sampled child, ...; EAGLE's
-  `mc_sim_7b_63` is such a list. Every prefix of a path must be a path too.
-  Node 0 is the root (the last committed token); nodes are ordered by depth,
-  then by path, so siblings appear in sampling order.
-
-  Attributes:
-    paths: the choice paths, sorted.
-    parents: int32[N], parents[0] = -1.
-    depths: int32[N], depths[0] = 0.
-    sibling_index: int32[N], which sample of its parent a node is.
-    children: int32[N, max_children] child ids in sibling order, -1 padded.
-    ancestor_mask: bool[N, N], [i, j] = j is i or an ancestor of i (the
-      attention mask of one tree-verification forward).
-  """
-
-  paths: tuple
-
-  @classmethod
-  def from_paths(cls, paths) -> 'StaticTree':
-    normalized = tuple(sorted({tuple(int(i) for i in p) for p in paths},
-                              key=lambda p: (len(p), p)))
-    if not normalized:
-      raise ValueError('StaticTree.from_paths: give at least one path, e.g. ((0,),).')
-    known = set(normalized)
-    for path in normalized:
-      if not path or min(path) < 0:
-        raise ValueError(f'StaticTree: bad path {path}; paths are non-empty tuples of '
-                         'sibling indices >= 0.')
-      if len(path) > 1 and path[:-1] not in known:
-        raise ValueError(f'StaticTree: path {path} has no parent path {path[:-1]}.')
-      if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in known:
-        raise ValueError(f'StaticTree: path {path} skips sibling {path[-1] - 1}; '
-                         'siblings must be numbered 0, 1, ... without gaps.')
-    return cls(normalized)
-
-  @property
-  def num_nodes(self) -> int:
-    return len(self.paths) + 1
-
-  @property
-  def max_depth(self) -> int:
-    return max(len(p) for p in self.paths)
-
-  def _index(self):
-    return {p: i + 1 for i, p in enumerate(self.paths)} | {(): 0}
-
-  @property
-  def parents(self) -> np.ndarray:
-    index = self._index()
-    return np.array([-1] + [index[p[:-1]] for p in self.paths], np.int32)
-
-  @property
-  def depths(self) -> np.ndarray:
-    return np.array([0] + [len(p) for p in self.paths], np.int32)
-
-  @property
-  def sibling_index(self) -> np.ndarray:
-    return np.array([0] + [p[-1] for p in self.paths], np.int32)
-
-  @property
-  def max_children(self) -> int:
-    return int(max(self.sibling_index)) + 1
-
-  @property
-  def children_per_depth(self) -> tuple:
-    """(c_1, ..., c_D): the most children any node of depth d - 1 has."""
-    counts = [0] * self.max_depth
-    for path in self.paths:
-      counts[len(path) - 1] = max(counts[len(path) - 1], path[-1] + 1)
-    return tuple(counts)
-
-  @property
-  def children(self) -> np.ndarray:
-    table = -np.ones((self.num_nodes, self.max_children), np.int32)
-    for node, (parent, sibling) in enumerate(zip(self.parents, self.sibling_index)):
-      if node:
-        table[parent, sibling] = node
-    return table
-
-  @property
-  def ancestor_mask(self) -> np.ndarray:
-    parents = self.parents
-    mask = np.eye(self.num_nodes, dtype=bool)
-    for node in range(1, self.num_nodes):
-      mask[node] |= mask[parents[node]]
-    return mask
+# The tree structure lives in its own module; verification reads it as `verify.StaticTree`.
+StaticTree = static_tree.StaticTree
 
 
 def verify_tree(rule, key, tree: StaticTree, node_tokens, draft_probs, target_probs):
@@ -251,7 +161,7 @@ def tree_uniforms(tree: StaticTree) -> int:
 
 
 def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, draft_probs,
-                              target_probs):
+                              target_probs, sibling_probs=None):
   """EAGLE-1 multi-candidate verification of a static tree, for one row.
 
   At the current node (starting at the root) its children x_1, x_2, ... were
@@ -279,6 +189,11 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
       the nodes verification visits (at most D + 1) are processed (the
       decode loop passes one: logits processing with top-k is the costly
       part of a wide tree).
+    sibling_probs: optional f32[N, V]: the law a node's later children were
+      drawn from (without replacement, the first child's token removed); the
+      first child was still drawn from draft_probs. Sibling s >= 1 is then
+      tested against q'_s = sibling_probs with the first s siblings' tokens
+      removed and renormalised. Default: draft_probs (every child from one law).
   Returns:
     (path int32[D+1]: accepted node ids starting with the root 0, -1 padded;
      num_accepted int32[]; next_token int32[]).
@@ -299,12 +214,17 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
                      f'node_tokens {node_tokens.shape}, draft_probs {draft_probs.shape}, '
                      f'target_probs with {rows} rows.')
   check_probs('draft_probs', draft_probs)
+  if sibling_probs is not None:
+    if jnp.shape(sibling_probs) != jnp.shape(draft_probs):
+      raise ValueError(f'verify_tree: sibling_probs must have draft_probs\' shape '
+                       f'{jnp.shape(draft_probs)}, got {jnp.shape(sibling_probs)}.')
+    check_probs('sibling_probs', sibling_probs)
 
   if jnp.shape(uniforms) != (tree_uniforms(tree),):
     raise ValueError(f'verify_tree: uniforms must be [D * C + 1] = [{tree_uniforms(tree)}], '
                      f'got {jnp.shape(uniforms)}.')
   return _walk_tree(rule, uniforms, jnp.asarray(tree.children), tree.max_depth, node_tokens,
-                    draft_probs, target_at, tree.children_per_depth)
+                    draft_probs, target_at, tree.children_per_depth, sibling_probs)
 
 
 def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, node_tokens,
@@ -348,10 +268,11 @@ def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, 
 
 
 def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_probs, target_at,
-               children_per_depth=None):
+               children_per_depth=None, sibling_probs=None):
   """The tree walk shared by static trees (siblings drawn without replacement
-  from draft_probs [N, V]) and deterministic trees (draft_probs None: each
-  sibling's law is a point mass at its token).
+  from draft_probs [N, V], the later ones from sibling_probs [N, V] if given)
+  and deterministic trees (draft_probs None: each sibling's law is a point
+  mass at its token).
 
   children_per_depth: static (c_1, ..., c_D), siblings tested at depth d (a static
   tree's; tests beyond find no child and change nothing), default C each.
@@ -367,7 +288,8 @@ def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_prob
   for depth in range(1, max_depth + 1):
     if draft_probs is not None:
       draft = draft_probs[node]
-      removed = jnp.zeros_like(draft)  # mass of earlier siblings
+      later = draft if sibling_probs is None else sibling_probs[node]  # siblings 1, 2, ...
+      removed = jnp.zeros_like(draft)  # mass of earlier siblings in `later`
     accepted_child = jnp.int32(-1)
     for sibling in range(children_per_depth[depth - 1]):
       child = children[node, sibling]
@@ -376,9 +298,10 @@ def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_prob
         sibling_draft = jax.nn.one_hot(token, vocab, dtype=jnp.float32)
         has_mass = True
       else:
+        law = draft if sibling == 0 else later
         remaining = 1.0 - jnp.sum(removed)
         sibling_draft = jnp.where(remaining > 0,
-                                  (draft - removed) / jnp.maximum(remaining, 1e-30), 0.0)
+                                  (law - removed) / jnp.maximum(remaining, 1e-30), 0.0)
         sibling_draft = jnp.maximum(sibling_draft, 0.0)
         has_mass = sibling_draft[token] > 0
       live = (~stopped) & (accepted_child < 0) & (child >= 0) & has_mass
@@ -390,7 +313,7 @@ def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_prob
       target = jnp.where(reject, residual, target)
       accepted_child = jnp.where(accept, child, accepted_child)
       if draft_probs is not None:
-        removed = jnp.where(live, removed.at[token].set(draft[token]), removed)
+        removed = jnp.where(live, removed.at[token].set(later[token]), removed)
     descend = (~stopped) & (accepted_child >= 0)
     node = jnp.where(descend, accepted_child, node)
     target = jnp.where(descend, target_at(jnp.maximum(accepted_child, 0)), target)
