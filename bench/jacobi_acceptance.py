@@ -18,7 +18,9 @@ noise). --gumbel_scd adds a row 'scd_gumbel': SCD with its Gumbel coupling
 (configs/generate.py's scd_coupling 'gumbel'). --released_scd adds a row
 'scd_released': SCD with the released code's recording of a kept draft's
 law (bench/scd_recording.py, not lossless), to measure what that recording
-gains. Counts do not depend on machine load. Resumable: rows already in the
+gains. --pac_residual_siblings adds 'sjd_pac_residual': SJD-PAC drawing its
+extra candidates from the residual, as its released code does
+(configs/generate.py's pac_siblings 'residual'). Counts do not depend on machine load. Resumable: rows already in the
 JSON are kept. Prints a table, writes JSON and a PNG (tokens per forward
 against W).
 """
@@ -57,6 +59,10 @@ _RELEASED_SCD = flags.DEFINE_bool(
     'released code does (bench/scd_recording.py; not lossless).')
 _GUMBEL_SCD = flags.DEFINE_bool(
     'gumbel_scd', False, "Add 'scd_gumbel': SCD with the Gumbel coupling (scd_coupling='gumbel').")
+_RESIDUAL_SIBLINGS = flags.DEFINE_bool(
+    'pac_residual_siblings', False, "Add 'sjd_pac_residual': SJD-PAC drawing its extra "
+    "candidates from the residual Norm([p - q_old]_+) as its released code does "
+    "(pac_siblings='residual').")
 _PAC_TREES = flags.DEFINE_list(
     'pac_trees', [], "More SJD-PAC proactive trees 'KxD' (K candidates at each of the first D "
     "drafts) beside configs/generate.py's; their rows are named 'sjd_pac_KxD'.")
@@ -125,6 +131,9 @@ def main(argv):
         methods.append(('scd_released', method))
       if method.name != 'sjd_pac':
         continue
+      if _RESIDUAL_SIBLINGS.value:
+        methods.append(('sjd_pac_residual', methods_lib.build_variant(
+            config, family, 'sjd_pac', pac_siblings='residual')))
       for variant in methods_lib.pac_tree_variants(config, family, _PAC_TREES.value):
         methods.append((variant.name, variant))  # beside the configured tree
     for name, method in methods:

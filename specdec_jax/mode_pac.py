@@ -21,13 +21,20 @@ Drafts (the paper's two parts, per position d of the next window):
     draw from Norm([p - q_old]_+); `jacobi_drafts.maximal_coupling`), so it is a
     draw from p and p is the law recorded for it;
   * proactive drafting: at the first D positions, siblings 1..K-1 are drawn
-    without replacement from the same law p with the main draft removed
-    (`draw_siblings`), so c_{d,0..K-1} is a draw without replacement from p.
+    without replacement, the main draft removed (`draw_siblings`), from the
+    sibling law s (`sibling_law`): 'target' (default) s = p, so c_{d,0..K-1}
+    is a draw without replacement from p; 'residual' (the released code's
+    draw, here verified against s rather than p, which would not be exact)
+    s = Norm([p - q_old]_+), where the law moved since the old draft, with s = p where that has no mass besides the main draft or the position
+    had no old draft, and s recorded (`PACDrafts.sibling_probs`). On the
+    bundle 'residual' accepts no more (docs/results.md, "SJD-PAC's siblings").
 Verification is EAGLE-1's multi-candidate walk (`verify.verify_tree_with_uniforms`):
-sibling s is tested against q_s = q with earlier siblings removed and
-renormalised, and on rejection the target becomes the residual; it is
-lossless because each level's candidates are a draw without replacement
-from the recorded law, independent of the other levels given the past.
+the main draft is tested against p, sibling s >= 1 against the recorded
+sibling law with earlier candidates removed and renormalised, and each
+rejection turns the target into the residual. It is lossless because every
+candidate is tested against the law it was drawn from given the earlier
+ones (any such laws give the target's law: sequential single-draft
+verification), independent of the other levels given the past.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +54,7 @@ from specdec_jax import mode_base
 from specdec_jax import mode_chain
 from specdec_jax import mode_tree
 from specdec_jax import protocol
+from specdec_jax import resampling
 from specdec_jax import rules as rules_lib
 from specdec_jax import verify
 
@@ -89,12 +98,15 @@ def continuation(tree: verify.StaticTree) -> np.ndarray:
   return table
 
 
+# The law a branching level's candidates after the first are drawn from (`JacobiPAC`).
+SIBLING_LAWS = ('residual', 'target')
+
+
 def draw_siblings(uniforms, first, law):
   """A level's K candidates: the main draft, then K - 1 draws without replacement
-  from its law with the main draft removed (arXiv 2603.18599, proactive drafting).
+  from `law` with the main draft removed (arXiv 2603.18599, proactive drafting).
 
-  If `first` ~ law, the K tokens are a draw without replacement from law: what
-  the sibling renormalisation of tree verification assumes.
+  If `first` ~ law, the K tokens are a draw without replacement from law.
 
   Args:
     uniforms: f32[..., K - 1]; first: int32[...] the main draft; law: f32[..., V].
@@ -110,6 +122,29 @@ def draw_siblings(uniforms, first, law):
   return jnp.concatenate([first[..., None], others], axis=-1)
 
 
+def draw_level(uniforms, first, main_law, sibling_law):
+  """A branching level's candidates: the main draft `first` int32[...] (drawn from
+  main_law f32[..., V]), then K - 1 draws without replacement from sibling_law
+  f32[..., V] without it; where sibling_law has no mass besides the main draft,
+  from main_law instead. uniforms: f32[..., K - 1].
+
+  Returns (int32[..., K], f32[..., V] the law the K - 1 were drawn from).
+  """
+  is_first = jax.nn.one_hot(first, sibling_law.shape[-1], dtype=bool)
+  has_rest = jnp.sum(jnp.where(is_first, 0.0, sibling_law), axis=-1, keepdims=True) > 0
+  law = jnp.where(has_rest, sibling_law, main_law)
+  return draw_siblings(uniforms, first, law), law
+
+
+@flax.struct.dataclass
+class PACDrafts(mode_base.Drafts):
+  """`mode_base.Drafts` of SJD-PAC plus sibling_probs f32[B, D, V]: the law each
+  branching level's candidates 1..K-1 were drawn from (the main draft removed);
+  None with sibling_law 'target' (the main draft's law, `probs`)."""
+
+  sibling_probs: jax.Array | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class JacobiPAC(mode_base.Mode):
   """SJD-PAC (arXiv 2603.18599): a Jacobi window W whose first `depth` drafts carry
@@ -121,6 +156,8 @@ class JacobiPAC(mode_base.Mode):
   init: fresh drafts as `Jacobi` ('random' or 'spatial'); a fresh draft is a
   point mass, so its extra siblings have no mass and are skipped.
   relax_fresh_drafts: as `Jacobi`'s (fresh drafts verified losslessly by default).
+  sibling_law: 'target' or 'residual' (the released draw), the law the candidates after
+  the main draft come from (module docstring).
 
   Drafts: tokens int32[B, T - 1] (window entries 1..T - 1, node j = entry j),
   probs f32[B, W - 1, V] the law of the chain draft at each depth (the law of
@@ -132,6 +169,7 @@ class JacobiPAC(mode_base.Mode):
   depth: int = 2
   init: str = 'random'
   relax_fresh_drafts: bool = False
+  sibling_law: str = 'target'
 
   rule_mode = rules_lib.TREE
 
@@ -164,6 +202,9 @@ class JacobiPAC(mode_base.Mode):
     if self.branches < 2:
       raise ValueError(f'generate: JacobiPAC.branches must be >= 2 (candidates per branching '
                        f'position; 1 is Jacobi(coupling="maximal")), got {self.branches}.')
+    if self.sibling_law not in SIBLING_LAWS:
+      raise ValueError(f'generate: JacobiPAC.sibling_law must be one of {SIBLING_LAWS}, '
+                       f'got {self.sibling_law!r}.')
     if not 1 <= self.depth <= self.window - 1:
       raise ValueError(f'generate: JacobiPAC.depth must be in [1, window-1={self.window - 1}] '
                        f'(the draft positions that branch), got {self.depth}.')
@@ -179,20 +220,23 @@ class JacobiPAC(mode_base.Mode):
     tokens, probs = jacobi_drafts.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size,
                                           self.init, first,
                                           protocol.image_token_range(plan.target))
-    return self._with_siblings(tokens, probs, uniforms), 0
+    return self._with_siblings(tokens, probs, probs[:, :self.depth], uniforms), 0
 
   def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
     tree, rule = self.tree, rules_lib.jacobi_rule(rule, self.relax_fresh_drafts)
     # A node's children are drawn from the law of the next depth (leaves: unused).
     child_law = np.minimum(tree.depths, self.window - 2)
     draft_probs = drafts.probs[:, child_law]  # [B, T, V]
+    # Beyond the branching levels a node has one child: its sibling law is unused.
+    sibling_probs = (None if drafts.sibling_probs is None else
+                     drafts.sibling_probs[:, np.minimum(tree.depths, self.depth - 1)])
 
-    def one_image(uniforms, tokens, draft_probs, target_probs):
+    def one_image(uniforms, tokens, draft_probs, target_probs, sibling_probs):
       return verify.verify_tree_with_uniforms(rule, uniforms, tree, tokens, draft_probs,
-                                              target_probs)
+                                              target_probs, sibling_probs)
 
     path, num_accepted, next_token = jax.vmap(one_image)(uniforms, window, draft_probs,
-                                                         target_probs)
+                                                         target_probs, sibling_probs)
     cache = mode_tree.compact_path(cache, start, path, plan.cfg)
     return mode_base.Verdict(path, num_accepted, next_token), cache
 
@@ -207,17 +251,28 @@ class JacobiPAC(mode_base.Mode):
         chain_uniforms, stale, verdict.num_accepted, verdict.next_token, self.init,
         protocol.image_token_range(plan.target), coupling='maximal', old_tokens=old_chain,
         old_probs=drafts.probs)
-    return self._with_siblings(tokens, probs, uniforms), 0
+    sibling_law = probs[:, :self.depth]
+    if self.sibling_law == 'residual':
+      has_old, old_index = jacobi_drafts.old_draft_slots(verdict.num_accepted, self.window)
+      old_law = jnp.take_along_axis(drafts.probs, old_index[:, :self.depth, None], axis=1)
+      sibling_law = jnp.where(has_old[:, :self.depth, None],
+                              resampling.standard_residual(old_law, sibling_law), sibling_law)
+    return self._with_siblings(tokens, probs, sibling_law, uniforms), 0
 
-  def _with_siblings(self, chain_tokens, chain_probs, uniforms) -> mode_base.Drafts:
-    """Chain drafts int32[B, W-1] and their laws f32[B, W-1, V] -> the tree's `Drafts`,
-    the siblings drawn with the last D * (K - 1) of uniforms f32[B, draft_uniforms]."""
+  def _with_siblings(self, chain_tokens, chain_probs, sibling_law, uniforms) -> PACDrafts:
+    """Chain drafts int32[B, W-1], their laws f32[B, W-1, V] and the first D levels'
+    sibling laws f32[B, D, V] -> the tree's drafts, the siblings drawn with the last
+    D * (K - 1) of uniforms f32[B, draft_uniforms]. A sibling law with no mass
+    besides the main draft falls back to the main draft's own law."""
     levels, extra = self.depth, self.branches - 1
-    sibling_uniforms = uniforms[:, uniforms.shape[1] - levels * extra:]
-    candidates = draw_siblings(sibling_uniforms.reshape(-1, levels, extra),
-                               chain_tokens[:, :levels], chain_probs[:, :levels])
-    return mode_base.Drafts(tokens=node_tokens(self.tree, candidates, chain_tokens),
-                            probs=chain_probs)
+    sibling_uniforms = uniforms[:, uniforms.shape[1] - levels * extra:].reshape(-1, levels, extra)
+    first, main_law = chain_tokens[:, :levels], chain_probs[:, :levels]
+    if self.sibling_law == 'target':
+      candidates, sibling_law = draw_siblings(sibling_uniforms, first, main_law), None
+    else:
+      candidates, sibling_law = draw_level(sibling_uniforms, first, main_law, sibling_law)
+    return PACDrafts(tokens=node_tokens(self.tree, candidates, chain_tokens), probs=chain_probs,
+                     sibling_probs=sibling_law)
 
 
 def node_tokens(tree: verify.StaticTree, candidates, chain_tokens) -> jax.Array:

@@ -3,19 +3,26 @@
 Whole loop: the joint law of the generated tokens on the Markov toy target
 equals the exact law (chi-square over the V**n = 64 sequences, N = 2**14
 images, p > 1e-4; power as tests/test_decode.py: any TV distance >= 0.04 is
-rejected with probability >= 0.99), and a broken proactive draft (greedy
-siblings, which the sibling renormalisation does not describe) fails it.
+rejected with probability >= 0.99), with siblings from the residual (the
+default) and from the target, and a broken proactive draft (greedy siblings,
+which the sibling renormalisation does not describe) fails it.
 
-One step: the first token emitted by one proactive level (old draft, maximal
-coupling to the new law q, K - 1 siblings without replacement, EAGLE-1 sibling
-walk against the target t) has law exactly t. Monte Carlo with 2**16 draws,
-chi-square over V = 6 tokens (5 degrees of freedom), p > 1e-4: a law whose
-chi-square divergence sum (o - t)^2 / t from t is >= 7.7e-4 (e.g. a TV
-distance of 0.013 moved between two tokens of mass ~0.2) is rejected with
-probability >= 0.99 (noncentral chi-square, noncentrality 2**16 x 7.7e-4 = 50).
+One step: the first token emitted by one proactive level (old draft x ~ o,
+maximal coupling to the new law q, K - 1 siblings without replacement from q
+or from the residual Norm([q - o]_+), EAGLE-1 sibling walk against the target
+t) has law exactly t: in closed form (`_level_law`, float64, every draw
+enumerated) and by Monte Carlo with 2**16 draws, chi-square over V = 6 tokens
+(5 degrees of freedom), p > 1e-4: a law whose chi-square divergence
+sum (o - t)^2 / t from t is >= 7.7e-4 (e.g. a TV distance of 0.013 moved
+between two tokens of mass ~0.2) is rejected with probability >= 0.99
+(noncentral chi-square, noncentrality 2**16 x 7.7e-4 = 50). The closed-form
+law of the residual siblings' negative control is asserted to lie that far
+from t.
 """
 
 from __future__ import annotations
+
+from unittest import mock
 
 import chex
 import jax
@@ -29,6 +36,7 @@ from specdec_jax import decode
 from specdec_jax import jacobi_drafts
 from specdec_jax import logits
 from specdec_jax import mode_pac
+from specdec_jax import resampling
 from specdec_jax import rules
 from specdec_jax import testing
 from specdec_jax import verify
@@ -53,6 +61,17 @@ SJD_PAC_CASES = (
     # Top-2 laws hold fewer tokens than the 3 candidates: siblings run out of mass.
     ('sjd_pac_support_used_up', decode.JacobiPAC(3, branches=3, depth=2, init='random'),
      logits.Sampling(top_k=2)),
+    # Siblings from the residual (the released code's draw), recorded for verification.
+    ('sjd_pac_residual_random', decode.JacobiPAC(3, 3, 2, 'random', sibling_law='residual'),
+     logits.Sampling()),
+    ('sjd_pac_residual_spatial_cfg', decode.JacobiPAC(3, 3, 1, 'spatial', sibling_law='residual'),
+     logits.Sampling(cfg_scale=1.5)),
+    ('sjd_pac_residual_support_used_up', decode.JacobiPAC(3, 3, 2, 'random',
+                                                          sibling_law='residual'),
+     logits.Sampling(top_k=2)),
+    # Sharper laws: the residual siblings' negative control below fails here.
+    ('sjd_pac_residual_sharp', decode.JacobiPAC(3, 3, 2, 'random', sibling_law='residual'),
+     logits.Sampling(temperature=0.5)),
 )
 
 
@@ -74,26 +93,67 @@ class SjdPacExactnessTest(parameterized.TestCase):
     """Negative control: siblings taken greedily (top K - 1 of the law) while the
     verification renormalises them as draws without replacement."""
     mode = decode.JacobiPAC(3, branches=3, depth=2, init='random')
-    original = mode_pac.draw_siblings
-    mode_pac.draw_siblings = _greedy_siblings
+    pvalue = _joint_pvalue_with('draw_siblings', _greedy_siblings, mode, logits.Sampling())
+    self.assertLess(pvalue, P_THRESHOLD)
+
+  def test_sjd_pac_residual_siblings_told_as_target_fail(self):
+    """Negative control: siblings from the residual, verified as draws from the
+    main draft's law (the released code's bookkeeping), on case
+    'sjd_pac_residual_sharp' (at temperature 1 the bias stays under the test's
+    power: p 0.002 there)."""
+    mode = decode.JacobiPAC(3, branches=3, depth=2, init='random', sibling_law='residual')
+    pvalue = _joint_pvalue_with('draw_level', _told_main_law, mode,
+                                logits.Sampling(temperature=0.5))
+    self.assertLess(pvalue, P_THRESHOLD)
+
+
+def _joint_pvalue_with(function_name, replacement, mode, sampling):
+  """The whole-loop chi-square p-value of `mode` with mode_pac.<function_name>
+  replaced (the compile cache cleared around it)."""
+  with mock.patch.object(mode_pac, function_name, replacement):
     decode.clear_compile_cache()
     try:
-      sampling = logits.Sampling()
       tokens = np.asarray(_run(mode, sampling).tokens)
     finally:
-      mode_pac.draw_siblings = original
       decode.clear_compile_cache()
-    law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
-    self.assertLess(_chi_square_pvalue(tokens, law), P_THRESHOLD)
+  law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
+  return _chi_square_pvalue(tokens, law)
 
 
-def _one_level(draw, branches, old_law, new_law, target, num_draws, seed=0):
+def _target_siblings(uniforms, first, old_law, new_law):
+  del old_law
+  return mode_pac.draw_level(uniforms, first, new_law, new_law)
+
+
+def _residual_siblings(uniforms, first, old_law, new_law):
+  return mode_pac.draw_level(uniforms, first, new_law,
+                             resampling.standard_residual(old_law, new_law))
+
+
+def _greedy_level(uniforms, first, old_law, new_law):
+  del old_law
+  return _greedy_siblings(uniforms, first, new_law), new_law
+
+
+def _told_main_law(uniforms, first, main_law, sibling_law):
+  """A broken record: candidates drawn as `mode_pac.draw_level` draws them, but the
+  verifier told they came from the main draft's law."""
+  candidates, _ = _DRAW_LEVEL(uniforms, first, main_law, sibling_law)
+  return candidates, main_law
+
+
+_DRAW_LEVEL = mode_pac.draw_level
+
+
+def _one_level(draw, branches, old_law, new_law, target, num_draws, seed=0, tell=True):
   """First tokens emitted by one proactive level, f32 laws [V] -> int32[num_draws].
 
   Per draw: an old draft x ~ old_law is carried to new_law by the maximal
-  coupling (SCD), siblings come from `draw`, and the K children of a depth-1
-  tree are verified against `target` (losslessly); the emitted token is the
-  accepted child, else the residual draw. Returns (tokens, accepted bool[]).
+  coupling (SCD), the K children come from draw(uniforms, main, old_law,
+  new_law) -> (int32[K], the law of children 2..K), and a depth-1 tree is
+  verified against `target` (losslessly), told that law (tell=False: told
+  new_law, as if every child came from it); the emitted token is the accepted
+  child, else the residual draw. Returns (tokens, accepted bool[]).
   """
   tree = verify.StaticTree.from_paths([(i,) for i in range(branches)])
   vocab = target.shape[-1]
@@ -104,18 +164,55 @@ def _one_level(draw, branches, old_law, new_law, target, num_draws, seed=0):
     first = jacobi_drafts.maximal_coupling(jax.random.uniform(keys[1]), jax.random.uniform(keys[2]),
                                       old, old_law, new_law)
     uniforms = jax.random.uniform(keys[3], (branches - 1 + verify.tree_uniforms(tree),))
-    children = draw(uniforms[:branches - 1], first, new_law)
+    children, sibling_law = draw(uniforms[:branches - 1], first, old_law, new_law)
     node_tokens = jnp.concatenate([jnp.zeros((1,), jnp.int32), children])
     draft_probs = jnp.broadcast_to(new_law, (tree.num_nodes, vocab))
+    sibling_probs = jnp.broadcast_to(sibling_law, (tree.num_nodes, vocab)) if tell else None
     path, num_accepted, next_token = verify.verify_tree_with_uniforms(
         rules.Lossless(), uniforms[branches - 1:], tree, node_tokens, draft_probs,
-        jnp.broadcast_to(target, (tree.num_nodes, vocab)))
+        jnp.broadcast_to(target, (tree.num_nodes, vocab)), sibling_probs)
     emitted = jnp.where(num_accepted > 0, node_tokens[jnp.maximum(path[1], 0)], next_token)
     return emitted, num_accepted > 0
 
   keys = jax.random.split(jax.random.key(seed), num_draws)
   tokens, accepted = jax.jit(jax.vmap(one))(keys)
   return np.asarray(tokens), np.asarray(accepted)
+
+
+def _level_law(main_law, sibling_law, target, branches, tell=True):
+  """Closed form of `_one_level`'s emitted law, float64 [V]: the main draft a ~
+  main_law, then branches - 1 siblings without replacement from sibling_law
+  without a (main_law without a if that has no mass), each tested against the
+  law it came from (tell=False: against main_law without the earlier
+  candidates), every draw enumerated."""
+  vocab = target.shape[0]
+  out = np.zeros(vocab)
+
+  def without(law, token):
+    return np.where(np.arange(vocab) == token, 0.0, law)
+
+  def walk(target_now, drawn, told, left, weight):
+    """Siblings from `drawn` (unnormalised), tested against `told`."""
+    if left == 0 or drawn.sum() <= 0:
+      out[:] += weight * target_now
+      return
+    q, q_told = drawn / drawn.sum(), told / told.sum()
+    for b in np.flatnonzero(q):
+      accept = min(1.0, target_now[b] / q_told[b]) if q_told[b] > 0 else 0.0
+      out[b] += weight * q[b] * accept
+      rest = np.maximum(target_now - q_told, 0.0) if q_told[b] > 0 else target_now
+      walk(rest / rest.sum() if rest.sum() > 0 else target_now, without(drawn, b),
+           without(told, b), left - 1, weight * q[b] * (1 - accept))
+
+  for a in np.flatnonzero(main_law):
+    accept = min(1.0, target[a] / main_law[a])
+    out[a] += main_law[a] * accept
+    drawn = without(sibling_law, a)
+    drawn = drawn if drawn.sum() > 0 else without(main_law, a)
+    residual = np.maximum(target - main_law, 0.0)
+    walk(residual / residual.sum(), drawn, drawn if tell else without(main_law, a),
+         branches - 1, main_law[a] * (1 - accept))
+  return out
 
 
 class SjdPacOneStepTest(absltest.TestCase):
@@ -133,9 +230,33 @@ class SjdPacOneStepTest(absltest.TestCase):
     counts = testing.histogram(tokens, self.VOCAB)
     return testing.chi_square_pvalue(counts, np.asarray(target, np.float64))[0]
 
+  def _residual(self, old, new):
+    return np.asarray(resampling.standard_residual(old, new), np.float64)
+
+  def test_sjd_pac_closed_form_level_laws(self):
+    """Either sibling law, told to the verifier, gives exactly t; siblings from the
+    residual verified as if drawn from q (the released code's bookkeeping) do not,
+    by more than the Monte Carlo test below detects with probability >= 0.99."""
+    old, new, target = (np.asarray(law, np.float64) for law in self._laws())
+    for sibling_law in (new, self._residual(old, new)):
+      np.testing.assert_allclose(_level_law(new, sibling_law, target, 3), target, atol=1e-6)
+    told_new = _level_law(new, self._residual(old, new), target, 3, tell=False)
+    self.assertGreater(np.sum((told_new - target) ** 2 / target), 7.7e-4)
+
+  def test_sjd_pac_one_level_residual_siblings_emit_the_target_law(self):
+    old, new, target = self._laws()
+    tokens, _ = _one_level(_residual_siblings, 3, old, new, target, self.DRAWS)
+    self.assertGreater(self._pvalue(tokens, target), P_THRESHOLD)
+
+  def test_sjd_pac_one_level_residual_siblings_told_as_target_fail(self):
+    """Negative control: the same candidates, verified as if all came from q."""
+    old, new, target = self._laws()
+    tokens, _ = _one_level(_residual_siblings, 3, old, new, target, self.DRAWS, tell=False)
+    self.assertLess(self._pvalue(tokens, target), P_THRESHOLD)
+
   def test_sjd_pac_one_level_emits_the_target_law(self):
     old, new, target = self._laws()
-    tokens, accepted = _one_level(mode_pac.draw_siblings, 3, old, new, target, self.DRAWS)
+    tokens, accepted = _one_level(_target_siblings, 3, old, new, target, self.DRAWS)
     self.assertGreater(self._pvalue(tokens, target), P_THRESHOLD)
     # The proactive candidates raise acceptance above the chain's single draft,
     # whose closed form is sum_x min(q(x), t(x)).
@@ -145,7 +266,7 @@ class SjdPacOneStepTest(absltest.TestCase):
   def test_sjd_pac_one_level_greedy_siblings_fail(self):
     """The same test has the power to see greedy siblings (the whole-loop control)."""
     old, new, target = self._laws()
-    tokens, _ = _one_level(_greedy_siblings, 3, old, new, target, self.DRAWS)
+    tokens, _ = _one_level(_greedy_level, 3, old, new, target, self.DRAWS)
     self.assertLess(self._pvalue(tokens, target), P_THRESHOLD)
 
   def test_sjd_pac_siblings_are_distinct_and_start_with_the_main_draft(self):
@@ -193,6 +314,8 @@ class SjdPacValidationTest(parameterized.TestCase):
       ('sjd_pac_depth_past_window', dict(depth=3), r'JacobiPAC.depth must be in \[1, '),
       ('sjd_pac_float_branches', dict(branches=2.5), 'branches'),
       ('sjd_pac_bad_init', dict(init='zeros'), r"JacobiPAC.init must be 'random' or"),
+      ('sjd_pac_bad_sibling_law', dict(sibling_law='stale'),
+       r"JacobiPAC.sibling_law must be one of \('residual', 'target'\), got 'stale'"),
   )
   def test_sjd_pac_bad_fields_are_refused_before_compiling(self, fields, message):
     mode = decode.JacobiPAC(**{**dict(window=3, branches=2, depth=1), **fields})
@@ -218,10 +341,16 @@ class SjdPacValidationTest(parameterized.TestCase):
     method = methods_lib.build_methods(config, None)[-1]
     self.assertEqual(method.mode, decode.JacobiPAC(
         window=config.jacobi_window, branches=config.pac_branches, depth=config.pac_depth,
-        init=config.jacobi_init))
+        init=config.jacobi_init, sibling_law='target'))
     self.assertEqual(method.hyperparameters, dict(
         window=config.jacobi_window, init=config.jacobi_init, branches=config.pac_branches,
-        depth=config.pac_depth, rule='lossless'))
+        depth=config.pac_depth, siblings='target', rule='lossless'))
+    generate_app.check_config(config)
+    config.pac_siblings = 'stale'
+    with self.assertRaisesRegex(cli.ConfigError, r"config.pac_siblings='stale': must be one of "
+                                r"\('residual', 'target'\)"):
+      generate_app.check_config(config)
+    config.pac_siblings = 'residual'
     generate_app.check_config(config)
     config.pac_branches = 1
     with self.assertRaisesRegex(cli.ConfigError, r'config.pac_branches=1: must be an integer '

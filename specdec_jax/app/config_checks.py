@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from specdec_jax import dynamic_tree
 from specdec_jax import jacobi_drafts
+from specdec_jax import mode_pac
 from specdec_jax import rules
 from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
@@ -30,6 +31,7 @@ HYPERPARAMETERS = dict(
     jacobi_init=cli.one_of(*jacobi_drafts.INITS),
     pac_branches=cli.integer(2, note='SJD-PAC candidates per branching draft'),
     pac_depth=cli.integer(1, note='and below jacobi_window'),
+    pac_siblings=cli.one_of(*mode_pac.SIBLING_LAWS),
     coolsd_delta=cli.number(above=0.0),
     uniform_omega=cli.number(above=0.0),
     lantern_k=cli.integer(1, note='and below the vocabulary size'),

@@ -107,10 +107,12 @@ def build_methods(config, family) -> list[Method]:
                             hyperparameters=dict(jacobi_settings, rule=config.scd_rule,
                                                  coupling=config.scd_coupling)),
       'sjd_pac': lambda: Method('sjd_pac', decode.JacobiPAC(
-          window=window, branches=config.pac_branches, depth=config.pac_depth, init=init),
+          window=window, branches=config.pac_branches, depth=config.pac_depth, init=init,
+          sibling_law=config.pac_siblings),
           rule(config.sjd_pac_rule),
           hyperparameters=dict(jacobi_settings, branches=config.pac_branches,
-                               depth=config.pac_depth, rule=config.sjd_pac_rule)),
+                               depth=config.pac_depth, siblings=config.pac_siblings,
+                               rule=config.sjd_pac_rule)),
       'gsd': lambda: Method('gsd', jacobi, rule('gsd'), hyperparameters=dict(jacobi_settings)),
       'csd': lambda: Method('csd', jacobi, rule('csd'), hyperparameters=dict(jacobi_settings)),
   }
