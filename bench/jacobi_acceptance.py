@@ -20,9 +20,9 @@ noise). --gumbel_scd adds a row 'scd_gumbel': SCD with its Gumbel coupling
 law (bench/scd_recording.py, not lossless), to measure what that recording
 gains. --pac_residual_siblings adds 'sjd_pac_residual': SJD-PAC drawing its
 extra candidates from the residual, as its released code does
-(configs/generate.py's pac_siblings 'residual'). Counts do not depend on machine load. Resumable: rows already in the
-JSON are kept. Prints a table, writes JSON and a PNG (tokens per forward
-against W).
+(configs/generate.py's pac_siblings 'residual'). Counts do not depend on
+machine load. Resumable: rows already in the JSON are kept. Prints a table,
+writes JSON and a PNG (tokens per forward against W).
 """
 
 from __future__ import annotations

@@ -17,10 +17,9 @@ from specdec_jax.configs import generate
 # The method hyperparameters of the main command (same names, same defaults).
 HYPERPARAMETERS = ('draft_length', 'jacobi_window', 'jacobi_init', 'pac_branches', 'pac_depth',
                    'pac_siblings', 'coolsd_delta', 'uniform_omega', 'lantern_k', 'lantern_lam',
-                   'lantern_residual',
-                   'csd_lam', 'csd_tv_threshold', 'gsd_prob_threshold', 'gsd_dist_threshold',
-                   'eagle2_drafts', 'eagle2_total_tokens', 'eagle2_depth', 'eagle2_top_k',
-                   'eagle2_rule', 'scd_rule', 'scd_coupling', 'sjd_pac_rule')
+                   'lantern_residual', 'csd_lam', 'csd_tv_threshold', 'gsd_prob_threshold',
+                   'gsd_dist_threshold', 'eagle2_drafts', 'eagle2_total_tokens', 'eagle2_depth',
+                   'eagle2_top_k', 'eagle2_rule', 'scd_rule', 'scd_coupling', 'sjd_pac_rule')
 
 
 def get_config():

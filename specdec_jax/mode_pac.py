@@ -25,9 +25,10 @@ Drafts (the paper's two parts, per position d of the next window):
     sibling law s (`sibling_law`): 'target' (default) s = p, so c_{d,0..K-1}
     is a draw without replacement from p; 'residual' (the released code's
     draw, here verified against s rather than p, which would not be exact)
-    s = Norm([p - q_old]_+), where the law moved since the old draft, with s = p where that has no mass besides the main draft or the position
-    had no old draft, and s recorded (`PACDrafts.sibling_probs`). On the
-    bundle 'residual' accepts no more (docs/results.md, "SJD-PAC's siblings").
+    s = Norm([p - q_old]_+), where the law moved since the old draft, with
+    s = p where that has no mass besides the main draft or the position had
+    no old draft, and s recorded (`PACDrafts.sibling_probs`). On the bundle
+    'residual' accepts no more (docs/results.md, "SJD-PAC's siblings").
 Verification is EAGLE-1's multi-candidate walk (`verify.verify_tree_with_uniforms`):
 the main draft is tested against p, sibling s >= 1 against the recorded
 sibling law with earlier candidates removed and renormalised, and each
