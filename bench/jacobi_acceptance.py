@@ -20,7 +20,9 @@ noise). --gumbel_scd adds a row 'scd_gumbel': SCD with its Gumbel coupling
 law (bench/scd_recording.py, not lossless), to measure what that recording
 gains. --pac_residual_siblings adds 'sjd_pac_residual': SJD-PAC drawing its
 extra candidates from the residual, as its released code does
-(configs/generate.py's pac_siblings 'residual'). Counts do not depend on
+(configs/generate.py's pac_siblings 'residual'). --pac_without_continuation
+adds 'sjd_pac_no_continuation': proactive drafting alone, the chain
+re-drafted as SJD's (SJD-PAC's ablation step). Counts do not depend on
 machine load. Resumable: rows already in the JSON are kept. Prints a table,
 writes JSON and a PNG (tokens per forward against W).
 """
@@ -28,6 +30,7 @@ writes JSON and a PNG (tokens per forward against W).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -63,6 +66,9 @@ _RESIDUAL_SIBLINGS = flags.DEFINE_bool(
     'pac_residual_siblings', False, "Add 'sjd_pac_residual': SJD-PAC drawing its extra "
     "candidates from the residual Norm([p - q_old]_+) as its released code does "
     "(pac_siblings='residual').")
+_PAC_WITHOUT_CONTINUATION = flags.DEFINE_bool(
+    'pac_without_continuation', False, "Add 'sjd_pac_no_continuation': SJD-PAC's proactive "
+    "drafting alone, its chain re-drafted as SJD's (JacobiPAC(adaptive_continuation=False)).")
 _PAC_TREES = flags.DEFINE_list(
     'pac_trees', [], "More SJD-PAC proactive trees 'KxD' (K candidates at each of the first D "
     "drafts) beside configs/generate.py's; their rows are named 'sjd_pac_KxD'.")
@@ -131,6 +137,11 @@ def main(argv):
         methods.append(('scd_released', method))
       if method.name != 'sjd_pac':
         continue
+      if _PAC_WITHOUT_CONTINUATION.value:
+        methods.append(('sjd_pac_no_continuation', dataclasses.replace(
+            method, name='sjd_pac_no_continuation',
+            mode=dataclasses.replace(method.mode, adaptive_continuation=False),
+            hyperparameters=dict(method.hyperparameters, adaptive_continuation=False))))
       if _RESIDUAL_SIBLINGS.value:
         methods.append(('sjd_pac_residual', methods_lib.build_variant(
             config, family, 'sjd_pac', pac_siblings='residual')))

@@ -19,7 +19,8 @@ Drafts (the paper's two parts, per position d of the next window):
     the old draft x ~ q_old at that image token with the stale target law p
     from this forward (keep x with probability min(1, p(x)/q_old(x)), else
     draw from Norm([p - q_old]_+); `jacobi_drafts.maximal_coupling`), so it is a
-    draw from p and p is the law recorded for it;
+    draw from p and p is the law recorded for it (`adaptive_continuation=False`:
+    an independent draw from p, as SJD re-drafts);
   * proactive drafting: at the first D positions, siblings 1..K-1 are drawn
     without replacement, the main draft removed (`draw_siblings`), from the
     sibling law s (`sibling_law`): 'target' (default) s = p, so c_{d,0..K-1}
@@ -159,6 +160,8 @@ class JacobiPAC(mode_base.Mode):
   relax_fresh_drafts: as `Jacobi`'s (fresh drafts verified losslessly by default).
   sibling_law: 'target' or 'residual' (the released draw), the law the candidates after
   the main draft come from (module docstring).
+  adaptive_continuation: False re-drafts the chain as SJD does (independent draws
+  from p, no coupling): proactive drafting alone, the paper's ablation step.
 
   Drafts: tokens int32[B, T - 1] (window entries 1..T - 1, node j = entry j),
   probs f32[B, W - 1, V] the law of the chain draft at each depth (the law of
@@ -171,6 +174,7 @@ class JacobiPAC(mode_base.Mode):
   init: str = 'random'
   relax_fresh_drafts: bool = False
   sibling_law: str = 'target'
+  adaptive_continuation: bool = True
 
   rule_mode = rules_lib.TREE
 
@@ -200,6 +204,9 @@ class JacobiPAC(mode_base.Mode):
     mode_chain.check_window_and_init(self, num_tokens, target)
     for field in ('branches', 'depth'):
       checks.check_int_field(self, field)
+    if not isinstance(self.adaptive_continuation, bool):
+      raise ValueError(f'generate: JacobiPAC.adaptive_continuation must be True or False, got '
+                       f'{self.adaptive_continuation!r}.')
     if self.branches < 2:
       raise ValueError(f'generate: JacobiPAC.branches must be >= 2 (candidates per branching '
                        f'position; 1 is Jacobi(coupling="maximal")), got {self.branches}.')
@@ -250,7 +257,8 @@ class JacobiPAC(mode_base.Mode):
     chain_uniforms = uniforms[:, :jacobi_drafts.jacobi_uniforms(self.window, 'maximal')]
     tokens, probs = jacobi_drafts.jacobi_next(
         chain_uniforms, stale, verdict.num_accepted, verdict.next_token, self.init,
-        protocol.image_token_range(plan.target), coupling='maximal', old_tokens=old_chain,
+        protocol.image_token_range(plan.target),
+        coupling='maximal' if self.adaptive_continuation else 'none', old_tokens=old_chain,
         old_probs=drafts.probs)
     sibling_law = probs[:, :self.depth]
     if self.sibling_law == 'residual':

@@ -69,6 +69,9 @@ SJD_PAC_CASES = (
     ('sjd_pac_residual_support_used_up', decode.JacobiPAC(3, 3, 2, 'random',
                                                           sibling_law='residual'),
      logits.Sampling(top_k=2)),
+    # Proactive drafting alone (the chain re-drafted without the coupling).
+    ('sjd_pac_no_continuation', decode.JacobiPAC(3, 3, 2, 'random', adaptive_continuation=False),
+     logits.Sampling()),
     # Sharper laws: the residual siblings' negative control below fails here.
     ('sjd_pac_residual_sharp', decode.JacobiPAC(3, 3, 2, 'random', sibling_law='residual'),
      logits.Sampling(temperature=0.5)),
@@ -314,6 +317,8 @@ class SjdPacValidationTest(parameterized.TestCase):
       ('sjd_pac_depth_past_window', dict(depth=3), r'JacobiPAC.depth must be in \[1, '),
       ('sjd_pac_float_branches', dict(branches=2.5), 'branches'),
       ('sjd_pac_bad_init', dict(init='zeros'), r"JacobiPAC.init must be 'random' or"),
+      ('sjd_pac_bad_continuation', dict(adaptive_continuation='yes'),
+       r"JacobiPAC.adaptive_continuation must be True or False, got 'yes'"),
       ('sjd_pac_bad_sibling_law', dict(sibling_law='stale'),
        r"JacobiPAC.sibling_law must be one of \('residual', 'target'\), got 'stale'"),
   )
