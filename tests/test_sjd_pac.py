@@ -3,9 +3,11 @@
 Whole loop: the joint law of the generated tokens on the Markov toy target
 equals the exact law (chi-square over the V**n = 64 sequences, N = 2**14
 images, p > 1e-4; power as tests/test_decode.py: any TV distance >= 0.04 is
-rejected with probability >= 0.99), with siblings from the residual (the
-default) and from the target, and a broken proactive draft (greedy siblings,
-which the sibling renormalisation does not describe) fails it.
+rejected with probability >= 0.99), with siblings from the target's law (the
+default) and from the residual, and with the chain re-drafted without the
+coupling; broken proactive drafts (greedy siblings, which the sibling
+renormalisation does not describe; residual siblings verified as draws from
+the target's law) fail it.
 
 One step: the first token emitted by one proactive level (old draft x ~ o,
 maximal coupling to the new law q, K - 1 siblings without replacement from q
