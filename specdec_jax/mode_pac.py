@@ -228,7 +228,7 @@ class JacobiPAC(mode_base.Mode):
     tokens, probs = jacobi_drafts.jacobi_fresh(uniforms, self.slots, plan.target.vocab_size,
                                           self.init, first,
                                           protocol.image_token_range(plan.target))
-    return self._with_siblings(tokens, probs, probs[:, :self.depth], uniforms), 0
+    return self._with_siblings(tokens, probs, None, uniforms), 0
 
   def verify(self, plan, rule, uniforms, window, drafts, target_probs, cache, start):
     tree, rule = self.tree, rules_lib.jacobi_rule(rule, self.relax_fresh_drafts)
@@ -260,26 +260,29 @@ class JacobiPAC(mode_base.Mode):
         protocol.image_token_range(plan.target),
         coupling='maximal' if self.adaptive_continuation else 'none', old_tokens=old_chain,
         old_probs=drafts.probs)
-    sibling_law = probs[:, :self.depth]
+    residual = None  # 'target': the siblings come from the main draft's law
     if self.sibling_law == 'residual':
       has_old, old_index = jacobi_drafts.old_draft_slots(verdict.num_accepted, self.window)
       old_law = jnp.take_along_axis(drafts.probs, old_index[:, :self.depth, None], axis=1)
-      sibling_law = jnp.where(has_old[:, :self.depth, None],
-                              resampling.standard_residual(old_law, sibling_law), sibling_law)
-    return self._with_siblings(tokens, probs, sibling_law, uniforms), 0
+      main_law = probs[:, :self.depth]
+      residual = jnp.where(has_old[:, :self.depth, None],
+                           resampling.standard_residual(old_law, main_law), main_law)
+    return self._with_siblings(tokens, probs, residual, uniforms), 0
 
-  def _with_siblings(self, chain_tokens, chain_probs, sibling_law, uniforms) -> PACDrafts:
-    """Chain drafts int32[B, W-1], their laws f32[B, W-1, V] and the first D levels'
-    sibling laws f32[B, D, V] -> the tree's drafts, the siblings drawn with the last
-    D * (K - 1) of uniforms f32[B, draft_uniforms]. A sibling law with no mass
-    besides the main draft falls back to the main draft's own law."""
+  def _with_siblings(self, chain_tokens, chain_probs, residual, uniforms) -> PACDrafts:
+    """Chain drafts int32[B, W-1] and their laws f32[B, W-1, V] -> the tree's drafts,
+    the siblings drawn with the last D * (K - 1) of uniforms f32[B, draft_uniforms]:
+    from the main draft's law, or with sibling_law 'residual' from `residual`
+    f32[B, D, V] (None at the first step: no old drafts), falling back to the main
+    draft's law where that has no mass besides the main draft."""
     levels, extra = self.depth, self.branches - 1
     sibling_uniforms = uniforms[:, uniforms.shape[1] - levels * extra:].reshape(-1, levels, extra)
     first, main_law = chain_tokens[:, :levels], chain_probs[:, :levels]
     if self.sibling_law == 'target':
       candidates, sibling_law = draw_siblings(sibling_uniforms, first, main_law), None
     else:
-      candidates, sibling_law = draw_level(sibling_uniforms, first, main_law, sibling_law)
+      candidates, sibling_law = draw_level(sibling_uniforms, first, main_law,
+                                           main_law if residual is None else residual)
     return PACDrafts(tokens=node_tokens(self.tree, candidates, chain_tokens), probs=chain_probs,
                      sibling_probs=sibling_law)
 
