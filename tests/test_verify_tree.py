@@ -105,6 +105,18 @@ class TreeMonteCarloTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'skips sibling'):
       verify.StaticTree.from_paths([(0,), (2,)])
 
+  def test_bad_sibling_probs_are_refused(self):
+    tree, draft_probs, target_probs, _ = tree_setup()
+    node_tokens = jnp.zeros((tree.num_nodes,), jnp.int32)
+    uniforms = jnp.zeros((verify.tree_uniforms(tree),))
+    with self.assertRaisesRegex(ValueError, r"sibling_probs must have draft_probs' shape "
+                                r'\(7, 8\), got \(7, 4\)'):
+      verify.verify_tree_with_uniforms(rules.Lossless(), uniforms, tree, node_tokens,
+                                       draft_probs, target_probs, draft_probs[:, :4])
+    with self.assertRaisesRegex(ValueError, 'sibling_probs rows must sum to 1'):
+      verify.verify_tree_with_uniforms(rules.Lossless(), uniforms, tree, node_tokens,
+                                       draft_probs, target_probs, 2 * draft_probs)
+
 
 def _normalized(mass, fallback):
   total = mass.sum()
