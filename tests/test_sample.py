@@ -275,6 +275,30 @@ class SampleErrorsTest(absltest.TestCase):
     self.assertEqual(pathlib.Path(out_dir, sample_output.SAMPLES).read_bytes(),
                      pathlib.Path(REFERENCE, sample_output.SAMPLES).read_bytes())
 
+  def test_a_folder_from_before_a_new_hyperparameter_continues_at_its_default(self):
+    """The reference folder as an older version wrote it (no hparams.pac_siblings):
+    an upgraded restart with allow_code_change continues it, leaving the images as
+    they were; without it the restart names both changes."""
+    out_dir = os.path.join(_TMP.name, 'before_pac_siblings')
+    shutil.copytree(REFERENCE, out_dir)
+    path = pathlib.Path(out_dir, sample_output.CONFIG)
+    stored = json.loads(path.read_text())
+    del stored['fingerprint']['hparams']['pac_siblings']
+    path.write_text(json.dumps(stored))
+    config = self.config(out_dir=out_dir, fast_compile=True)  # the reference's settings
+    upgraded = dict(sample_output.code_identity(), specdec_jax='9.9.9')
+    with mock.patch.object(sample_output, 'code_identity', return_value=upgraded):
+      with self.assertRaisesRegex(sample_output.FolderMismatchError,
+                                  r"hparams.pac_siblings: not in the folder -> 'target'"):
+        sample.run(config)
+      config.allow_code_change = True
+      sample.run(config)
+    accepted = json.loads(path.read_text())['accepted_changes']
+    self.assertIn("hparams.pac_siblings: not in the folder -> 'target' (now, its default)",
+                  accepted[0])
+    self.assertEqual(pathlib.Path(out_dir, sample_output.SAMPLES).read_bytes(),
+                     pathlib.Path(REFERENCE, sample_output.SAMPLES).read_bytes())
+
   def test_every_preset_passes_and_every_field_is_checked(self):
     for preset in (sample_fashion, sample_llamagen_c2i):
       cli.check_fields(preset.get_config(), sample.CONFIG_CHECKS)

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 from unittest import mock
@@ -217,6 +218,36 @@ class OutputTest(absltest.TestCase):
     self.assertEqual(stored['fingerprint'], fingerprint)  # the folder's first code
     self.assertEqual(stored['accepted_changes'],
                      [["code.specdec_jax: '0.1.0' (folder) -> '0.2.0' (now)"]])
+
+  def test_a_setting_added_by_newer_code_is_accepted_only_at_its_default(self):
+    """A folder written before a hyperparameter existed lacks it: with the code's change
+    allowed and the setting at its default it continues (recorded); otherwise refused."""
+    old = dict(method='sjd_pac', hparams=dict(pac_depth=2), code=dict(specdec_jax='0.1.0'))
+    sample_output.write_json(os.path.join(self.out, sample_output.CONFIG),
+                             dict(fingerprint=old))
+    new = dict(old, hparams=dict(pac_depth=2, pac_siblings='target'),
+               code=dict(specdec_jax='0.2.0'))
+    defaults = dict(method='eagle', hparams=dict(pac_depth=2, pac_siblings='target'))
+    added = "hparams.pac_siblings: not in the folder -> 'target' (now"
+    with self.assertRaisesRegex(sample_output.FolderMismatchError, re.escape(added)):
+      sample_output.check_folder(self.out, new, defaults=defaults)  # code not tolerated
+    with self.assertRaisesRegex(sample_output.FolderMismatchError, re.escape(added)):
+      sample_output.check_folder(self.out, new, ('code',))  # no defaults to compare with
+    residual = dict(new, hparams=dict(pac_depth=2, pac_siblings='residual'))
+    with self.assertRaisesRegex(sample_output.FolderMismatchError, re.escape(
+        "hparams.pac_siblings: not in the folder -> 'residual' (now)")):
+      sample_output.check_folder(self.out, residual, ('code',), defaults=defaults)
+    self.assertTrue(sample_output.check_folder(self.out, new, ('code',), record=True,
+                                               defaults=defaults))
+    stored = json.loads(pathlib.Path(self.out, sample_output.CONFIG).read_text())
+    self.assertEqual(stored['fingerprint'], old)  # the folder's own settings stay
+    self.assertEqual(stored['accepted_changes'], [[
+        "code.specdec_jax: '0.1.0' (folder) -> '0.2.0' (now)",
+        "hparams.pac_siblings: not in the folder -> 'target' (now, its default)"]])
+    dropped = dict(old, hparams={}, code=dict(specdec_jax='0.2.0'))
+    with self.assertRaisesRegex(sample_output.FolderMismatchError,
+                                re.escape('hparams.pac_depth: 2 (folder) -> not in this run')):
+      sample_output.check_folder(self.out, dropped, ('code',), defaults=defaults)
 
   def test_code_identity_names_this_package_and_jax(self):
     identity = sample_output.code_identity()

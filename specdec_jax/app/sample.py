@@ -69,10 +69,15 @@ def check_config(config) -> None:
   sample_model.check_model_config(config.model)
 
 
+def settings(config) -> dict:
+  """The config's fields that go into the fingerprint as they are."""
+  return {k: v for k, v in config.to_dict().items()
+          if k not in NOT_IN_FINGERPRINT + ('classes', 'prompts', 'model')}
+
+
 def fingerprint(config, identity: dict, conditions: sample_model.Conditions) -> dict:
   """What the images depend on; a restart into the folder must match it."""
-  fields = {k: v for k, v in config.to_dict().items()
-            if k not in NOT_IN_FINGERPRINT + ('classes', 'prompts')}
+  fields = settings(config)
   fields['model'] = identity  # checkpoint metadata hashes, not paths
   fields['conditions'] = conditions.identity  # the classes, or the prompt file's hash
   fields['platform'] = jax.default_backend()  # float results differ across backends
@@ -220,8 +225,9 @@ def prepare_folder(config, fingerprint_: dict) -> list[int]:
   """
   out_dir, first = config.out_dir, jax.process_index() == 0
   tolerated = ('code',) if config.allow_code_change else ()
-  restart = sample_output.check_folder(out_dir, fingerprint_, tolerated,
-                                       record=first)  # every process: same error
+  # With another version's folder, a setting added since is accepted at its default.
+  restart = sample_output.check_folder(out_dir, fingerprint_, tolerated, record=first,
+                                       defaults=settings(sample_fashion.get_config()))
   multihost_utils.sync_global_devices('sample: folder checked')
   ranges = chunk_ranges(config)
   done = np.zeros((len(ranges),), bool)

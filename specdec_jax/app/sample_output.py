@@ -95,17 +95,53 @@ def code_identity() -> dict:
 
 
 def differences(old, new, prefix: str = '') -> list[str]:
-  """'key: old -> new' for every leaf that differs between two nested dicts."""
+  """'key: old -> new' for every leaf that differs between two nested dicts (a key
+  only one of them has: 'not in the folder' or 'not in this run')."""
   if isinstance(old, dict) and isinstance(new, dict):
     out = []
     for key in sorted(set(old) | set(new)):
-      out += differences(old.get(key), new.get(key), f'{prefix}{key}.')
+      if key not in old:
+        out.append(f'{prefix}{key}: not in the folder -> {new[key]!r} (now)')
+      elif key not in new:
+        out.append(f'{prefix}{key}: {old[key]!r} (folder) -> not in this run')
+      else:
+        out += differences(old[key], new[key], f'{prefix}{key}.')
     return out
   return [] if old == new else [f'{prefix[:-1]}: {old!r} (folder) -> {new!r} (now)']
 
 
+def settings_added_at_default(stored: dict, fingerprint: dict, defaults: dict,
+                              prefix: str = '') -> tuple[dict, list[str]]:
+  """The folder's fingerprint completed with the settings a later version added.
+
+  A setting the folder's fingerprint lacks but this one has (a hyperparameter
+  added since the folder was written) is taken as the folder's when this run
+  holds it at its default: the library adds a setting with the default that
+  keeps what the code did before it. At another value it stays missing, so it
+  is reported as a difference.
+
+  Args:
+    stored: the folder's fingerprint; fingerprint: this run's; defaults: the
+      settings of a default configuration (nested dicts, JSON values).
+  Returns:
+    (stored with those settings added, 'key: ...' lines naming them).
+  """
+  completed, added = dict(stored), []
+  for key, value in fingerprint.items():
+    default = defaults.get(key) if isinstance(defaults, dict) else None
+    if key not in stored:
+      if key in defaults and value == default:
+        completed[key] = value
+        added.append(f'{prefix}{key}: not in the folder -> {value!r} (now, its default)')
+    elif isinstance(stored[key], dict) and isinstance(value, dict) and isinstance(default, dict):
+      completed[key], more = settings_added_at_default(stored[key], value, default,
+                                                       f'{prefix}{key}.')
+      added += more
+  return completed, added
+
+
 def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
-                 record: bool = False) -> bool:
+                 record: bool = False, defaults: dict | None = None) -> bool:
   """Raises FolderMismatchError unless the folder is new or has this fingerprint.
 
   Args:
@@ -113,6 +149,10 @@ def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
       of refused.
     record: append those differences to config.json's `accepted_changes`
       (one process does).
+    defaults: the fingerprint's settings in a default configuration. With
+      'code' tolerated, settings the folder lacks are accepted at these
+      defaults (`settings_added_at_default`), logged and recorded with the
+      code's change.
   Returns:
     True when the folder already holds a config.json (a restart).
   """
@@ -128,16 +168,19 @@ def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
                               '--config.out_dir.') from None
   # A JSON round trip turns tuples into lists, so compare like with like.
   fingerprint = json.loads(json.dumps(fingerprint, default=str))
-  changed = [d for key in sorted(set(stored) | set(fingerprint)) if key not in tolerated
-             for d in differences({key: stored.get(key)}, {key: fingerprint.get(key)})]
+  added = []
+  if 'code' in tolerated and defaults is not None:
+    stored, added = settings_added_at_default(
+        stored, fingerprint, json.loads(json.dumps(defaults, default=str)))
+  part = lambda d, keep: {k: v for k, v in d.items() if (k in tolerated) == keep}
+  changed = differences(part(stored, False), part(fingerprint, False))
   if changed:
     raise FolderMismatchError(
         f'{out_dir} holds images of another configuration; what differs:\n  '
         + '\n  '.join(changed)
         + '\nWrite to a new --config.out_dir, rerun with the folder\'s values '
         f'(see {path}), or delete the folder to start over.')
-  accepted = differences({k: stored.get(k) for k in tolerated},
-                         {k: fingerprint.get(k) for k in tolerated})
+  accepted = differences(part(stored, True), part(fingerprint, True)) + added
   if accepted:
     logging.warning('%s: continuing a set made by other code (%s); its images may differ '
                     'from what this code gives.', out_dir, '; '.join(accepted))
