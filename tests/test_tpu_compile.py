@@ -36,7 +36,10 @@ from specdec_jax.models import llamagen
 TOPOLOGY = 'v5e:2x2'
 TREE = verify.StaticTree.from_paths(((0,), (1,), (0, 0)))
 MODES = {'vanilla': decode.Vanilla(), 'chain_eagle': decode.ChainDraft(2, 'eagle'),
-         'tree_eagle': decode.TreeDraft(TREE, 'eagle'), 'jacobi': decode.Jacobi(3)}
+         'tree_eagle': decode.TreeDraft(TREE, 'eagle'), 'jacobi': decode.Jacobi(3),
+         'scd': decode.Jacobi(3, 'spatial', coupling='maximal'),
+         'sjd_pac': decode.JacobiPAC(3, branches=2, depth=1, init='spatial'),
+         'eagle2': decode.DynamicTreeDraft(6, 3, 2, 'eagle', drafts='sampled')}
 
 
 def _devices_or_skip_reason():
@@ -201,7 +204,7 @@ class TpuCompileTest(parameterized.TestCase):
     target, drafter = _tiny()
     params = lib.abstract_params(target, self.mesh, sharding.LLAMA_RULES)
     draft = draft_params = None
-    if isinstance(mode, (decode.ChainDraft, decode.TreeDraft)):
+    if isinstance(mode, (decode.ChainDraft, decode.TreeDraft, decode.DynamicTreeDraft)):
       draft = drafter
       draft_params = lib.abstract_params(drafter, self.mesh, sharding.LLAMA_RULES)
     cond = jnp.array([3, 10], jnp.int32)  # one image with CFG: [cond; uncond]
