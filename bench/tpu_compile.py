@@ -92,6 +92,13 @@ MODES = {
 }
 if hasattr(decode, 'DynamicTreeDraft'):  # absent in checkouts before EAGLE-2 (bench/with_tree.py)
   MODES['eagle2'] = decode.DynamicTreeDraft(24, 5, 4, 'eagle', drafts='sampled')
+if hasattr(decode, 'JacobiPAC'):  # absent in checkouts before SCD and SJD-PAC
+  # The main command's Jacobi family (window 4, left-neighbour fresh drafts, K 3, D 2)
+  # and the same at SCD's and SJD-PAC's published window 32.
+  for _window in (4, 32):
+    MODES[f'sjd_w{_window}'] = decode.Jacobi(_window, 'spatial')
+    MODES[f'scd_w{_window}'] = decode.Jacobi(_window, 'spatial', coupling='maximal')
+    MODES[f'sjd_pac_w{_window}'] = decode.JacobiPAC(_window, 3, 2, init='spatial')
 TOPOLOGIES = ('v5e:2x2', 'v5e:2x4', 'v5p:2x2x1', 'v6e:2x2')
 BF16 = jnp.bfloat16
 
