@@ -140,5 +140,8 @@ class DynamicTreeDraft(mode_tree.NodeWindowMode):
 
     path, num_accepted, next_token = jax.vmap(one_image)(
         uniforms, drafts.children, window, drafts.probs, *target_arrays)
-    cache = mode_tree.compact_path(cache, start, path, plan.cfg)
+    # A path holds at most total_tokens nodes, and the cache has room for that many
+    # slots past start: with depth + 2 > total_tokens the path's tail is padding, and
+    # compacting it would write past the room (onto committed slots).
+    cache = mode_tree.compact_path(cache, start, path[:, :self.total_tokens], plan.cfg)
     return mode_base.Verdict(path, num_accepted, next_token), cache

@@ -260,6 +260,15 @@ def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, 
   """
   _check_rank('children', children, 2, 'int [N, C]')
   _check_rank('node_tokens', node_tokens, 1, 'int [N]')
+  rows = {'node_tokens': node_tokens.shape[0]}
+  if draft_probs is not None:
+    _check_rank('draft_probs', draft_probs, 2, '[N, V]')
+    rows['draft_probs'] = draft_probs.shape[0]
+  if any(n != children.shape[0] for n in rows.values()):
+    raise ValueError(f'verify_dynamic_tree: children has {children.shape[0]} rows (N nodes, '
+                     f'root included) but got {rows} rows.')
+  if draft_probs is not None:
+    check_probs('draft_probs', draft_probs)
   expected = (max_depth * children.shape[1] + 1,)
   if jnp.shape(uniforms) != expected:
     raise ValueError(f'verify_dynamic_tree: uniforms must be [D * C + 1] = [{expected[0]}], '

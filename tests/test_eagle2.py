@@ -82,6 +82,23 @@ class Eagle2ExactnessTest(parameterized.TestCase):
       decode.clear_compile_cache()
     return _chi_square_pvalue(tokens, TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling))
 
+  def test_eagle2_depth_past_the_node_budget_keeps_the_target_law(self):
+    """depth + 2 > total_tokens: a path holds at most total_tokens nodes, and only
+    those slots may be compacted (moving all depth + 2 overran the cache's room past
+    the row and overwrote its class token: p = 0). GridToy(width 2) reads the class
+    token at every row start, which the Markov toy above does not."""
+    target = drafter = toy.GridToy(VOCAB, CLASSES, width=2)
+    params = target.init_params(jax.random.key(0))
+    sampling, num_tokens = logits.Sampling(), 4
+    result = decode.generate(
+        target, params, np.zeros((2 ** 13,), np.int32), num_tokens=num_tokens,
+        key=jax.random.key(7), mode=decode.DynamicTreeDraft(2, depth=5, top_k=1,
+                                                             drafter='model'),
+        sampling=sampling, rule=rules.Lossless(), draft=drafter,
+        draft_params=drafter.init_params(jax.random.key(1)), compiler_options=FAST)
+    law = target.joint_law(params, 0, num_tokens, sampling)
+    self.assertGreater(_chi_square_pvalue(np.asarray(result.tokens), law), P_THRESHOLD)
+
   def test_eagle2_ancestors_hidden_fails(self):
     """Negative control: a tree mask where each node sees only itself (the target then
     predicts the next token of every draft from the wrong context)."""
@@ -165,6 +182,23 @@ class Eagle2DynamicTreeVerifyTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'uniforms must be \[D \* C \+ 1\] = \[4\]'):
       verify.verify_dynamic_tree_with_uniforms(rules.Lossless(), uniforms[0, :3], children, 1,
                                                node_tokens, lambda node: target)
+
+  def test_eagle2_bad_verify_inputs_are_refused(self):
+    """Rows that do not match the tree, and draft laws that are not distributions."""
+    children = jnp.asarray([[1, 2]] + [[-1, -1]] * 2, jnp.int32)
+    tokens, law = jnp.asarray([0, 1, 2], jnp.int32), jnp.full((3, 4), 0.25)
+    verify_ = lambda tokens, draft_probs: verify.verify_dynamic_tree_with_uniforms(
+        rules.Lossless(), jnp.zeros((3,)), children, 1, tokens, lambda node: law[node],
+        draft_probs)
+    verify_(tokens, law)  # well formed
+    verify_(tokens, None)  # deterministic siblings
+    rows = r'children has 3 rows \(N nodes, root included\) but got'
+    with self.assertRaisesRegex(ValueError, rows + r" \{'node_tokens': 2\}"):
+      verify_(tokens[:2], None)
+    with self.assertRaisesRegex(ValueError, rows + r".*'draft_probs': 4"):
+      verify_(tokens, jnp.full((4, 4), 0.25))
+    with self.assertRaisesRegex(ValueError, 'draft_probs has negative entries.*not logits'):
+      verify_(tokens, jnp.log(law))
 
 
 class Eagle2DraftingTest(absltest.TestCase):
