@@ -100,6 +100,10 @@ def continuation(tree: verify.StaticTree) -> np.ndarray:
   return table
 
 
+# The most nodes a JacobiPAC verify tree may have: the tree grows as branches**depth, and
+# its forward, N x N mask and N cache slots per step grow with it.
+MAX_TREE_NODES = 1024
+
 # The law a branching level's candidates after the first are drawn from (`JacobiPAC`).
 SIBLING_LAWS = ('residual', 'target')
 
@@ -216,6 +220,13 @@ class JacobiPAC(mode_base.Mode):
     if not 1 <= self.depth <= self.window - 1:
       raise ValueError(f'generate: JacobiPAC.depth must be in [1, window-1={self.window - 1}] '
                        f'(the draft positions that branch), got {self.depth}.')
+    nodes = sum(self.branches**d for d in range(1, self.depth + 1)) + self.window - self.depth
+    if nodes > MAX_TREE_NODES:
+      raise ValueError(
+          f'generate: JacobiPAC(window={self.window}, branches={self.branches}, '
+          f'depth={self.depth}) verifies {nodes} tree nodes per target forward (branches + '
+          f'... + branches**depth + window - depth), more than {MAX_TREE_NODES}; use fewer '
+          'branches or a smaller depth (the released default, 3 and 2, is 12 + window - 2).')
 
   def layout(self, drafts):
     """The static tree of every image: ancestor mask bool[T, T], depths int32[T]

@@ -7,7 +7,10 @@ rejected with probability >= 0.99), with siblings from the target's law (the
 default) and from the residual, and with the chain re-drafted without the
 coupling; broken proactive drafts (greedy siblings, which the sibling
 renormalisation does not describe; residual siblings verified as draws from
-the target's law) fail it.
+the target's law) fail it. On five-token images (window 4, 243 sequences,
+N = 2**16) both branching levels, couplings of drawn old drafts and
+continuations from sibling nodes are used; there level 2's siblings tested
+against level 1's law fail.
 
 One step: the first token emitted by one proactive level (old draft x ~ o,
 maximal coupling to the new law q, K - 1 siblings without replacement from q
@@ -45,7 +48,9 @@ from specdec_jax import verify
 from specdec_jax.app import generate as generate_app
 from specdec_jax.app import cli
 from specdec_jax.app import methods as methods_lib
+from specdec_jax.app import toy
 from specdec_jax.configs import generate as generate_config
+from specdec_jax.models import tiny
 from tests.decode_support import NUM_TOKENS
 from tests.decode_support import P_THRESHOLD
 from tests.decode_support import TARGET
@@ -109,6 +114,70 @@ class SjdPacExactnessTest(parameterized.TestCase):
     mode = decode.JacobiPAC(3, branches=3, depth=2, init='random', sibling_law='residual')
     pvalue = _joint_pvalue_with('draw_level', _told_main_law, mode,
                                 logits.Sampling(temperature=0.5))
+    self.assertLess(pvalue, P_THRESHOLD)
+
+
+# Five-token images on a 3-token Markov toy, window 4 (N = 2**16 images, V**n = 243
+# sequences): later steps verify trees whose siblings have mass at both branching
+# levels, couple non-point-mass old drafts and continue from sibling nodes, none of
+# which the 3-token cases above reach (their first step verifies point-mass fresh
+# drafts only). Chi-square p > 1e-4 over 242 degrees of freedom rejects a law whose
+# chi-square divergence from the exact one is >= 2.75e-3 (noncentrality 180) with
+# probability >= 0.99.
+LONG_TARGET = toy.MarkovToy(3, 2)
+LONG_TOKENS = 5
+SJD_PAC_LONG_CASES = (
+    ('sjd_pac_long_target', decode.JacobiPAC(4, 3, 2), logits.Sampling()),
+    ('sjd_pac_long_residual_sharp', decode.JacobiPAC(4, 3, 2, sibling_law='residual'),
+     logits.Sampling(temperature=0.5)),
+    ('sjd_pac_long_deep_spatial_cfg', decode.JacobiPAC(5, 2, 4, 'spatial'),
+     logits.Sampling(cfg_scale=1.5)),
+)
+
+
+def _long_pvalue(mode, sampling) -> tuple[float, float]:
+  """(joint-law p-value, tokens per target forward) on the five-token toy."""
+  params = LONG_TARGET.init_params(jax.random.key(0), scale=1.0)
+  ids = jnp.zeros((2 ** 16,), jnp.int32)
+  cond = tiny.cfg_class_rows(ids, 2) if sampling.uses_cfg else ids
+  result = decode.generate(LONG_TARGET, params, cond, num_tokens=LONG_TOKENS,
+                           key=jax.random.key(7), mode=mode, sampling=sampling,
+                           rule=rules.Lossless(), compiler_options=decode.FAST_COMPILE)
+  law = LONG_TARGET.joint_law(params, 0, LONG_TOKENS, sampling)
+  pvalue = _chi_square_pvalue(np.asarray(result.tokens), law, vocab=3)
+  return pvalue, float(result.metrics.summary()['tokens_per_target_forward'])
+
+
+def _level_one_sibling_laws(self, plan, rule, uniforms, window, drafts, target_probs, cache,
+                            start):
+  """A broken JacobiPAC.verify: every branching level's later siblings are tested
+  against level 1's sibling law."""
+  level_one = drafts.replace(sibling_probs=drafts.sibling_probs[:, :1].repeat(self.depth, 1))
+  return ORIGINAL_VERIFY(self, plan, rule, uniforms, window, level_one, target_probs, cache,
+                         start)
+
+
+ORIGINAL_VERIFY = mode_pac.JacobiPAC.verify
+
+
+class SjdPacLongImageTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*SJD_PAC_LONG_CASES)
+  def test_sjd_pac_long_images_joint_law_matches_target(self, mode, sampling):
+    pvalue, tokens_per_forward = _long_pvalue(mode, sampling)
+    self.assertGreater(pvalue, P_THRESHOLD, f'{mode}: p = {pvalue:.3g}')
+    self.assertGreater(tokens_per_forward, 1.5)
+
+  def test_sjd_pac_long_images_level_two_told_level_one_law_fail(self):
+    """Negative control on 'sjd_pac_long_residual_sharp': level 2's residual
+    siblings verified against level 1's law (the 3-token cases cannot see this)."""
+    mode, sampling = SJD_PAC_LONG_CASES[1][1:]
+    with mock.patch.object(mode_pac.JacobiPAC, 'verify', _level_one_sibling_laws):
+      decode.clear_compile_cache()
+      try:
+        pvalue, _ = _long_pvalue(mode, sampling)
+      finally:
+        decode.clear_compile_cache()
     self.assertLess(pvalue, P_THRESHOLD)
 
 
@@ -323,6 +392,8 @@ class SjdPacValidationTest(parameterized.TestCase):
        r"JacobiPAC.adaptive_continuation must be True or False, got 'yes'"),
       ('sjd_pac_bad_sibling_law', dict(sibling_law='stale'),
        r"JacobiPAC.sibling_law must be one of \('residual', 'target'\), got 'stale'"),
+      ('sjd_pac_tree_too_large', dict(branches=32, depth=2),
+       r'verifies 1057 tree nodes per target forward .* more than 1024; use fewer branches'),
   )
   def test_sjd_pac_bad_fields_are_refused_before_compiling(self, fields, message):
     mode = decode.JacobiPAC(**{**dict(window=3, branches=2, depth=1), **fields})
