@@ -35,6 +35,7 @@ from specdec_jax import verify
 from specdec_jax.app import toy
 from tests.decode_support import VOCAB
 from tests.decode_support import CLASSES
+from tests.decode_support import NUM_SAMPLES
 from tests.decode_support import NUM_TOKENS
 from tests.decode_support import P_THRESHOLD
 from tests.decode_support import TREE
@@ -167,8 +168,9 @@ class ExactnessTest(parameterized.TestCase):
 
 
 class ScdGumbelJointLawTest(parameterized.TestCase):
-  """SCD's Gumbel coupling over 5 tokens (V**5 = 1024 sequences, N = 2**14 images,
-  chi-square threshold 1e-4): on 3 tokens at most one Gumbel draft is ever
+  """SCD over 5 tokens, its maximal coupling (N = 2**16) and its Gumbel one (V**5 =
+  1024 sequences, N = 2**14 images, chi-square threshold 1e-4): on 3 tokens at
+  most one coupled draft of a drawn old draft is verified, and at most one Gumbel draft is ever
   verified per image, so mistakes in which token gets which Gumbel numbers
   only show on longer images. Negative controls that must fail (p < 1e-25 when
   written): one set of numbers for every token of an image, and numbers indexed
@@ -178,8 +180,8 @@ class ScdGumbelJointLawTest(parameterized.TestCase):
 
   NUM_TOKENS = 5
 
-  def _pvalue(self, mode, sampling):
-    result = _run(mode, sampling, num_tokens=self.NUM_TOKENS)
+  def _pvalue(self, mode, sampling, num_images=NUM_SAMPLES):
+    result = _run(mode, sampling, num_tokens=self.NUM_TOKENS, num_images=num_images)
     law = TARGET.joint_law(_params()[0], 0, self.NUM_TOKENS, sampling)
     counts = testing.histogram(testing.sequence_index(np.asarray(result.tokens), VOCAB), law.size)
     return testing.chi_square_pvalue(counts, law)[0], result
@@ -192,6 +194,26 @@ class ScdGumbelJointLawTest(parameterized.TestCase):
     p_value, result = self._pvalue(mode, sampling)
     self.assertGreater(p_value, P_THRESHOLD)
     self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
+
+  @parameterized.named_parameters(
+      ('random', decode.Jacobi(4, 'random', coupling='maximal'), logits.Sampling()),
+      ('spatial_cfg', decode.Jacobi(4, 'spatial', coupling='maximal'),
+       logits.Sampling(cfg_scale=1.5)))
+  def test_scd_maximal_joint_law_over_five_tokens(self, mode, sampling):
+    """The maximal coupling of drafts that were themselves drawn from a stale law (on
+    3 tokens every coupled old draft is a fresh one), N = 2**16 images."""
+    p_value, result = self._pvalue(mode, sampling, num_images=2 ** 16)
+    self.assertGreater(p_value, P_THRESHOLD)
+    self.assertGreater(float(result.metrics.summary()['tokens_per_target_forward']), 1.05)
+
+  def test_scd_released_recording_fails_over_five_tokens(self):
+    """Negative control: the released recording (q_old for a kept draft) with 'random'
+    fresh drafts, which passes on 3 tokens (p = 0.55 there) and at 2**14 images here;
+    at 2**16 p = 7e-20 when written."""
+    with scd_recording.released_recording():
+      p_value, _ = self._pvalue(decode.Jacobi(4, 'random', coupling='maximal'),
+                                logits.Sampling(), num_images=2 ** 16)
+    self.assertLess(p_value, P_THRESHOLD)
 
   @parameterized.named_parameters(
       ('shared_numbers', lambda index: jnp.zeros_like(index)),
