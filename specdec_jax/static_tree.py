@@ -89,6 +89,22 @@ class StaticTree:
     return tuple(counts)
 
   @property
+  def chain_tail(self) -> np.ndarray:
+    """int32[L]: the nodes of the deepest levels that hold one node each, shallowest
+    first (each the only child of the one before; [] when the deepest level holds
+    several). Verification tests them at once, as a chain (SJD-PAC's main chain
+    past its branching levels)."""
+    by_depth = [[] for _ in range(self.max_depth + 1)]
+    for node, depth in enumerate(self.depths):
+      by_depth[depth].append(node)
+    tail = []
+    for depth in range(self.max_depth, 0, -1):
+      if len(by_depth[depth]) != 1:
+        break
+      tail.insert(0, by_depth[depth][0])
+    return np.array(tail, np.int32)
+
+  @property
   def children(self) -> np.ndarray:
     table = -np.ones((self.num_nodes, self.max_children), np.int32)
     for node, (parent, sibling) in enumerate(zip(self.parents, self.sibling_index)):

@@ -224,7 +224,8 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
     raise ValueError(f'verify_tree: uniforms must be [D * C + 1] = [{tree_uniforms(tree)}], '
                      f'got {jnp.shape(uniforms)}.')
   return _walk_tree(rule, uniforms, jnp.asarray(tree.children), tree.max_depth, node_tokens,
-                    draft_probs, target_at, tree.children_per_depth, sibling_probs)
+                    draft_probs, target_at, tree.children_per_depth, sibling_probs,
+                    tail=(tree.chain_tail, tree.parents[tree.chain_tail]))
 
 
 def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, node_tokens,
@@ -277,7 +278,7 @@ def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, 
 
 
 def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_probs, target_at,
-               children_per_depth=None, sibling_probs=None):
+               children_per_depth=None, sibling_probs=None, tail=None):
   """The tree walk shared by static trees (siblings drawn without replacement
   from draft_probs [N, V], the later ones from sibling_probs [N, V] if given)
   and deterministic trees (draft_probs None: each sibling's law is a point
@@ -285,16 +286,20 @@ def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_prob
 
   children_per_depth: static (c_1, ..., c_D), siblings tested at depth d (a static
   tree's; tests beyond find no child and change nothing), default C each.
+  tail: static (nodes int32[L], their parents int32[L]), a static tree's
+  `chain_tail` (with draft_probs): its L deepest levels are tested at once
+  (`_test_chain_tail`), which gives the same verdict and draws as walking them.
   """
   max_children = children.shape[1]
   if children_per_depth is None:
     children_per_depth = (max_children,) * max_depth
+  tail_length = 0 if tail is None or draft_probs is None else len(tail[0])
   node = jnp.int32(0)
   target = target_at(jnp.int32(0))
   vocab = target.shape[-1]
   stopped = jnp.bool_(False)
   path = -jnp.ones((max_depth + 1,), jnp.int32).at[0].set(0)
-  for depth in range(1, max_depth + 1):
+  for depth in range(1, max_depth + 1 - tail_length):
     if draft_probs is not None:
       draft = draft_probs[node]
       later = draft if sibling_probs is None else sibling_probs[node]  # siblings 1, 2, ...
@@ -328,5 +333,38 @@ def _walk_tree(rule, uniforms, children, max_depth: int, node_tokens, draft_prob
     target = jnp.where(descend, target_at(jnp.maximum(accepted_child, 0)), target)
     path = path.at[depth].set(jnp.where(descend, accepted_child, -1))
     stopped = stopped | ~descend
+  if tail_length:
+    path, target = _test_chain_tail(rule, uniforms, max_children, tail, node_tokens,
+                                    draft_probs, target_at, node, stopped, path, target)
   num_accepted = jnp.sum(path[1:] >= 0).astype(jnp.int32)
   return path, num_accepted, categorical.sample(uniforms[-1], target)
+
+
+def _test_chain_tail(rule, uniforms, max_children: int, tail, node_tokens, draft_probs,
+                     target_at, node, stopped, path, target):
+  """The walk over a tree's chain tail, all L tests at once: the tail is reached
+  when the walk stands on its first node's parent; then node j (depth first + j)
+  passes if its token has mass under its parent's draft law (it is its parent's
+  only child, sibling 0) and its uniform is below the rule's acceptance, and the
+  walk accepts the passing prefix. At the first failing node the next token's law
+  is the rule's residual (a rejection) or the parent's target law (a token of no
+  draft mass is not tested); past the last node, the last node's target law.
+  Returns (path int32[D+1], target f32[V]) as the node-by-node walk leaves them.
+  """
+  nodes, parents = (np.asarray(a, np.int32) for a in tail)
+  length, first = len(nodes), path.shape[0] - len(nodes)
+  depths = np.arange(first, first + length, dtype=np.int32)
+  tokens = node_tokens[nodes]
+  drafts = draft_probs[parents]  # [L, V]
+  targets = jax.vmap(target_at)(jnp.asarray(parents))  # [L, V]
+  has_mass = jnp.take_along_axis(drafts, tokens[:, None], axis=1)[:, 0] > 0
+  accept_prob = jax.vmap(rule.accept_prob_at)(drafts, targets, jnp.asarray(depths), tokens)
+  passed = has_mass & (uniforms[(depths - 1) * max_children] < accept_prob)
+  reached = ~stopped & (node == parents[0])
+  count = jnp.where(reached, jnp.sum(jnp.cumprod(passed.astype(jnp.int32))), 0)
+  path = path.at[first:].set(jnp.where(jnp.arange(length) < count, nodes, -1))
+  stop = jnp.minimum(count, length - 1)
+  residual = rule.residual(drafts[stop], targets[stop], stop + first, tokens[stop])
+  at_stop = jnp.where(has_mass[stop], residual, targets[stop])
+  final = jnp.where(count == length, target_at(jnp.int32(nodes[-1])), at_stop)
+  return path, jnp.where(reached, final, target)

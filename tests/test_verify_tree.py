@@ -234,6 +234,55 @@ class ChildrenPerDepthTest(absltest.TestCase):
     self.assertFalse(np.array_equal(np.asarray(cut[0]), np.asarray(every[0])))
 
 
+class ChainTailTest(parameterized.TestCase):
+  """A static tree's chain tail (its deepest levels of one node each, SJD-PAC's
+  main chain past its branching levels) is tested at once; the paths, counts and
+  next tokens must equal the node-by-node walk's bit for bit."""
+
+  TREES = {
+      'sjd_pac_w8': ((0,), (1,), (2,)) + tuple((i, j) for i in range(3) for j in range(3))
+                    + tuple((0,) * n for n in range(3, 8)),
+      'chain': tuple((0,) * n for n in range(1, 6)),
+      'tail_under_a_sibling_level': ((0,), (1,), (0, 0), (0, 0, 0), (0, 0, 0, 0)),
+  }
+
+  def test_chain_tail_nodes(self):
+    tail = lambda name: verify.StaticTree.from_paths(self.TREES[name]).chain_tail.tolist()
+    self.assertEqual(tail('sjd_pac_w8'), [13, 14, 15, 16, 17])
+    self.assertEqual(tail('chain'), [1, 2, 3, 4, 5])
+    self.assertEqual(tail('tail_under_a_sibling_level'), [3, 4, 5])
+    self.assertEqual(verify.StaticTree.from_paths(((0,), (1,), (0, 0), (1, 0))).chain_tail
+                     .tolist(), [])
+
+  @parameterized.product(
+      tree=tuple(TREES),
+      rule=(rules.Lossless(), rules.UniformRelaxed(2.0),
+            rules.CoolSD(delta=2.0, nu=0.2, mu=0.0, floor_at_one=False)))
+  def test_chain_tail_at_once_equals_the_walk(self, tree, rule):
+    tree, vocab, num = verify.StaticTree.from_paths(self.TREES[tree]), 6, 4096
+    keys = jax.random.split(jax.random.key(0), 5)
+    zeroed = jax.random.uniform(keys[0], (num, tree.num_nodes, vocab)) < 0.3
+    draft = jnp.where(zeroed, 0.0, jax.random.dirichlet(keys[1], jnp.ones(vocab),
+                                                         (num, tree.num_nodes)))
+    draft = (draft.at[..., 0].add(1e-3) / (draft.sum(-1, keepdims=True) + 1e-3))
+    target = 0.9 * draft + 0.1 * jax.random.dirichlet(keys[2], jnp.ones(vocab),
+                                                      (num, tree.num_nodes))
+    # Tokens drawn from the parent's draft law, one in five at random (some of no mass).
+    drawn = jax.random.categorical(keys[3], jnp.log(draft[:, np.maximum(tree.parents, 0)]))
+    tokens = jnp.where(jax.random.uniform(keys[4], drawn.shape) < 0.2,
+                       jax.random.randint(keys[4], drawn.shape, 0, vocab), drawn)
+    uniforms = jax.random.uniform(jax.random.key(1), (num, verify.tree_uniforms(tree)))
+    at_once = jax.vmap(lambda u, x, d, t: verify.verify_tree_with_uniforms(
+        rule, u, tree, x, d, t))(uniforms, tokens, draft, target)
+    walked = jax.vmap(lambda u, x, d, t: verify._walk_tree(  # pylint: disable=protected-access
+        rule, u, jnp.asarray(tree.children), tree.max_depth, x, d, lambda node: t[node],
+        tree.children_per_depth))(uniforms, tokens, draft, target)
+    for got, want in zip(at_once, walked):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    counts = np.bincount(np.asarray(at_once[1]), minlength=tree.max_depth + 1)
+    self.assertTrue(np.all(counts > 0), f'some accepted lengths never occur: {counts}')
+
+
 @flax.struct.dataclass
 class TargetResidualOf(rules.Rule):
   """Negative control: `base`'s acceptance, but resampling from the current target."""
