@@ -191,6 +191,11 @@ def jacobi_next(uniforms, target_probs, num_accepted, next_token, init: str,
   if missing:
     raise ValueError(f'jacobi_next: coupling {coupling!r} needs {", ".join(missing)} '
                      f'(see the docstring); pass them, or coupling="none".')
+  needed_uniforms = jacobi_uniforms(window, 'maximal' if coupling == 'maximal' else 'none')
+  if jnp.shape(uniforms)[-1] < needed_uniforms:
+    raise ValueError(f'jacobi_next: coupling {coupling!r} at W={window} reads '
+                     f'{needed_uniforms} uniforms per row (jacobi_uniforms), got '
+                     f'{jnp.shape(uniforms)[-1]}.')
   source = num_accepted[:, None] + 1 + jnp.arange(window - 1)[None, :]  # [B, W-1]
   carried = source <= window - 1
   clipped = jnp.minimum(source, window - 1)

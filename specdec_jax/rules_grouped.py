@@ -56,6 +56,10 @@ class Grouped(Rule):
     if rows != vocab_size:
       raise ValueError(f'Grouped: embeddings has {rows} rows but the vocabulary has '
                        f'V={vocab_size} tokens; pass one embedding row per token id [V, C].')
+    if max(self.below, self.above) >= vocab_size:
+      raise ValueError(f'Grouped: below={self.below} and above={self.above} (tokens ranked '
+                       f'under and over the draft) must be below the vocabulary size '
+                       f'V={vocab_size}; pass smaller ones.')
 
   def _group_ratio(self, draft_probs, target_probs, tokens):
     """min(1, t(A)/d(A)) for tokens int32[...]."""

@@ -148,6 +148,11 @@ class ScdCouplingTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'coupling must be one of'):
       jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
                                 coupling='sinkhorn', old_tokens=old_tokens, old_probs=old_probs)
+    with self.assertRaisesRegex(ValueError, "coupling 'maximal' at W=4 reads 10 uniforms per "
+                                r'row \(jacobi_uniforms\), got 7'):  # the count without coupling
+      jacobi_drafts.jacobi_next(uniforms[:, :7], target, jnp.array([0]), jnp.array([1]),
+                                'random', coupling='maximal', old_tokens=old_tokens,
+                                old_probs=old_probs)
     with self.assertRaisesRegex(ValueError, "coupling 'maximal' needs old_probs"):
       jacobi_drafts.jacobi_next(uniforms, target, jnp.array([0]), jnp.array([1]), 'random',
                                 coupling='maximal', old_tokens=old_tokens)

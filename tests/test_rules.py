@@ -205,6 +205,12 @@ class ValidationTest(parameterized.TestCase):
       rule.check_vocab(8)
     rules.Grouped(embeddings=jnp.zeros((8, 3))).check_vocab(8)
 
+  def test_grouped_group_must_fit_the_vocabulary(self):
+    with self.assertRaisesRegex(ValueError, 'below=7 and above=6 .* must be below the '
+                                'vocabulary size V=4'):
+      rules.Grouped().check_vocab(4)
+    rules.Grouped(below=3, above=3).check_vocab(4)
+
   def test_coolsd_mean_normalised_needs_window(self):
     draft, target = dirichlet_pair(0, 8)
     with self.assertRaisesRegex(ValueError, 'window'):
