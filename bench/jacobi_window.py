@@ -10,7 +10,10 @@ vanilla and each method timed in interleaved rounds (every round runs every
 from the same rounds. The main command's `jacobi_window` is chosen from this.
 --gumbel_scd adds 'scd_gumbel' (SCD with scd_coupling 'gumbel') beside 'scd';
 --inits times each fresh-draft init (configs/generate.py's jacobi_init) in the
-same rounds; --pac_trees adds SJD-PAC with other proactive trees ('sjd_pac_KxD').
+same rounds; --pac_trees adds SJD-PAC with other proactive trees ('sjd_pac_KxD');
+--pac_walk_node_by_node adds 'sjd_pac_node_by_node', SJD-PAC whose verification walks
+its main chain past the tree node by node (the code before e93b9da's tail test:
+the same tokens, other kernels).
 Prints a table and writes JSON.
 """
 
@@ -26,7 +29,11 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # pylint: disable=g-import-not-at-top
+
 from specdec_jax import jacobi_drafts  # pylint: disable=g-import-not-at-top
+from specdec_jax import mode_pac  # pylint: disable=g-import-not-at-top
+from specdec_jax import verify  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
 
@@ -45,6 +52,39 @@ _PAC_TREES = flags.DEFINE_list(
     "drafts), timed after 'sjd_pac' as 'sjd_pac_KxD'.")
 
 
+_NODE_BY_NODE = flags.DEFINE_bool(
+    'pac_walk_node_by_node', False, "Add 'sjd_pac_node_by_node' after 'sjd_pac': its tree "
+    "has no chain tail (verify._walk_tree then tests every level in turn).")
+
+
+class _NodeByNodeTree(verify.StaticTree):
+  """A static tree whose chain tail verification walks node by node."""
+
+  @property
+  def chain_tail(self):
+    return np.zeros((0,), np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NodeByNodePAC(mode_pac.JacobiPAC):
+
+  @property
+  def tree(self):
+    return _NodeByNodeTree(super().tree.paths)
+
+
+def with_node_by_node_pac(methods: list) -> list:
+  """methods with 'sjd_pac_node_by_node' after 'sjd_pac' (the same mode otherwise)."""
+  out = []
+  for method in methods:
+    out.append(method)
+    if method.name == 'sjd_pac':
+      mode = _NodeByNodePAC(**{f.name: getattr(method.mode, f.name)
+                               for f in dataclasses.fields(method.mode)})
+      out.append(dataclasses.replace(method, name='sjd_pac_node_by_node', mode=mode))
+  return out
+
+
 def with_gumbel_scd(methods: list, config, family) -> list:
   """methods with 'scd_gumbel' after 'scd' (the same config, scd_coupling 'gumbel')."""
   gumbel = dataclasses.replace(
@@ -58,7 +98,6 @@ def with_gumbel_scd(methods: list, config, family) -> list:
 def main(argv):
   del argv
   generate_app.use_single_thread_xla()
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import logits  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
@@ -76,6 +115,8 @@ def main(argv):
     if _GUMBEL_SCD.value:
       methods = with_gumbel_scd(methods, config, family)
     methods += methods_lib.pac_tree_variants(config, family, _PAC_TREES.value)
+    if _NODE_BY_NODE.value:
+      methods = with_node_by_node_pac(methods)
     for method in methods:
       if method.name == 'vanilla' and calls:
         continue  # one vanilla reference for every window
