@@ -104,6 +104,12 @@ def continuation(tree: verify.StaticTree) -> np.ndarray:
 # its forward, N x N mask and N cache slots per step grow with it.
 MAX_TREE_NODES = 1024
 
+
+def pac_tree_nodes(window: int, branches: int, depth: int) -> int:
+  """N, the nodes of `pac_tree(window, branches, depth)` (root included), counted
+  without building it: branches + ... + branches**depth + window - depth."""
+  return sum(branches**d for d in range(1, depth + 1)) + window - depth
+
 # The law a branching level's candidates after the first are drawn from (`JacobiPAC`).
 SIBLING_LAWS = ('residual', 'target')
 
@@ -220,7 +226,7 @@ class JacobiPAC(mode_base.Mode):
     if not 1 <= self.depth <= self.window - 1:
       raise ValueError(f'generate: JacobiPAC.depth must be in [1, window-1={self.window - 1}] '
                        f'(the draft positions that branch), got {self.depth}.')
-    nodes = sum(self.branches**d for d in range(1, self.depth + 1)) + self.window - self.depth
+    nodes = pac_tree_nodes(self.window, self.branches, self.depth)
     if nodes > MAX_TREE_NODES:
       raise ValueError(
           f'generate: JacobiPAC(window={self.window}, branches={self.branches}, '

@@ -17,6 +17,7 @@ import numpy as np
 from specdec_jax import decode
 from specdec_jax import logits
 from specdec_jax.app import cli
+from specdec_jax.app import config_checks
 from specdec_jax.app import demo
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
@@ -282,6 +283,18 @@ class GenerateTest(absltest.TestCase):
     self.assertGreater(rows['eagle']['tokens_per_forward'], 1.5)
     self.assertGreater(rows['uniform']['tokens_per_forward'], rows['eagle']['tokens_per_forward'])
 
+  def test_toy_demo_knows_every_default_method_and_runs_the_2026_ones(self):
+    """The fallback without the bundle runs the default method list (it once lacked
+    eagle2, scd and sjd_pac and stopped at once)."""
+    config = generate_config.get_config()
+    self.assertEmpty(set(config.methods) - set(demo.methods(config)))
+    config.images_per_class, config.timing_repeats = 1, 1
+    config.methods = ('vanilla', 'eagle2', 'scd', 'sjd_pac')
+    with tempfile.TemporaryDirectory() as tmp:
+      rows = demo.evaluate(config, tmp)['methods']
+    for name in config.methods[1:]:
+      self.assertGreater(rows[name]['tokens_per_forward'], 1.05, name)
+
   def test_exact_nll_matches_a_direct_computation(self):
     target, params, *_ = demo.build(0)
     from specdec_jax import logits
@@ -329,6 +342,21 @@ class MainCommandConfigTest(parameterized.TestCase):
           generate.evaluate(config, family, os.path.join(tmp, 'out'))
       quality_pass.assert_not_called()
       self.assertFalse(os.path.exists(os.path.join(tmp, 'out')))
+
+  def test_sjd_pac_bounds_apply_only_when_sjd_pac_runs(self):
+    """pac_depth < jacobi_window and the tree's size (at most 1024 nodes) are checked
+    with the family, before compiling, and only for runs that include sjd_pac."""
+    family = family_lib.load()
+    config = generate_config.get_config()
+    config.pac_branches = 40  # 40 + 1600 + 4 - 2 nodes at the default window 4 and depth 2
+    with self.assertRaisesRegex(cli.ConfigError, r"config.pac_branches=40: must be small "
+                                r"enough that SJD-PAC's tree, .* = 1642 nodes, is at most 1024"):
+      config_checks.check_for_family(config, family, 'config', config.methods)
+    config.pac_branches, config.jacobi_window = 3, 2
+    config_checks.check_for_family(config, family, 'config', ('vanilla', 'sjd', 'scd'))
+    with self.assertRaisesRegex(cli.ConfigError, 'config.pac_depth=2: must be below '
+                                'jacobi_window=2'):
+      config_checks.check_for_family(config, family, 'config', ('vanilla', 'sjd_pac'))
 
   def test_unguided_main_command_runs_with_the_cache_off(self):
     """cfg_scale = 1.0 runs (one row per image, the draft model's too) and

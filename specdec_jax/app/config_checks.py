@@ -74,14 +74,20 @@ def check_bundle_dir(bundle_dir: str, where: str, required: bool = False) -> Non
                           'build one with `python -m specdec_jax.app.train.family`.')
 
 
-def check_for_family(hyperparameters, family: family_lib.Family, where: str) -> None:
+def check_for_family(hyperparameters, family: family_lib.Family, where: str,
+                     methods=None) -> None:
   """The bounds that depend on the loaded family: draft_length < L, jacobi_window <=
   L (L tokens per image), lantern_k < V, eagle2_top_k <= V (vocabulary), the
-  EAGLE-2 tree's node budget, and pac_depth < jacobi_window (SJD-PAC's tree lies
-  inside the Jacobi window)."""
+  EAGLE-2 tree's node budget, and, when `methods` (the names that will run; None:
+  all) include sjd_pac, pac_depth < jacobi_window (SJD-PAC's tree lies inside the
+  Jacobi window) and the tree's size (`mode_pac.MAX_TREE_NODES`)."""
   tokens, vocab = family.num_tokens, family.target.vocab_size
   most_tree_tokens = 1 + dynamic_tree.num_candidates(hyperparameters.eagle2_top_k,
                                                      hyperparameters.eagle2_depth)
+  pac = methods is None or 'sjd_pac' in methods
+  window, depth = hyperparameters.jacobi_window, hyperparameters.pac_depth
+  pac_nodes = (mode_pac.pac_tree_nodes(window, hyperparameters.pac_branches, depth)
+               if depth < window <= tokens else 0)  # else refused below
   for field, ok, accepted in (
       ('draft_length', hyperparameters.draft_length < tokens,
        f'below the {tokens} tokens per image'),
@@ -92,8 +98,12 @@ def check_for_family(hyperparameters, family: family_lib.Family, where: str) -> 
        f'at most the vocabulary size {vocab}'),
       ('eagle2_total_tokens', hyperparameters.eagle2_total_tokens <= most_tree_tokens,
        'at most 1 + eagle2_top_k + eagle2_depth * eagle2_top_k^2'),
-      ('pac_depth', hyperparameters.pac_depth < hyperparameters.jacobi_window,
-       f'below jacobi_window={hyperparameters.jacobi_window}')):
+      ('pac_depth', not pac or hyperparameters.pac_depth < hyperparameters.jacobi_window,
+       f'below jacobi_window={hyperparameters.jacobi_window}'),
+      ('pac_branches', not pac or pac_nodes <= mode_pac.MAX_TREE_NODES,
+       f'small enough that SJD-PAC\'s tree, pac_branches + ... + pac_branches**pac_depth + '
+       f'jacobi_window - pac_depth = {pac_nodes} nodes, is at most '
+       f'{mode_pac.MAX_TREE_NODES} (or pass a smaller pac_depth)')):
     if not ok:
       raise cli.ConfigError(f'{where}.{field}={hyperparameters[field]!r}: must be {accepted}.')
 

@@ -71,24 +71,39 @@ def exact_nll(target, params, labels, tokens, sampling) -> float:
 
 
 def methods(config):
-  k, window = config.draft_length, config.jacobi_window
-  neighbors = line_neighbors(VOCAB, config.lantern_k)
+  """name -> (mode, rule, drafter) with the main command's hyperparameters."""
+  k, window, init = config.draft_length, config.jacobi_window, config.jacobi_init
   chain = decode.ChainDraft(k=k, drafter='eagle')
-  jacobi = decode.Jacobi(window=window, init='random')
+  jacobi = decode.Jacobi(window=window, init=init)
+  rule = dict(
+      lossless=rules.Lossless(),
+      lantern_pp=rules.LanternPP(neighbors=line_neighbors(VOCAB, config.lantern_k),
+                                 k=config.lantern_k, lam=config.lantern_lam,
+                                 residual_mode=config.lantern_residual),
+      uniform=rules.UniformRelaxed(omega=config.uniform_omega),
+      coolsd=rules.CoolSD(delta=config.coolsd_delta),
+      gsd=rules.Grouped(prob_threshold=config.gsd_prob_threshold),
+      csd=rules.ContentAware(lam=config.csd_lam, tv_threshold=config.csd_tv_threshold))
   return {
       'vanilla': (decode.Vanilla(), None, None),
       'vanilla_seed1': (decode.Vanilla(), None, None),
-      'eagle': (chain, rules.Lossless(), 'eagle'),
-      'draft_model': (decode.ChainDraft(k=k, drafter='model'), rules.Lossless(), 'model'),
-      'lantern_pp': (chain, rules.LanternPP(neighbors=neighbors, k=config.lantern_k,
-                                            lam=config.lantern_lam,
-                                            residual_mode=config.lantern_residual), 'eagle'),
-      'uniform': (chain, rules.UniformRelaxed(omega=config.uniform_omega), 'eagle'),
-      'coolsd': (chain, rules.CoolSD(delta=config.coolsd_delta), 'eagle'),
-      'sjd': (jacobi, rules.Lossless(), None),
-      'gsd': (jacobi, rules.Grouped(prob_threshold=config.gsd_prob_threshold), None),
-      'csd': (jacobi, rules.ContentAware(lam=config.csd_lam,
-                                         tv_threshold=config.csd_tv_threshold), None),
+      'eagle': (chain, rule['lossless'], 'eagle'),
+      'draft_model': (decode.ChainDraft(k=k, drafter='model'), rule['lossless'], 'model'),
+      'lantern_pp': (chain, rule['lantern_pp'], 'eagle'),
+      'uniform': (chain, rule['uniform'], 'eagle'),
+      'coolsd': (chain, rule['coolsd'], 'eagle'),
+      'eagle2': (decode.DynamicTreeDraft(config.eagle2_total_tokens, config.eagle2_depth,
+                                         config.eagle2_top_k, 'eagle',
+                                         drafts=config.eagle2_drafts),
+                 rule[config.eagle2_rule], 'eagle'),
+      'sjd': (jacobi, rule['lossless'], None),
+      'scd': (decode.Jacobi(window=window, init=init, coupling=config.scd_coupling),
+              rule[config.scd_rule], None),
+      'sjd_pac': (decode.JacobiPAC(window, config.pac_branches, config.pac_depth, init=init,
+                                   sibling_law=config.pac_siblings),
+                  rule[config.sjd_pac_rule], None),
+      'gsd': (jacobi, rule['gsd'], None),
+      'csd': (jacobi, rule['csd'], None),
   }
 
 

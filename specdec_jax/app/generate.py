@@ -58,7 +58,7 @@ def check_config(config, family: family_lib.Family | None = None) -> None:
   cli.check_fields(config, config_checks.main_command(methods_lib.METHOD_NAMES))
   config_checks.check_bundle_dir(config.bundle_dir, 'config.bundle_dir')
   if family is not None:
-    config_checks.check_for_family(config, family, 'config')
+    config_checks.check_for_family(config, family, 'config', config.methods)
     config_checks.check_classes(config.latency_classes, family, 'config.latency_classes')
 
 

@@ -144,7 +144,8 @@ class Sampler:
   def __init__(self, config):
     self.config = config
     self.family, identity = sample_model.load(config.model)
-    config_checks.check_for_family(config.hparams, self.family, 'config.hparams')
+    config_checks.check_for_family(config.hparams, self.family, 'config.hparams',
+                                   (config.method,))
     self.method = sample_model.build_method(config, self.family)
     self.conditions = sample_model.conditions(config, self.family)
     self.fingerprint = fingerprint(config, identity, self.conditions)
