@@ -55,6 +55,17 @@ _SHARDED_RUN = textwrap.dedent("""
     np.testing.assert_array_equal(np.asarray(single.tokens), np.asarray(other.tokens))
     again = decode.generate(target, target_params, cond, mesh=mesh, **kwargs)
     assert again.compile_seconds == 0, 'the first rules lost their program'
+    # The 2026 modes: SCD's two couplings, SJD-PAC and EAGLE-2 (per-image trees).
+    for mode in (decode.Jacobi(4, coupling='maximal'), decode.Jacobi(4, coupling='gumbel'),
+                 decode.JacobiPAC(4, 3, 2, init='spatial'),
+                 decode.DynamicTreeDraft(7, 2, 3, 'model', drafts='sampled'),
+                 decode.DynamicTreeDraft(7, 2, 3, 'model')):
+      runs = [decode.generate(target, target_params, cond, **dict(kwargs, mode=mode), **where)
+              for where in ({}, dict(mesh=mesh))]
+      for field in ('tokens', 'accepted_tokens'):
+        single_, sharded_ = (np.asarray(getattr(r, field) if field == 'tokens' else
+                                        r.metrics.accepted_tokens) for r in runs)
+        np.testing.assert_array_equal(single_, sharded_, err_msg=f'{mode}: {field}')
     print('SHARDED_EQUAL')
 """)
 
