@@ -57,11 +57,14 @@ _SCRIPT = textwrap.dedent("""
          logits.Sampling(cfg_scale=2.0, top_k=8, top_p=0.9)),
         ('tree_approx', decode.TreeDraft(tree, 'model'),
          logits.Sampling(cfg_scale=2.0, top_k=8, topk_method='approx')),
+        ('scd_topk', decode.Jacobi(3, coupling='maximal'), logits.Sampling(cfg_scale=2.0, top_k=8)),
+        ('sjd_pac_topk', decode.JacobiPAC(3, 2, 1), logits.Sampling(cfg_scale=2.0, top_k=8)),
     ):
-      drafter = not isinstance(mode, decode.Vanilla)
+      verified = not isinstance(mode, decode.Vanilla)
+      drafter = isinstance(mode, (decode.ChainDraft, decode.TreeDraft))  # Jacobi drafts itself
       _, compiled, _ = decode._prepare(
           target, target_params, cond, 8, jax.random.key(0), mode, sampling,
-          rules.Lossless() if drafter else None, draft if drafter else None,
+          rules.Lossless() if verified else None, draft if drafter else None,
           draft_params if drafter else None, None, None, mesh, sharding.LLAMA_RULES,
           sharding.LLAMA_RULES, tuple(sorted(decode.FAST_COMPILE.items())))
       report[name] = moved_logits(compiled)
@@ -181,8 +184,8 @@ class NoLogitsCollectiveTest(absltest.TestCase):
     result = fresh_process.run_cpu_script(_SCRIPT, timeout=900)
     self.assertEqual(result.returncode, 0, result.stderr[-4000:])
     report = json.loads(result.stdout.split('REPORT', 1)[1])
-    for name in ('vanilla_topk', 'chain_topk_topp', 'tree_approx', 'vanilla_one_image',
-                 'toy_interleaved', 'toy_sort_top_k'):
+    for name in ('vanilla_topk', 'chain_topk_topp', 'tree_approx', 'scd_topk', 'sjd_pac_topk',
+                 'vanilla_one_image', 'toy_interleaved', 'toy_sort_top_k'):
       self.assertEqual(report[name], [], name)
     # Rows are split over 'data' in whole images only.
     self.assertEqual(report['one_image_cache_spec'], "P(None, 'model', None, None)")
