@@ -223,9 +223,10 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
   if jnp.shape(uniforms) != (tree_uniforms(tree),):
     raise ValueError(f'verify_tree: uniforms must be [D * C + 1] = [{tree_uniforms(tree)}], '
                      f'got {jnp.shape(uniforms)}.')
+  tail = tree.chain_tail
   return _walk_tree(rule, uniforms, jnp.asarray(tree.children), tree.max_depth, node_tokens,
                     draft_probs, target_at, tree.children_per_depth, sibling_probs,
-                    tail=(tree.chain_tail, tree.parents[tree.chain_tail]))
+                    tail=(tail, tree.parents[tail]))
 
 
 def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, node_tokens,

@@ -27,6 +27,7 @@ from t.
 
 from __future__ import annotations
 
+import contextlib
 from unittest import mock
 
 import chex
@@ -172,24 +173,28 @@ class SjdPacLongImageTest(parameterized.TestCase):
     """Negative control on 'sjd_pac_long_residual_sharp': level 2's residual
     siblings verified against level 1's law (the 3-token cases cannot see this)."""
     mode, sampling = SJD_PAC_LONG_CASES[1][1:]
-    with mock.patch.object(mode_pac.JacobiPAC, 'verify', _level_one_sibling_laws):
-      decode.clear_compile_cache()
-      try:
-        pvalue, _ = _long_pvalue(mode, sampling)
-      finally:
-        decode.clear_compile_cache()
+    with _patched(mode_pac.JacobiPAC, 'verify', _level_one_sibling_laws):
+      pvalue, _ = _long_pvalue(mode, sampling)
     self.assertLess(pvalue, P_THRESHOLD)
+
+
+@contextlib.contextmanager
+def _patched(owner, name, replacement):
+  """owner.<name> replaced, with the compile cache cleared on entry and exit (a broken
+  variant compiles its own program and leaves none behind)."""
+  with mock.patch.object(owner, name, replacement):
+    decode.clear_compile_cache()
+    try:
+      yield
+    finally:
+      decode.clear_compile_cache()
 
 
 def _joint_pvalue_with(function_name, replacement, mode, sampling):
   """The whole-loop chi-square p-value of `mode` with mode_pac.<function_name>
-  replaced (the compile cache cleared around it)."""
-  with mock.patch.object(mode_pac, function_name, replacement):
-    decode.clear_compile_cache()
-    try:
-      tokens = np.asarray(_run(mode, sampling).tokens)
-    finally:
-      decode.clear_compile_cache()
+  replaced (`_patched`)."""
+  with _patched(mode_pac, function_name, replacement):
+    tokens = np.asarray(_run(mode, sampling).tokens)
   law = TARGET.joint_law(_params()[0], 0, NUM_TOKENS, sampling)
   return _chi_square_pvalue(tokens, law)
 
@@ -367,6 +372,11 @@ class SjdPacTreeTest(absltest.TestCase):
     mask, depths = mode.layout(None)  # one static tree: the drafts are not read
     chex.assert_shape(mask, (16, 16))
     np.testing.assert_array_equal(depths, tree.depths)
+
+  def test_sjd_pac_tree_nodes_counts_the_built_tree(self):
+    for window, branches, depth in ((2, 2, 1), (4, 3, 2), (8, 3, 3), (32, 3, 2), (6, 2, 5)):
+      self.assertEqual(mode_pac.pac_tree_nodes(window, branches, depth),
+                       mode_pac.pac_tree(window, branches, depth).num_nodes)
 
   def test_sjd_pac_continuation_follows_the_accepted_branch(self):
     tree = mode_pac.pac_tree(6, 3, 2)

@@ -98,8 +98,7 @@ def check_for_family(hyperparameters, family: family_lib.Family, where: str,
        f'at most the vocabulary size {vocab}'),
       ('eagle2_total_tokens', hyperparameters.eagle2_total_tokens <= most_tree_tokens,
        'at most 1 + eagle2_top_k + eagle2_depth * eagle2_top_k^2'),
-      ('pac_depth', not pac or hyperparameters.pac_depth < hyperparameters.jacobi_window,
-       f'below jacobi_window={hyperparameters.jacobi_window}'),
+      ('pac_depth', not pac or depth < window, f'below jacobi_window={window}'),
       ('pac_branches', not pac or pac_nodes <= mode_pac.MAX_TREE_NODES,
        f'small enough that SJD-PAC\'s tree, pac_branches + ... + pac_branches**pac_depth + '
        f'jacobi_window - pac_depth = {pac_nodes} nodes, is at most '
