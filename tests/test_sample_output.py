@@ -189,8 +189,7 @@ class OutputTest(absltest.TestCase):
   def test_folder_of_another_configuration_is_refused_with_what_differs(self):
     fingerprint = dict(method='eagle', seed=0, hparams=dict(draft_length=4), classes=(1, 2))
     self.assertFalse(sample_output.check_folder(self.out, fingerprint))  # new folder
-    sample_output.write_json(os.path.join(self.out, sample_output.CONFIG),
-                             dict(fingerprint=fingerprint))
+    self._write_folder(fingerprint)
     self.assertTrue(sample_output.check_folder(self.out, dict(fingerprint)))  # a restart
     changed = dict(fingerprint, method='coolsd', hparams=dict(draft_length=6))
     with self.assertRaises(sample_output.FolderMismatchError) as caught:
@@ -203,10 +202,36 @@ class OutputTest(absltest.TestCase):
     self.assertEqual(json.loads(pathlib.Path(self.out, 'config.json').read_text())[
         'fingerprint']['method'], 'eagle')
 
-  def test_other_code_is_refused_unless_tolerated_and_then_recorded(self):
-    fingerprint = dict(method='eagle', code=dict(specdec_jax='0.1.0', jax='0.10.2'))
+  def test_a_folder_without_images_starts_over_with_the_new_configuration(self):
+    """A run that stopped before its first chunk (e.g. a bad setting found after the
+    folder was written) left only config.json: a corrected run starts over there; any
+    image file, even a temporary one, keeps the folder refused."""
+    first = dict(method='sjd_pac', hparams=dict(pac_branches=40))
+    sample_output.write_json(os.path.join(self.out, sample_output.CONFIG),
+                             dict(fingerprint=first))
+    fixed = dict(first, hparams=dict(pac_branches=2))
+    with self.assertLogs(level='WARNING') as logged:
+      self.assertFalse(sample_output.check_folder(self.out, fixed))
+    self.assertIn('wrote no image', logged.output[0])
+    self.assertIn('hparams.pac_branches: 40 (folder) -> 2 (now)', logged.output[0])
+    for written in ('images/000000.png.tmp', 'chunks/chunk_00000.npz', 'samples.npz'):
+      folder = pathlib.Path(tempfile.mkdtemp(dir=self.out))
+      sample_output.write_json(folder / sample_output.CONFIG, dict(fingerprint=first))
+      (folder / written).parent.mkdir(exist_ok=True)
+      (folder / written).write_bytes(b'')
+      with self.assertRaisesRegex(sample_output.FolderMismatchError, 'pac_branches'):
+        sample_output.check_folder(folder, fixed)
+
+  def _write_folder(self, fingerprint):
+    """config.json and one committed chunk (a folder that holds images)."""
     sample_output.write_json(os.path.join(self.out, sample_output.CONFIG),
                              dict(fingerprint=fingerprint))
+    sample_output.commit_chunk(self.out, 0, np.arange(2), np.zeros((2, 4, 4, 3), np.uint8),
+                               [{}, {}], process=0)
+
+  def test_other_code_is_refused_unless_tolerated_and_then_recorded(self):
+    fingerprint = dict(method='eagle', code=dict(specdec_jax='0.1.0', jax='0.10.2'))
+    self._write_folder(fingerprint)
     upgraded = dict(fingerprint, code=dict(specdec_jax='0.2.0', jax='0.10.2'))
     with self.assertRaisesRegex(sample_output.FolderMismatchError,
                                 r"code.specdec_jax: '0.1.0' \(folder\) -> '0.2.0' \(now\)"):
@@ -223,8 +248,7 @@ class OutputTest(absltest.TestCase):
     """A folder written before a hyperparameter existed lacks it: with the code's change
     allowed and the setting at its default it continues (recorded); otherwise refused."""
     old = dict(method='sjd_pac', hparams=dict(pac_depth=2), code=dict(specdec_jax='0.1.0'))
-    sample_output.write_json(os.path.join(self.out, sample_output.CONFIG),
-                             dict(fingerprint=old))
+    self._write_folder(old)
     new = dict(old, hparams=dict(pac_depth=2, pac_siblings='target'),
                code=dict(specdec_jax='0.2.0'))
     defaults = dict(method='eagle', hparams=dict(pac_depth=2, pac_siblings='target'))

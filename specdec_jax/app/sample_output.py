@@ -140,6 +140,15 @@ def settings_added_at_default(stored: dict, fingerprint: dict, defaults: dict,
   return completed, added
 
 
+def holds_images(out_dir) -> bool:
+  """Whether the folder holds an image: any file under images/ or chunks/
+  (whole or temporary), or the merged samples and metrics."""
+  root = pathlib.Path(out_dir)
+  if any((root / name).exists() for name in (SAMPLES, METRICS, SUMMARY)):
+    return True
+  return any(any((root / sub).iterdir()) for sub in ('images', 'chunks') if (root / sub).is_dir())
+
+
 def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
                  record: bool = False, defaults: dict | None = None) -> bool:
   """Raises FolderMismatchError unless the folder is new or has this fingerprint.
@@ -154,7 +163,10 @@ def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
       defaults (`settings_added_at_default`), logged and recorded with the
       code's change.
   Returns:
-    True when the folder already holds a config.json (a restart).
+    True when the folder holds a config.json of this configuration (a
+    restart); False when it is new, or when its config.json describes another
+    configuration but no image was written (a run stopped by an error before
+    its first chunk): the caller then writes config.json anew.
   """
   path = pathlib.Path(out_dir) / CONFIG
   if not path.exists():
@@ -174,6 +186,10 @@ def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
         stored, fingerprint, json.loads(json.dumps(defaults, default=str)))
   part = lambda d, keep: {k: v for k, v in d.items() if (k in tolerated) == keep}
   changed = differences(part(stored, False), part(fingerprint, False))
+  if changed and not holds_images(out_dir):
+    logging.warning('%s: its %s is from a run that wrote no image (%s); starting over with '
+                    'this configuration.', out_dir, CONFIG, '; '.join(changed))
+    return False
   if changed:
     raise FolderMismatchError(
         f'{out_dir} holds images of another configuration; what differs:\n  '
