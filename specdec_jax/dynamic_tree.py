@@ -16,7 +16,7 @@ image models (`total_token=59, depth=4, top_k=10`):
      (parent score + log q(child)): k^2 new candidates;
   3. the N - 1 best-scored of all C candidates become the tree (ordered as
      they were generated, so parents precede children). A child never
-     outscores its parent (log q <= 0), and `lax.top_k` breaks ties by the
+     outscores its parent (log q <= 0), and top-k breaks ties by the
      lower index, so the chosen set is closed under taking parents.
 
 Drafts 'top_k' (EAGLE-2): every draft is the deterministic function of its
@@ -59,6 +59,7 @@ import numpy as np
 from specdec_jax import categorical
 from specdec_jax import drafting
 from specdec_jax import kv_cache as kv
+from specdec_jax import sharding
 
 as_rows = drafting.as_rows
 
@@ -106,21 +107,25 @@ def num_candidates(top_k: int, expansions: int) -> int:
 DRAFTS = ('top_k', 'sampled')
 
 
-def children_of(probs: jax.Array, top_k: int, uniforms=None) -> tuple[jax.Array, jax.Array]:
-  """(scores, tokens) f32/int32[..., k] of one expansion step from q = probs [..., V].
+def children_of(probs: jax.Array, top_k: int, uniforms=None,
+                mesh=None) -> tuple[jax.Array, jax.Array]:
+  """(scores, tokens) f32/int32[B, ..., k] of one expansion step from q = probs [B, ..., V].
 
   uniforms None ('top_k'): the k most likely tokens, scored log q(token).
-  uniforms f32[..., k] ('sampled'): k draws without replacement in draw order
+  uniforms f32[B, ..., k] ('sampled'): k draws without replacement in draw order
   (`categorical.sample_distinct`), scored by rank, log q_(j).
+  mesh: the decode's mesh or None (top-k on each device's own images:
+  `sharding.top_k_per_image`).
   """
-  top_scores, top_tokens = jax.lax.top_k(log_probs(probs), top_k)
+  top_scores, top_tokens = sharding.top_k_per_image(log_probs(probs), top_k, mesh)
   if uniforms is None:
     return top_scores, top_tokens
   return top_scores, categorical.sample_distinct(uniforms, probs)
 
 
 def tree_from_candidates(scores, tokens, parents, depths, num_nodes: int, top_k: int,
-                         max_depth: int, expanded_slot=None, expanded_probs=None) -> DynamicTree:
+                         max_depth: int, expanded_slot=None, expanded_probs=None,
+                         mesh=None) -> DynamicTree:
   """Keeps the num_nodes - 1 best candidates as a tree (step 3 above), per image.
 
   Args:
@@ -132,11 +137,12 @@ def tree_from_candidates(scores, tokens, parents, depths, num_nodes: int, top_k:
     expanded_slot: optional int32[B, C], each candidate's index into
       expanded_probs f32[B, 1 + L k, V] (the root's law first) or -1 if it
       was not expanded ('sampled': the tree carries its draft laws).
+    mesh: the decode's mesh or None (see `children_of`).
   Returns:
     the `DynamicTree`.
   """
   batch = scores.shape[0]
-  _, chosen = jax.lax.top_k(scores, num_nodes - 1)
+  _, chosen = sharding.top_k_per_image(scores, num_nodes - 1, mesh)
   chosen = jnp.sort(chosen, axis=-1)  # generation order: parents first
   take = lambda x: jnp.take_along_axis(x, chosen, axis=1)
   parent_candidate = take(parents)
@@ -189,7 +195,8 @@ def children_table(parents: jax.Array, max_children: int) -> jax.Array:
 
 def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, root_logits,
                        root_hidden, *, num_nodes: int, expansions: int, top_k: int, sampling,
-                       cfg: bool, first_index, uniforms=None) -> tuple[DynamicTree, kv.KVCache]:
+                       cfg: bool, first_index, uniforms=None,
+                       mesh=None) -> tuple[DynamicTree, kv.KVCache]:
   """Grows one EAGLE-2 tree per image from the drafter's root output.
 
   Args:
@@ -202,6 +209,7 @@ def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, roo
     first_index: int32[B] image-token index of the depth-1 nodes.
     uniforms: None (drafts 'top_k') or f32[B, C] (drafts 'sampled': the
       root's k draws, then k per expanded node, frontier by frontier).
+    mesh: the decode's mesh or None (see `children_of`).
   Returns:
     (the `DynamicTree`, the cache with its lengths back at the committed
     slots); L drafter forwards.
@@ -214,7 +222,7 @@ def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, roo
   sampled = uniforms is not None
   draws = lambda begin, shape: uniforms[:, begin:begin + int(np.prod(shape))].reshape(
       (batch,) + shape) if sampled else None
-  level_scores, level_tokens = children_of(root_probs[:, 0], top_k, draws(0, (top_k,)))
+  level_scores, level_tokens = children_of(root_probs[:, 0], top_k, draws(0, (top_k,)), mesh)
   scores, tokens = [level_scores], [level_tokens]
   expanded_probs = [root_probs]  # [B, 1, V], then each frontier's [B, k, V]
   expanded_slot = jnp.full((batch, num_candidates(top_k, expansions)), -1, jnp.int32)
@@ -249,7 +257,7 @@ def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, roo
                                   jnp.broadcast_to(first_index[:, None] + level + 1,
                                                    (batch, top_k)), cfg)  # [B, k, V]
     child_scores, child_tokens = children_of(probs, top_k,
-                                             draws(offset, (top_k, top_k)))  # [B, k, k]
+                                             draws(offset, (top_k, top_k)), mesh)  # [B, k, k]
     child_scores = level_scores[:, :, None] + child_scores
     if sampled:  # the frontier's laws sit at expanded slots 1 + begin + f
       expanded_probs.append(probs)
@@ -260,7 +268,7 @@ def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, roo
     parents.append(jnp.repeat(frontier_ids, top_k, axis=1))
     depths.append(jnp.full((batch, top_k * top_k), level + 2, jnp.int32))
     # The next frontier: the k best of these k^2 children.
-    level_scores, picked = jax.lax.top_k(child_scores.reshape(batch, -1), top_k)
+    level_scores, picked = sharding.top_k_per_image(child_scores.reshape(batch, -1), top_k, mesh)
     level_tokens = jnp.take_along_axis(child_tokens.reshape(batch, -1), picked, axis=1)
     frontier_ids = offset + picked
     frontier_parent_slot = begin + picked // top_k
@@ -271,5 +279,5 @@ def draft_dynamic_tree(drafter: drafting.Drafter, params, cache: kv.KVCache, roo
       jnp.concatenate(scores, axis=1), jnp.concatenate(tokens, axis=1),
       jnp.concatenate(parents, axis=1), jnp.concatenate(depths, axis=1), num_nodes, top_k,
       expansions + 1, expanded_slot if sampled else None,
-      jnp.concatenate(expanded_probs, axis=1) if sampled else None)
+      jnp.concatenate(expanded_probs, axis=1) if sampled else None, mesh)
   return tree, kv.set_lengths(cache, committed)

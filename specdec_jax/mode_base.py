@@ -199,15 +199,18 @@ class Mode:
 
   def verify(self, plan: Plan, rule, uniforms, window, drafts: Drafts, target_probs,
              cache: kv.KVCache, start) -> tuple[Verdict, kv.KVCache]:
-    """Verifies the window per image (vmapped) against target_probs [B, T, V].
+    """Verifies the window per image (vmapped; over a 'data' mesh each device its
+    own images: `sharding.vmap_per_image`) against target_probs [B, T, V].
 
     uniforms: f32[B, verify_uniforms]. cache: the target cache after the
     verify forward (lengths = start, the row lengths before it). Returns the
     verdict and the cache to keep.
     """
     del start
-    num_accepted, next_token = jax.vmap(verify.verify_chain_with_uniforms, (None, 0, 0, 0, 0))(
-        rule, uniforms, drafts.tokens, drafts.probs, target_probs)
+    per_image = sharding.vmap_per_image(verify.verify_chain_with_uniforms,
+                                        (None, 0, 0, 0, 0), plan.mesh)
+    num_accepted, next_token = per_image(rule, uniforms, drafts.tokens, drafts.probs,
+                                         target_probs)
     path = jnp.broadcast_to(jnp.arange(self.slots + 1), (plan.num_images, self.slots + 1))
     return Verdict(path, num_accepted, next_token), cache
 

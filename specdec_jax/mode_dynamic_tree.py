@@ -124,7 +124,8 @@ class DynamicTreeDraft(mode_tree.NodeWindowMode):
     tree, cache = dynamic_tree.draft_dynamic_tree(
         drafter, draft_params, cache, root_logits, root_hidden, num_nodes=self.total_tokens,
         expansions=self.depth, top_k=self.top_k, sampling=plan.sampling, cfg=plan.cfg,
-        first_index=first_index, uniforms=uniforms if self.drafts == 'sampled' else None)
+        first_index=first_index, uniforms=uniforms if self.drafts == 'sampled' else None,
+        mesh=plan.mesh)
     probs = jnp.exp(tree.scores)[..., None] if tree.probs is None else tree.probs
     drafts = TreeDrafts(tokens=tree.tokens, probs=probs, depths=tree.depths,
                         ancestor_mask=tree.ancestor_mask, children=tree.children)

@@ -171,3 +171,52 @@ def vocab_parallel_sampling(sampling, target, mesh):
   if model_size > 1 and int(target.vocab_size) % model_size == 0:
     return dataclasses.replace(sampling, topk_blocks=model_size)
   return sampling
+
+
+def _splits_images(mesh: Mesh | None, num_images: int) -> bool:
+  """Whether the mesh's 'data' axis (size > 1) splits num_images."""
+  if mesh is None or DATA not in mesh.axis_names:
+    return False
+  parts = int(mesh.shape[DATA])
+  return parts > 1 and num_images % parts == 0
+
+
+def vmap_per_image(fn, in_axes: tuple, mesh: Mesh | None):
+  """`jax.vmap(fn, in_axes)` over images, each device mapping its own images.
+
+  in_axes: per argument, 0 (mapped: leading axis B) or None (shared, e.g. a
+  rule). With images split over 'data' the vmapped function runs under
+  `shard_map` over 'data' (other axes automatic), so nothing it does (e.g. a
+  `lax.top_k` inside a rule, see `top_k_per_image`) makes the partitioner
+  gather the batch. fn's outputs must all be mapped. Without a mesh, or when
+  'data' does not split B, it is plain `jax.vmap`.
+  """
+  mapped = jax.vmap(fn, in_axes)
+
+  def run(*args):
+    batch = next(a.shape[0] for a, axis in zip(args, in_axes) if axis == 0)
+    if not _splits_images(mesh, batch):
+      return mapped(*args)
+    in_specs = tuple(P(DATA) if axis == 0 else P() for axis in in_axes)
+    return jax.shard_map(mapped, mesh=mesh, in_specs=in_specs, out_specs=P(DATA),
+                         axis_names={DATA}, check_vma=False)(*args)
+
+  return run
+
+
+def top_k_per_image(x: jax.Array, k: int, mesh: Mesh | None) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k` of x [B, ..., n] over its last axis, each device on its own images.
+
+  XLA's partitioner gathers a TopK's batch (XLA:CPU does; TPU does not), so
+  with images split over 'data' a plain `lax.top_k` all-gathers x on every
+  call. Here it runs under `shard_map` over 'data' (the other axes stay
+  automatic): each device takes the top-k of its own images, nothing moves.
+  Without a mesh, or when 'data' does not split B, it is plain `lax.top_k`.
+  Returns (values [B, ..., k], indices int32[B, ..., k]), as `lax.top_k`.
+  """
+  if not _splits_images(mesh, x.shape[0]):
+    return jax.lax.top_k(x, k)
+  spec = P(DATA)
+  local = jax.shard_map(lambda y: tuple(jax.lax.top_k(y, k)), mesh=mesh, in_specs=spec,
+                        out_specs=(spec, spec), axis_names={DATA}, check_vma=False)
+  return local(x)

@@ -1,7 +1,9 @@
 """CFG rows are interleaved (image b: rows 2b, 2b + 1), so over a 'data' mesh no
 logits move between devices: the compiled decode has no collective of a [*, V]
-array. Negative controls: the old [cond; uncond] halves layout, and lax.top_k
-(whose batch XLA's partitioner gathers), on a toy computation.
+array, for every mode (EAGLE-2's tree growth and GSD's group search included:
+their lax.top_k runs per 'data' shard). Negative controls: the old [cond;
+uncond] halves layout, and lax.top_k (whose batch XLA's partitioner gathers),
+on a toy computation.
 
 Over a 'model' mesh with vocab-sharded logits, the blocked top-k
 (`Sampling.topk_blocks`) moves no vocabulary-sized array; one sort of V does.
@@ -59,12 +61,20 @@ _SCRIPT = textwrap.dedent("""
          logits.Sampling(cfg_scale=2.0, top_k=8, topk_method='approx')),
         ('scd_topk', decode.Jacobi(3, coupling='maximal'), logits.Sampling(cfg_scale=2.0, top_k=8)),
         ('sjd_pac_topk', decode.JacobiPAC(3, 2, 1), logits.Sampling(cfg_scale=2.0, top_k=8)),
+        ('eagle2_sampled', decode.DynamicTreeDraft(6, 2, 2, 'model', 'sampled'),
+         logits.Sampling(cfg_scale=2.0, top_k=8)),
+        ('eagle2_top_k', decode.DynamicTreeDraft(6, 2, 2, 'model', 'top_k'),
+         logits.Sampling(cfg_scale=2.0)),
+        ('gsd_chain', decode.ChainDraft(2, 'model'), logits.Sampling(cfg_scale=2.0)),
+        ('gsd_jacobi', decode.Jacobi(3), logits.Sampling(cfg_scale=2.0)),
     ):
       verified = not isinstance(mode, decode.Vanilla)
-      drafter = isinstance(mode, (decode.ChainDraft, decode.TreeDraft))  # Jacobi drafts itself
+      # Jacobi drafts itself
+      drafter = isinstance(mode, (decode.ChainDraft, decode.TreeDraft, decode.DynamicTreeDraft))
+      rule = rules.Grouped(below=2, above=2) if name.startswith('gsd') else rules.Lossless()
       _, compiled, _ = decode._prepare(
           target, target_params, cond, 8, jax.random.key(0), mode, sampling,
-          rules.Lossless() if verified else None, draft if drafter else None,
+          rule if verified else None, draft if drafter else None,
           draft_params if drafter else None, None, None, mesh, sharding.LLAMA_RULES,
           sharding.LLAMA_RULES, tuple(sorted(decode.FAST_COMPILE.items())))
       report[name] = moved_logits(compiled)
@@ -185,7 +195,7 @@ class NoLogitsCollectiveTest(absltest.TestCase):
     self.assertEqual(result.returncode, 0, result.stderr[-4000:])
     report = json.loads(result.stdout.split('REPORT', 1)[1])
     for name in ('vanilla_topk', 'chain_topk_topp', 'tree_approx', 'scd_topk', 'sjd_pac_topk',
-                 'vanilla_one_image', 'toy_interleaved', 'toy_sort_top_k'):
+                 'eagle2_sampled', 'eagle2_top_k', 'gsd_chain', 'gsd_jacobi', 'vanilla_one_image', 'toy_interleaved', 'toy_sort_top_k'):
       self.assertEqual(report[name], [], name)
     # Rows are split over 'data' in whole images only.
     self.assertEqual(report['one_image_cache_spec'], "P(None, 'model', None, None)")

@@ -115,8 +115,8 @@ class Eagle2ExactnessTest(parameterized.TestCase):
     token's log-probability (EAGLE-2's score) makes whether it is kept depend on its
     token, and the sibling tests no longer see the law it was drawn from."""
     def own_token_scores(original):
-      def children_of(probs, top_k, uniforms=None):
-        scores, tokens = original(probs, top_k, uniforms)
+      def children_of(probs, top_k, uniforms=None, mesh=None):
+        scores, tokens = original(probs, top_k, uniforms, mesh)
         if uniforms is None:
           return scores, tokens
         return jnp.take_along_axis(dynamic_tree.log_probs(probs), tokens, axis=-1), tokens

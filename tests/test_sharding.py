@@ -55,18 +55,27 @@ _SHARDED_RUN = textwrap.dedent("""
     np.testing.assert_array_equal(np.asarray(single.tokens), np.asarray(other.tokens))
     again = decode.generate(target, target_params, cond, mesh=mesh, **kwargs)
     assert again.compile_seconds == 0, 'the first rules lost their program'
-    # The 2026 modes: SCD's two couplings, SJD-PAC and EAGLE-2 (per-image trees).
-    for mode in (decode.Jacobi(4, coupling='maximal'), decode.Jacobi(4, coupling='gumbel'),
-                 decode.JacobiPAC(4, 3, 2, init='spatial'),
-                 decode.DynamicTreeDraft(7, 2, 3, 'model', drafts='sampled'),
-                 decode.DynamicTreeDraft(7, 2, 3, 'model')):
-      one, many = (decode.generate(target, target_params, cond, **dict(kwargs, mode=mode),
-                                   **where) for where in ({}, dict(mesh=mesh)))
+    # The 2026 modes: SCD's two couplings, SJD-PAC and EAGLE-2 (per-image trees);
+    # GSD (a lax.top_k inside the rule) and COOL-SD on chains, GSD on Jacobi drafts:
+    # verified per 'data' shard (sharding.vmap_per_image).
+    gsd = rules.Grouped(below=2, above=2, prob_threshold=0.5)
+    for mode, rule in ((decode.Jacobi(4, coupling='maximal'), rules.Lossless()),
+                       (decode.Jacobi(4, coupling='gumbel'), rules.Lossless()),
+                       (decode.JacobiPAC(4, 3, 2, init='spatial'), rules.Lossless()),
+                       (decode.DynamicTreeDraft(7, 2, 3, 'model', drafts='sampled'),
+                        rules.Lossless()),
+                       (decode.DynamicTreeDraft(7, 2, 3, 'model'), rules.Lossless()),
+                       (decode.ChainDraft(2, 'model'), gsd),
+                       (decode.ChainDraft(2, 'model'), rules.CoolSD(delta=2.0)),
+                       (decode.Jacobi(4), gsd)):
+      one, many = (decode.generate(target, target_params, cond,
+                                   **dict(kwargs, mode=mode, rule=rule), **where)
+                   for where in ({}, dict(mesh=mesh)))
       np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(many.tokens),
-                                    err_msg=f'{mode}: tokens')
+                                    err_msg=f'{mode} {rule}: tokens')
       np.testing.assert_array_equal(np.asarray(one.metrics.accepted_tokens),
                                     np.asarray(many.metrics.accepted_tokens),
-                                    err_msg=f'{mode}: accepted_tokens')
+                                    err_msg=f'{mode} {rule}: accepted_tokens')
     print('SHARDED_EQUAL')
 """)
 
