@@ -175,6 +175,8 @@ def configurations(quick: bool) -> list[Config]:
   out = [Config('xl-c2i-384', 1, mode, 'v5e:2x2') for mode in MODES]
   out += [Config('xl-c2i-384', 1, 'vanilla', 'v5e:2x4'), Config('xl-c2i-384', 8, 'vanilla',
                                                                'v5e:2x4')]
+  # Images over 'data' and heads over 'model' (2 x 4) with a multi-token window.
+  out += [Config('xl-c2i-384', 2, mode, 'v5e:2x4') for mode in ('chain', 'eagle2') if mode in MODES]
   out += [Config('xl-c2i-384', 1, mode, topology) for topology in ('v5p:2x2x1', 'v6e:2x2')
           for mode in ('vanilla', 'chain')]
   out += [Config('xxl-t2i-512', 1, 'vanilla', 'v5e:2x4')]

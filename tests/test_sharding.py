@@ -91,6 +91,8 @@ class PartitionRulesTest(absltest.TestCase):
     self.assertEqual(layer['mlp']['down']['kernel'], P('model', None))
     self.assertEqual(layer['input_layernorm']['weight'], P())
     self.assertEqual(specs['lm_head']['kernel'], P(None, 'model'))
+    # Vocabulary-parallel token embeddings (rows over 'model'; see docs/sharding.md).
+    self.assertEqual(specs['embed_tokens']['embedding'], P('model', None))
 
   def test_stacked_layer_params_keep_the_per_layer_spec_on_trailing_dims(self):
     """A scanned model's [N, in, out] kernels: 'model' stays on the same dim as unscanned."""

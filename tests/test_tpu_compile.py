@@ -226,6 +226,30 @@ class TpuCompileTest(parameterized.TestCase):
     cost = lib.cost(compiled)
     self.assertGreater(cost['flops'], 0)
 
+  @parameterized.named_parameters(
+      ('eagle2', MODES['eagle2'], rules.Lossless()),
+      ('gsd_chain', MODES['chain_eagle'], rules.Grouped(below=2, above=2)))
+  def test_per_image_top_k_compiles_over_a_data_mesh(self, mode, rule):
+    """Mesh 2 x 2, two images: EAGLE-2's top-k and chain verification (GSD's group
+    search) run under shard_map over 'data' (`sharding.top_k_per_image`,
+    `vmap_per_image`); the loop compiles and stays on the device."""
+    mesh = sharding.make_mesh(2, 2, devices=self.devices)
+    target, drafter = _tiny()
+    params = lib.abstract_params(target, mesh, sharding.LLAMA_RULES)
+    draft_params = lib.abstract_params(drafter, mesh, sharding.LLAMA_RULES)
+    cond = jnp.array([3, 5, 10, 10], jnp.int32)  # two images with CFG: [cond; uncond]
+    program = lib.build_program(target, params, cond, num_tokens=64, mode=mode,
+                                sampling=logits.Sampling(cfg_scale=4.0, top_k=20),
+                                rule=rule, draft=drafter, draft_params=draft_params, mesh=mesh)
+    compiled, _, _ = lib.compile_decode(program, compiler_options=None)
+    text = compiled.as_text()
+    report = hlo.loop_report(text)
+    self.assertTrue(report.found_loop, 'no decode while loop in the compiled program')
+    self.assertEqual(report.host_transfers_anywhere, [])
+    for what, limit in self._limits(program, mode.width).items():
+      self.assertEqual(hlo.oversized_collectives(report, limit), [],
+                       f'a collective in the loop moves {what} ({limit} bytes) every iteration')
+
   def test_checker_flags_a_mis_sharded_loop(self):
     """Negative control: a loop that gathers its head-sharded cache and its logits."""
     rows, slots, heads, dim, vocab = 2, 32, 4, 16, 256
