@@ -316,13 +316,24 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
       raise ValueError(f'--set {item!r}: expected field=value with field one of '
                        f'{sorted(types)}.')
     kind = str(types[name])
-    parse = float if 'float' in kind else int if 'int' in kind else str
+    type_name = next((t for t in ('bool', 'float', 'int') if t in kind), 'str')
+    parse = {'bool': _parse_bool, 'float': float, 'int': int, 'str': str}[type_name]
     try:
       out[name] = parse(value)
     except ValueError as e:
-      raise ValueError(f'--set {item!r}: {name} must be {parse.__name__}, got '
+      raise ValueError(f'--set {item!r}: {name} must be {type_name}, got '
                        f'{value!r}.') from e
   return out
+
+
+def _parse_bool(value: str) -> bool:
+  """'true'/'1' or 'false'/'0' (any case); anything else is a ValueError."""
+  if value.lower() in ('true', '1'):
+    return True
+  if value.lower() in ('false', '0'):
+    return False
+  raise ValueError(value)
+
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -64,16 +64,34 @@ def read_safetensors_header(path: pathlib.Path) -> dict[str, TensorInfo]:
   data_bytes = size - 8 - header_len
   infos = {}
   for name, entry in header.items():
-    end = entry['data_offsets'][1]
+    start, end, shape, dtype = _header_entry(path, name, entry)
     if end > data_bytes:
       raise ShardIndexError(
           f'{str(path)!r} is truncated: tensor {name!r} ends at byte {end} of the '
           f'data section but the file holds only {data_bytes}. Download it again.')
-    start = entry['data_offsets'][0]
-    infos[name] = TensorInfo(path.name, tuple(int(d) for d in entry['shape']),
-                             _ST_DTYPES.get(entry['dtype'], entry['dtype']),
-                             offset=8 + header_len + start)
+    infos[name] = TensorInfo(path.name, shape, dtype, offset=8 + header_len + start)
   return infos
+
+
+def _header_entry(path: pathlib.Path, name: str, entry: Any) -> tuple[int, int, tuple, str]:
+  """(start, end, shape, numpy dtype name) of one header entry, checked: a known
+  dtype, and data offsets spanning exactly shape x itemsize bytes."""
+  try:
+    dtype = _ST_DTYPES[entry['dtype']]
+    shape = tuple(int(d) for d in entry['shape'])
+    start, end = (int(x) for x in entry['data_offsets'])
+  except (KeyError, TypeError, ValueError) as e:
+    known = sorted(_ST_DTYPES)
+    raise ShardIndexError(
+        f'{str(path)!r}: the header entry of tensor {name!r} is malformed ({entry!r}; '
+        f'needs dtype in {known}, shape and two data_offsets): {type(e).__name__}: {e}. '
+        'The file is corrupt or of an unsupported dtype.') from None
+  nbytes = int(np.prod(shape, dtype=np.int64)) * jnp.dtype(dtype).itemsize
+  if start < 0 or end - start != nbytes:
+    raise ShardIndexError(
+        f'{str(path)!r}: tensor {name!r} ({entry["dtype"]}{list(shape)}, {nbytes} bytes) has '
+        f'data_offsets [{start}, {end}] ({end - start} bytes). The file is corrupt.')
+  return start, end, shape, dtype
 
 
 def _read_safetensors_tensor(f, info: TensorInfo) -> np.ndarray:

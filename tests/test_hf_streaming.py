@@ -123,6 +123,40 @@ class HFStreamingTest(absltest.TestCase):
     with self.assertRaisesRegex(hf_streaming.ShardIndexError, 'truncated'):
       hf_streaming.open_checkpoint(self.dir)
 
+  def test_chameleon_config_json_errors_name_the_file(self):
+    path = self.dir / 'config.json'
+    for text, message in (('{"vocab_size": 65536', 'is not valid JSON'),
+                          ('[1, 2]', 'must hold a JSON object, got list')):
+      path.write_text(text)
+      with self.assertRaisesRegex(ValueError, f"config.json'? {message}"):
+        chameleon_converter.resolve_config(None, self.dir)
+
+  def test_header_entries_are_checked(self):
+    """Offsets spanning fewer bytes than dtype x shape (a read would run into the next
+    tensor), an unknown dtype code or missing offsets: a ShardIndexError naming the
+    tensor, before any data is read."""
+    def write(header, data):
+      encoded = json.dumps(header).encode()
+      encoded += b' ' * (-len(encoded) % 8)
+      path = self.dir / hf_streaming.SAFETENSORS_SINGLE
+      path.write_bytes(len(encoded).to_bytes(8, 'little') + encoded + data)
+      return path
+
+    data = np.arange(8, dtype=np.float32).tobytes()
+    good = {'a': {'dtype': 'F32', 'shape': [4], 'data_offsets': [0, 16]},
+            'b': {'dtype': 'F32', 'shape': [4], 'data_offsets': [16, 32]}}
+    infos = hf_streaming.read_safetensors_header(write(good, data))
+    self.assertEqual(infos['a'].shape, (4,))
+    for entry, message in (
+        ({'dtype': 'F32', 'shape': [8], 'data_offsets': [0, 16]},
+         r"tensor 'a' \(F32\[8\], 32 bytes\) has data_offsets \[0, 16\] \(16 bytes\)"),
+        ({'dtype': 'F8_E4M3', 'shape': [4], 'data_offsets': [0, 16]},
+         r"header entry of tensor 'a' is malformed.*needs dtype in"),
+        ({'dtype': 'F32', 'shape': [4]}, r"header entry of tensor 'a' is malformed")):
+      path = write(dict(good, a=entry), data)
+      with self.assertRaisesRegex(hf_streaming.ShardIndexError, message):
+        hf_streaming.read_safetensors_header(path)
+
   def test_no_checkpoint_in_folder(self):
     with self.assertRaisesRegex(hf_streaming.ShardIndexError, 'No checkpoint'):
       hf_streaming.open_checkpoint(self.dir)

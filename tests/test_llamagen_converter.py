@@ -232,12 +232,19 @@ class ConverterTest(parameterized.TestCase):
       ('zero_image_size', '--image_size=0', 'image_size 0 must be a multiple of the VQ '
                                             'downsampling 16 and at least 16'),
       ('negative_image_size', '--image_size=-256', 'image_size -256 must be'),
+      ('bad_bool', '--set=scan_layers=maybe', 'scan_layers must be bool'),
   )
   def test_config_errors_are_usage_errors(self, flag, message):
     path = self._save(self.state, 'c2i_tiny_64.safetensors')
     with self.assertRaisesRegex(app.UsageError, message):
       self._main(f'--input={path}', flag)
     self._assert_no_output()
+
+  def test_set_parses_each_field_type(self):
+    self.assertEqual(convert.parse_overrides(['dim=64', 'rope_base=1e4', 'scan_layers=False',
+                                              'model_type=t2i']),
+                     dict(dim=64, rope_base=1e4, scan_layers=False, model_type='t2i'))
+    self.assertIs(convert.parse_overrides(['scan_layers=TRUE'])['scan_layers'], True)
 
   def test_unwritable_output_fails_before_converting(self):
     """An --output under a file cannot be created: refused before any tensor is read."""
