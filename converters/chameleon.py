@@ -24,7 +24,6 @@ Param layout written: see `models/chameleon.py` (`ChameleonModel`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 from collections.abc import Callable, Mapping
@@ -184,14 +183,7 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
     raise ValueError(
         f'--config {config_arg!r}: neither a preset ({sorted(chameleon.CONFIGS)}) nor a '
         f'config.json file ({str(path)!r} does not exist).')
-  try:
-    with open(path) as f:
-      hf_config = json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f'{str(path)!r} is not valid JSON: {e}') from e
-  if not isinstance(hf_config, dict):
-    raise ValueError(f'{str(path)!r} must hold a JSON object, got '
-                     f'{type(hf_config).__name__}.')
+  hf_config = common.read_json_object(path)
   try:
     return chameleon.ChameleonConfig.from_hf_config(hf_config), str(path), hf_config
   except KeyError as e:

@@ -13,6 +13,7 @@ Legend: a "state dict" is a flat `{name: array}` mapping in the original
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import pickle
@@ -249,6 +250,22 @@ def load_state_dict(
       continue
     out[name] = to_numpy(value, upcast_bf16=upcast_bf16)
   return out
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
+  """A JSON file holding an object (e.g. a release's config.json), as a dict.
+
+  Raises:
+    ValueError: naming the file, when it is not JSON or holds no object.
+  """
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{str(path)!r} is not valid JSON: {e}') from e
+  if not isinstance(value, Mapping):
+    raise ValueError(f'{str(path)!r} must hold a JSON object, got {type(value).__name__}.')
+  return dict(value)
 
 
 def drop_keys(state: Mapping[str, Any], substrings: Sequence[str]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from specdec_jax.converters.checkpoint_read import CheckpointReadError
 from specdec_jax.converters.checkpoint_read import drop_keys
 from specdec_jax.converters.checkpoint_read import load_raw_checkpoint
 from specdec_jax.converters.checkpoint_read import load_state_dict
+from specdec_jax.converters.checkpoint_read import read_json_object
 from specdec_jax.converters.checkpoint_read import SAFETENSORS_SUFFIXES
 from specdec_jax.converters.checkpoint_read import to_numpy
 from specdec_jax.converters.checkpoint_read import TORCH_SUFFIXES

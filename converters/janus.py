@@ -35,7 +35,6 @@ values equal to transformers' defaults. Convert the original DeepSeek release
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from collections.abc import Mapping
 from typing import Any
@@ -245,14 +244,7 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
     raise ValueError(
         f'--config {config_arg!r}: neither a preset ({sorted(janus.CONFIGS)}) nor a '
         f'config.json file ({str(path)!r} does not exist).')
-  try:
-    with open(path) as f:
-      hf = json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f'{str(path)!r} is not valid JSON: {e}') from e
-  if not isinstance(hf, Mapping):
-    raise ValueError(f'{str(path)!r} must hold a JSON object, got {type(hf).__name__}.')
-  return config_from_hf(hf, repr(str(path))), str(path)
+  return config_from_hf(common.read_json_object(path), repr(str(path))), str(path)
 
 
 def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,

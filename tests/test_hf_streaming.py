@@ -16,6 +16,7 @@ import numpy as np
 
 from specdec_jax.converters import chameleon as chameleon_converter
 from specdec_jax.converters import hf_streaming
+from specdec_jax.converters import janus as janus_converter
 from tests import torch_reference as ref
 
 
@@ -123,13 +124,14 @@ class HFStreamingTest(absltest.TestCase):
     with self.assertRaisesRegex(hf_streaming.ShardIndexError, 'truncated'):
       hf_streaming.open_checkpoint(self.dir)
 
-  def test_chameleon_config_json_errors_name_the_file(self):
+  def test_config_json_errors_name_the_file(self):
     path = self.dir / 'config.json'
     for text, message in (('{"vocab_size": 65536', 'is not valid JSON'),
                           ('[1, 2]', 'must hold a JSON object, got list')):
       path.write_text(text)
-      with self.assertRaisesRegex(ValueError, f"config.json'? {message}"):
-        chameleon_converter.resolve_config(None, self.dir)
+      for converter in (chameleon_converter, janus_converter):
+        with self.assertRaisesRegex(ValueError, f"config.json'? {message}"):
+          converter.resolve_config(None, self.dir)
 
   def test_header_entries_are_checked(self):
     """Offsets spanning fewer bytes than dtype x shape (a read would run into the next
