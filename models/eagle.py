@@ -18,8 +18,10 @@ input) at the position that predicted x_{t+1}: drafter slot t pairs target
 hidden t with token t+1. The embedding is a frozen copy of the target's.
 
 RoPE: LlamaGen drafters use the target's 2D table with one fewer condition
-token (the shift above): c2i 0, t2i 119; so a slot's position id equals the
-image index of the token it consumes. Lumina drafters use 1D rotate_half RoPE.
+token (the shift above): c2i 0, t2i 119. A t2i drafter's first 119 slots hold
+the target's condition features paired with token 0 (`prefix_pairs`, as
+LANTERN's `initialize_tree`), so the slot consuming image token n sits at
+position 119 + n, grid cell n. Lumina drafters use 1D rotate_half RoPE.
 
 `EagleDrafter` mirrors the `DecodeModel` protocol with one more input:
 `forward(params, cache, tokens, target_hidden, window_mask, depths)`. Its
@@ -246,6 +248,45 @@ class EagleDrafter:
     if tokens.shape[0] != cache.batch_size:
       raise ValueError(f'{what}: {tokens.shape[0]} rows but the cache has '
                        f'{cache.batch_size}.')
+
+  def check_target(self, target: Any) -> None:
+    """Raises unless a 2D-RoPE drafter's table fits the target's: the same grid
+    and one condition position fewer (LANTERN's `input_type`: c2i 0, t2i and
+    t2i2 119). Targets without a 2D grid are not checked."""
+    c = self.config
+    grid = getattr(getattr(target, 'config', None), 'grid_size', None)
+    cls_token_num = getattr(getattr(target, 'config', None), 'cls_token_num', None)
+    if c.rope != '2d' or grid is None or cls_token_num is None:
+      return
+    if c.grid_size != grid or c.cls_token_num != cls_token_num - 1:
+      raise ValueError(
+          f'generate: the EAGLE drafter\'s 2D RoPE table (grid {c.grid_size}, '
+          f'{c.cls_token_num} condition positions) does not fit the target (grid {grid}, '
+          f'{cls_token_num} condition positions; the drafter needs grid {grid} and '
+          f'{cls_token_num - 1}). Convert the drafter trained for this target (LANTERN '
+          f'config.json input_type: c2i for 576-token c2i, t2i for 256-token and t2i2 for '
+          f'1024-token t2i targets).')
+
+  def prefix_pairs(self, cond: Any, target_hidden: jax.Array) -> tuple[jax.Array, jax.Array] | None:
+    """The drafter's prefix before the first image token, or None (none).
+
+    A 2D-RoPE drafter with c = cls_token_num > 0 (LANTERN's t2i drafters: c =
+    119) is fed, as LANTERN's `initialize_tree` does, the target's first c
+    condition features paired with token id 0 [R, c]; the catch-up then pairs
+    the last condition feature with the first image token at slot c, the
+    table's first grid row. target_hidden: [R, c + 1, E], the target's
+    prefix. c = 0 (c2i) and 1D drafters start empty.
+    """
+    del cond
+    c = self.config.cls_token_num
+    if self.config.rope != '2d' or c == 0:
+      return None
+    if target_hidden.shape[1] != c + 1:
+      raise ValueError(f'EagleDrafter.prefix_pairs: the drafter has {c} condition positions, '
+                       f'so the target prefix must have {c + 1}; got '
+                       f'{target_hidden.shape[1]} (target_hidden {tuple(target_hidden.shape)}).')
+    tokens = jnp.zeros(target_hidden.shape[:1] + (c,), jnp.int32)
+    return tokens, target_hidden[:, :c]
 
   def prefill(self, params: Any, cache: kv.KVCache, tokens: jax.Array,
               target_hidden: jax.Array) -> protocol.ForwardOutput:

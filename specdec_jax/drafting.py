@@ -130,10 +130,11 @@ class Drafter:
   `forward(params, cache, tokens, features, window_mask, depths)` and
   `prefill(params, cache, tokens, features)`; features are target hidden
   states [R, T, E]. If the head defines `prefix_pairs(cond, target_hidden)
-  -> (tokens int32[R, Pd], features [R, Pd, E])`, the prefix pairs are
-  prefilled first; otherwise the head starts empty (Pd = 0, as LANTERN's
-  class-conditional LlamaGen drafter: its first pair is the first image
-  token with the class position's feature, fed by the catch-up).
+  -> (tokens int32[R, Pd], features [R, Pd, E])` or None, the prefix pairs are
+  prefilled first (LANTERN's t2i LlamaGen drafters: 119 condition features
+  with token 0); without it, or with None, the head starts empty (Pd = 0, as
+  LANTERN's class-conditional LlamaGen drafter: its first pair is the first
+  image token with the class position's feature, fed by the catch-up).
   """
 
   model: Any
@@ -146,8 +147,10 @@ class Drafter:
     prefix_pairs = getattr(self.model, 'prefix_pairs', None)
     if prefix_pairs is None:
       return cache
-    tokens, features = prefix_pairs(cond, target_hidden)
-    return self.model.prefill(params, cache, tokens, features).cache
+    pairs = prefix_pairs(cond, target_hidden)
+    if pairs is None:
+      return cache
+    return self.model.prefill(params, cache, *pairs).cache
 
   def forward(self, params, cache, tokens, features, window_mask=None, depths=None,
               logits_at=None):

@@ -259,6 +259,8 @@ class DrafterMode(Mode):
     if self.drafter == drafting.EAGLE and draft.hidden_size != target.hidden_size:
       raise ValueError(f'generate: EAGLE drafter hidden_size {draft.hidden_size} != target '
                        f'hidden_size {target.hidden_size}; it consumes target hidden states.')
+    if self.drafter == drafting.EAGLE and hasattr(draft, 'check_target'):
+      draft.check_target(target)  # e.g. a 2D RoPE table for another grid
     if self.drafter == drafting.MODEL:
       # The draft model checks its own conditioning, abstractly (as the target's).
       rows = jnp.shape(jax.tree.leaves(cond)[0])[0]

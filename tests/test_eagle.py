@@ -247,6 +247,54 @@ class EnginePathTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'logits_at must be int32\[B\] = \[2\]'):
       model.forward(params, cache, tokens, hidden, logits_at=jnp.zeros((2, 1), jnp.int32))
 
+  def test_t2i_drafter_prefix_is_the_condition_features_with_token_zero(self):
+    """LANTERN's t2i drafter (grid 16, 119 condition rows) first consumes the
+    target's 119 condition features paired with token 0 (`initialize_tree`), so
+    image token n is at position 119 + n. The engine's prefill (`prefix_pairs`)
+    then the image pairs give LANTERN's logits; without the prefix (the engine
+    before) they are far off (the negative control)."""
+    cfg_json = dict(config_json('llamagen'), input_type='t2i')
+    config = convert.drafter_config_from_json(cfg_json, 'llamagen')
+    self.assertEqual((config.grid_size, config.cls_token_num), (16, 119))
+    state = random_drafter_state(config)
+    rng = np.random.default_rng(7)
+    head = (rng.standard_normal((config.vocab_size, config.hidden_size)) * 0.2).astype(np.float32)
+    image = rng.integers(0, config.vocab_size, (BATCH, 5))
+    hidden = rng.standard_normal((BATCH, 119 + 5, config.hidden_size)).astype(np.float32)
+    tokens = np.concatenate([np.zeros((BATCH, 119), np.int64), image], axis=1)
+    expected, _ = ref_eagle.drafter_forward(state, cfg_json, 'llamagen', head, tokens, hidden,
+                                            grid=16, cls_token_num=119)
+    model = eagle.EagleDrafter(config)
+    params = eagle.attach_head(convert.convert_drafter(state, config), head.T)
+    drafter = drafting.Drafter(model, drafting.EAGLE)
+    target_prefix = jnp.asarray(hidden[:, :120])  # the target's 120 condition positions
+    fresh = model.init_cache(BATCH, 130)
+    prefilled = drafter.prefill(params, fresh, None, target_prefix)
+    np.testing.assert_array_equal(prefilled.lengths, 119)
+    image_pairs = (jnp.asarray(image, jnp.int32), jnp.asarray(hidden[:, 119:]))
+    got = model.forward(params, prefilled, *image_pairs).logits
+    self.assertLess(rel_err(got, expected[:, 119:]), RTOL)
+    unprefixed = model.forward(params, fresh, *image_pairs).logits
+    self.assertGreater(rel_err(unprefixed, expected[:, 119:]), 0.1)
+    # c2i and 1D (Lumina) drafters start empty.
+    for kind in ('llamagen', 'lumina'):
+      other = eagle.EagleDrafter(convert.drafter_config_from_json(config_json(kind), kind))
+      self.assertIsNone(other.prefix_pairs(None, target_prefix))
+    with self.assertRaisesRegex(ValueError, 'the target prefix must have 120; got 7'):
+      model.prefix_pairs(None, target_prefix[:, :7])
+
+  def test_drafter_table_must_fit_the_target(self):
+    t2i = llamagen.LlamaGenGPT(llamagen.gpt_config('GPT-XL', model_type='t2i', image_size=256))
+    fits = eagle.EagleDrafter(eagle.llamagen_drafter_config(t2i.config))
+    fits.check_target(t2i)
+    for input_type in ('c2i', 't2i2'):
+      other = eagle.EagleDrafter(convert.drafter_config_from_json(
+          dict(config_json('llamagen'), input_type=input_type), 'llamagen'))
+      with self.assertRaisesRegex(ValueError, r'does not fit the target \(grid 16, 120 '
+                                  r'condition positions.*input_type'):
+        other.check_target(t2i)
+    eagle.EagleDrafter(convert.drafter_config_from_json(config_json('lumina'))).check_target(t2i)
+
   def test_input_errors(self):
     config, _, _, _, _ = fixture('llamagen')
     model = eagle.EagleDrafter(config)

@@ -6,9 +6,15 @@ chains and trees); run without torch. See tests/test_llamagen.py.
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import decode
+from specdec_jax import drafting
+from specdec_jax import logits
+from specdec_jax import rules
+from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
 from tests.llamagen_support import RTOL
 from tests.llamagen_support import tiny_config
@@ -75,6 +81,27 @@ class EnginePathTest(parameterized.TestCase):
     self.assertLess(rel_err(tree.logits[:, 1], chain_a.logits[:, 1]), RTOL)
     self.assertLess(rel_err(tree.logits[:, 2], chain_b.logits[:, 1]), RTOL)
     self.assertGreater(rel_err(tree.logits[:, 1], tree.logits[:, 2]), 1e-3)
+
+  def test_t2i_eagle_chain_prefills_the_drafter_with_the_condition(self):
+    """A t2i target (8 condition positions) with an EAGLE drafter (7): the
+    drafter's prefill holds the 7 condition pairs (`EagleDrafter.prefix_pairs`),
+    the decode runs, and greedy chain decoding gives vanilla's greedy tokens."""
+    config, params, model, _, cond = self._setup('t2i')
+    drafter = eagle.EagleDrafter(eagle.llamagen_drafter_config(config))
+    draft_params = eagle.attach_head(drafter.init_params(jax.random.key(3)),
+                                     params['output']['kernel'])
+    prefix = jit_prefill(model, params, model.init_cache(2, capacity(config)), cond)
+    drafted = drafting.Drafter(drafter, drafting.EAGLE).prefill(
+        draft_params, drafter.init_cache(2, 16), cond, prefix.hidden)
+    np.testing.assert_array_equal(drafted.lengths, config.cls_token_num - 1)
+    greedy = logits.Sampling(temperature=0.0)
+    run = lambda mode, **kw: decode.generate(
+        model, params, cond, num_tokens=config.block_size, key=jax.random.key(0), mode=mode,
+        sampling=greedy, compiler_options=decode.FAST_COMPILE, **kw)
+    vanilla = run(decode.Vanilla())
+    chain = run(decode.ChainDraft(3, 'eagle'), rule=rules.Lossless(), draft=drafter,
+                draft_params=draft_params)
+    np.testing.assert_array_equal(np.asarray(chain.tokens), np.asarray(vanilla.tokens))
 
   def test_cond_errors(self):
     config, params, model, _, _ = self._setup('c2i')

@@ -14,13 +14,13 @@ from tests.torch_reference import (  # pylint: disable=g-multiple-import
 # --------------------------------------------------- EAGLE-1 / LANTERN ---
 
 
-def drafter_forward(sd, cfg_json, kind, head_weight, tokens, hidden):
+def drafter_forward(sd, cfg_json, kind, head_weight, tokens, hidden, grid=24, cls_token_num=0):
   """LANTERN drafter: tokens [B, L], hidden [B, L, E] -> (logits, features) numpy.
 
   fc on [embedding, target feature], one decoder layer (LlamaGen: no input
-  norm, interleaved 2D RoPE with LANTERN's table for input_type c2i; Lumina:
-  input norm, per-head q/k LayerNorm, rotate_half 1D RoPE), no final norm,
-  the target's head.
+  norm, interleaved 2D RoPE with LANTERN's table, by default input_type c2i's
+  (grid 24, no condition rows; t2i: grid 16, 119); Lumina: input norm, per-head
+  q/k LayerNorm, rotate_half 1D RoPE), no final norm, the target's head.
   """
   sd = as_torch_state(sd)
   head_weight, tokens, hidden = as_torch(head_weight), as_long(tokens), as_torch(hidden)
@@ -41,7 +41,7 @@ def drafter_forward(sd, cfg_json, kind, head_weight, tokens, hidden):
     q = apply_rope_half(q, cos[None, :, None, :], sin[None, :, None, :])
     k = apply_rope_half(k, cos[None, :, None, :], sin[None, :, None, :])
   else:
-    cos, sin = rope_2d_table(24, hd, cfg_json['rope_theta'], 0, trailing_zeros=10)
+    cos, sin = rope_2d_table(grid, hd, cfg_json['rope_theta'], cls_token_num, trailing_zeros=10)
     q = rotate_pairs(q, cos[positions], sin[positions])
     k = rotate_pairs(k, cos[positions], sin[positions])
   causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
