@@ -21,7 +21,9 @@ RoPE: LlamaGen drafters use the target's 2D table with one fewer condition
 token (the shift above): c2i 0, t2i 119. A t2i drafter's first 119 slots hold
 the target's condition features paired with token 0 (`prefix_pairs`, as
 LANTERN's `initialize_tree`), so the slot consuming image token n sits at
-position 119 + n, grid cell n. Lumina drafters use 1D rotate_half RoPE.
+position 119 + n, grid cell n. Lumina drafters use 1D rotate_half RoPE and
+first consume the prompt (feature t with prompt token t + 1, left padding
+masked).
 
 `EagleDrafter` mirrors the `DecodeModel` protocol with one more input:
 `forward(params, cache, tokens, target_hidden, window_mask, depths)`. Its
@@ -41,6 +43,7 @@ import jax.numpy as jnp
 from specdec_jax import kv_cache as kv
 from specdec_jax import precision
 from specdec_jax import protocol
+from specdec_jax.models import chameleon
 from specdec_jax.models import dense_dot
 from specdec_jax.models import layers
 from specdec_jax.models import llamagen
@@ -200,6 +203,21 @@ def embedding_from_llamagen(target_params: Any, source: str = 'tok_embeddings') 
                    f'{EMBEDDING_SOURCES}, got {source!r}.')
 
 
+def _prompt_pairs(cond: Any, target_hidden: jax.Array) -> tuple | None:
+  """EAGLE pairs of a prompt prefix (see `EagleDrafter.prefix_pairs`), or None
+  when cond holds no prompt tokens or only one."""
+  tokens = getattr(cond, 'tokens', None)
+  if tokens is None or tokens.shape[1] < 2:
+    return None
+  if tuple(target_hidden.shape[:2]) != tuple(tokens.shape):
+    raise ValueError(f'EagleDrafter.prefix_pairs: the target prefix features '
+                     f'{tuple(target_hidden.shape)} must cover the prompt tokens '
+                     f'{tuple(tokens.shape)} ([R, P, E] for [R, P]).')
+  pairs = (tokens[:, 1:].astype(jnp.int32), target_hidden[:, :-1])
+  mask = getattr(cond, 'mask', None)
+  return pairs if mask is None else pairs + (mask[:, :-1],)
+
+
 @dataclasses.dataclass(frozen=True)
 class EagleDrafter:
   """EAGLE-1 drafter with the engine's model calls plus the target features.
@@ -267,19 +285,28 @@ class EagleDrafter:
           f'config.json input_type: c2i for 576-token c2i, t2i for 256-token and t2i2 for '
           f'1024-token t2i targets).')
 
-  def prefix_pairs(self, cond: Any, target_hidden: jax.Array) -> tuple[jax.Array, jax.Array] | None:
+  def prefix_pairs(self, cond: Any, target_hidden: jax.Array) -> tuple | None:
     """The drafter's prefix before the first image token, or None (none).
 
-    A 2D-RoPE drafter with c = cls_token_num > 0 (LANTERN's t2i drafters: c =
-    119) is fed, as LANTERN's `initialize_tree` does, the target's first c
-    condition features paired with token id 0 [R, c]; the catch-up then pairs
-    the last condition feature with the first image token at slot c, the
-    table's first grid row. target_hidden: [R, c + 1, E], the target's
-    prefix. c = 0 (c2i) and 1D drafters start empty.
+    As LANTERN's `initialize_tree` feeds its drafters:
+    - a 2D-RoPE drafter with c = cls_token_num > 0 (the t2i drafters: c =
+      119): the target's first c condition features paired with token id 0
+      [R, c]; the catch-up then pairs the last condition feature with the first
+      image token at slot c, the table's first grid row. target_hidden: [R, c +
+      1, E], the target's prefix. c = 0 (c2i): None, the head starts empty.
+    - a 1D-RoPE drafter (Lumina-mGPT) on a prompt (cond with `tokens` int32[R,
+      P] and `mask` bool[R, P] or None, as `models.chameleon.ChameleonPrompt`):
+      the pairs (feature t, prompt token t + 1) for t < P - 1, with valid =
+      mask[:, :P - 1] (a padded feature's slot is never attended, and each
+      row's first real slot is position 0, LANTERN's mask.cumsum - 1).
+    Returns:
+      (tokens int32[R, Pd], features [R, Pd, E]) or, with a padding mask,
+      (tokens, features, valid bool[R, Pd]) for `prefill`; or None.
     """
-    del cond
+    if self.config.rope == '1d':
+      return _prompt_pairs(cond, target_hidden)
     c = self.config.cls_token_num
-    if self.config.rope != '2d' or c == 0:
+    if c == 0:
       return None
     if target_hidden.shape[1] != c + 1:
       raise ValueError(f'EagleDrafter.prefix_pairs: the drafter has {c} condition positions, '
@@ -289,10 +316,15 @@ class EagleDrafter:
     return tokens, target_hidden[:, :c]
 
   def prefill(self, params: Any, cache: kv.KVCache, tokens: jax.Array,
-              target_hidden: jax.Array) -> protocol.ForwardOutput:
+              target_hidden: jax.Array, valid: jax.Array | None = None
+              ) -> protocol.ForwardOutput:
     """First call on a fresh cache: the target prefix's features paired with
-    the tokens that follow them (slot t: target hidden t, token t + 1)."""
+    the tokens that follow them (slot t: target hidden t, token t + 1).
+    valid: optional bool[B, T], False on left padding (never attended; each
+    row's first valid slot is position 0)."""
     kv.check_capacity(cache.capacity, tokens.shape[1], 'EagleDrafter.prefill')
+    if valid is not None:
+      cache = chameleon.mark_prefix_padding(cache, valid)
     return self.forward(params, cache, tokens, target_hidden)
 
   def forward(self, params: Any, cache: kv.KVCache, tokens: jax.Array,

@@ -227,6 +227,39 @@ class ChameleonTest(parameterized.TestCase):
       np.testing.assert_array_equal(tokens, generated)
 
 
+  def test_engine_eagle_chain_prefills_the_drafter_with_the_prompt(self):
+    """An EAGLE chain on a padded CFG prompt: the drafter's prefill holds the P - 1
+    prompt pairs (`EagleDrafter.prefix_pairs`, the uncond row's padding masked), and
+    greedy decoding gives vanilla's greedy tokens."""
+    from specdec_jax import decode, drafting, logits, rules  # pylint: disable=g-import-not-at-top
+    from specdec_jax.models import eagle  # pylint: disable=g-import-not-at-top
+    model, params = self._convert(TINY, random_hf_state(TINY, qk_norm_rows=1, seed=3))
+    drafter = eagle.EagleDrafter(eagle.lumina_drafter_config(
+        hidden_size=TINY['hidden_size'], num_heads=TINY['num_attention_heads'],
+        intermediate_size=TINY['intermediate_size'], vocab_size=TINY['vocab_size'],
+        dtype='float32'))
+    draft_params = eagle.attach_head(drafter.init_params(jax.random.key(5)),
+                                     params['lm_head']['kernel'])
+    layout = ll.ImageLayout(2, 4)
+    prompt = chameleon.build_prompt([[0, 17, 300, 8710], [0, 5, 6, 7, 8, 8710]], layout,
+                                    cfg=True)
+    prompt_len = prompt.tokens.shape[1]
+    hidden = _fast_jit(model.prefill)(params, model.init_cache(4, 32), prompt).hidden
+    prefilled = drafting.Drafter(drafter, drafting.EAGLE).prefill(
+        draft_params, drafter.init_cache(4, 32), prompt, hidden)
+    np.testing.assert_array_equal(prefilled.lengths, prompt_len - 1)
+    np.testing.assert_array_equal(prefilled.position_offset,
+                                  prompt_len - np.asarray(prompt.mask).sum(axis=1))
+    run = lambda mode, **kw: decode.generate(
+        model, params, prompt, num_tokens=8, key=jax.random.key(0), mode=mode,
+        sampling=logits.Sampling(cfg_scale=3.0, temperature=0.0),
+        compiler_options=decode.FAST_COMPILE, **kw)
+    chain = run(decode.ChainDraft(3, 'eagle'), rule=rules.Lossless(), draft=drafter,
+                draft_params=draft_params)
+    vanilla = run(decode.Vanilla())
+    np.testing.assert_array_equal(np.asarray(chain.tokens), np.asarray(vanilla.tokens))
+
+
 class ConverterTest(parameterized.TestCase):
   """Config reading and key checks (no PyTorch needed)."""
 

@@ -27,6 +27,7 @@ from specdec_jax.app import toy
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.converters import lantern_drafter as convert
+from specdec_jax.models import chameleon
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
 from tests import torch_reference as ref
@@ -282,6 +283,42 @@ class EnginePathTest(absltest.TestCase):
       self.assertIsNone(other.prefix_pairs(None, target_prefix))
     with self.assertRaisesRegex(ValueError, 'the target prefix must have 120; got 7'):
       model.prefix_pairs(None, target_prefix[:, :7])
+
+  def test_lumina_drafter_prefix_is_the_prompt_with_its_padding(self):
+    """LANTERN's Lumina-mGPT drafter first consumes the prompt (feature t with prompt
+    token t + 1; left padding masked, positions mask.cumsum - 1). The engine's
+    prefill (`prefix_pairs` with the prompt's mask) then the catch-up and image
+    pairs give the torch reference's logits on a padded and an unpadded row;
+    without the prefix they are far off (the negative control)."""
+    cfg_json = config_json('lumina')
+    config, state, head, _, _ = fixture('lumina')
+    rng = np.random.default_rng(11)
+    prompt_length, image_length = 6, 4
+    prompt = rng.integers(0, config.vocab_size, (BATCH, prompt_length))
+    mask = np.ones((BATCH, prompt_length), bool)
+    mask[1, :2] = False  # row 1: two padding slots on the left
+    image = rng.integers(0, config.vocab_size, (BATCH, image_length))
+    length = prompt_length + image_length - 1  # LANTERN's drafter call: ids[:, 1:]
+    hidden = rng.standard_normal((BATCH, length, config.hidden_size)).astype(np.float32)
+    tokens = np.concatenate([prompt, image], axis=1)[:, 1:]
+    slot_mask = np.concatenate([mask, np.ones((BATCH, image_length), bool)], axis=1)[:, :length]
+    expected, _ = ref_eagle.drafter_forward(state, cfg_json, 'lumina', head, tokens, hidden,
+                                            mask=slot_mask)
+    model = eagle.EagleDrafter(config)
+    params = eagle.attach_head(convert.convert_drafter(state, config), head.T)
+    cond = chameleon.ChameleonPrompt(jnp.asarray(prompt, jnp.int32), jnp.asarray(mask))
+    fresh = model.init_cache(BATCH, 16)
+    prefilled = drafting.Drafter(model, drafting.EAGLE).prefill(
+        params, fresh, cond, jnp.asarray(hidden[:, :prompt_length]))
+    np.testing.assert_array_equal(prefilled.lengths, prompt_length - 1)
+    pairs = (jnp.asarray(image, jnp.int32), jnp.asarray(hidden[:, prompt_length - 1:]))
+    want = expected[:, prompt_length - 1:]  # the catch-up slot and the image pairs
+    self.assertLess(rel_err(model.forward(params, prefilled, *pairs).logits, want), RTOL)
+    self.assertGreater(rel_err(model.forward(params, fresh, *pairs).logits, want), 0.1)
+    unpadded = chameleon.ChameleonPrompt(cond.tokens)
+    self.assertLen(model.prefix_pairs(unpadded, jnp.asarray(hidden[:, :prompt_length])), 2)
+    with self.assertRaisesRegex(ValueError, 'must cover the prompt tokens'):
+      model.prefix_pairs(cond, jnp.asarray(hidden[:, :3]))
 
   def test_drafter_table_must_fit_the_target(self):
     t2i = llamagen.LlamaGenGPT(llamagen.gpt_config('GPT-XL', model_type='t2i', image_size=256))
