@@ -247,6 +247,16 @@ def drafter_config(**overrides):
 
 class DrafterTrainerTest(absltest.TestCase, ManifestMixin):
 
+  def test_caption_conditioned_targets_are_refused(self):
+    """Their drafters first consume the condition positions at inference
+    (`EagleDrafter.prefix_pairs`), which `eagle_loss` does not train."""
+    t2i = llamagen.gpt_config('GPT-B', model_type='t2i', image_size=256)
+    with self.assertRaisesRegex(ValueError, '120 condition positions.*class-conditional'):
+      train_drafter.drafter_config_from(ml_collections.ConfigDict(), t2i)
+    c2i = train_drafter.drafter_config_from(ml_collections.ConfigDict(),
+                                            llamagen.gpt_config('GPT-B', image_size=256))
+    self.assertEqual(c2i.cls_token_num, 0)
+
   def test_trains_keeps_frozen_parts_and_exports(self):
     target, target_params = tiny_target()
     before = jax.tree_util.tree_map(np.array, target_params)

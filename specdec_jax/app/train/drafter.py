@@ -159,7 +159,16 @@ def eagle_loss(drafter: eagle.EagleDrafter, params: Any, tokens: jax.Array,
 def drafter_config_from(config, target_config: llamagen.GPTConfig) -> eagle.DrafterConfig:
   """LANTERN's LlamaGen drafter shape for the target, with `config.drafter` overrides."""
   overrides = dict(config.drafter.to_dict()) if 'drafter' in config else {}
-  return eagle.llamagen_drafter_config(target_config, dtype='float32', **overrides)
+  drafter_config = eagle.llamagen_drafter_config(target_config, dtype='float32', **overrides)
+  if drafter_config.cls_token_num:
+    # At inference such a drafter first consumes the condition positions
+    # (`EagleDrafter.prefix_pairs`); `eagle_loss` trains on image pairs only.
+    raise ValueError(
+        f'train.drafter: the target has {target_config.cls_token_num} condition positions; '
+        'this trainer covers class-conditional targets (one), whose drafter has no prefix. '
+        'Train caption-conditioned drafters with their condition prefix (LANTERN\'s '
+        'training code) and convert them with specdec_jax.converters.lantern_drafter.')
+  return drafter_config
 
 
 def frozen_params(target_params: Any, embedding_source: str = 'tok_embeddings') -> dict:
