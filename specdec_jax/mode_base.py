@@ -199,16 +199,18 @@ class Mode:
 
   def verify(self, plan: Plan, rule, uniforms, window, drafts: Drafts, target_probs,
              cache: kv.KVCache, start) -> tuple[Verdict, kv.KVCache]:
-    """Verifies the window per image (vmapped; over a 'data' mesh each device its
-    own images: `sharding.vmap_per_image`) against target_probs [B, T, V].
+    """Verifies the window per image (vmapped; for a rule with
+    `verify_per_data_shard`, over a 'data' mesh each device its own images:
+    `sharding.vmap_per_image`) against target_probs [B, T, V].
 
     uniforms: f32[B, verify_uniforms]. cache: the target cache after the
     verify forward (lengths = start, the row lengths before it). Returns the
     verdict and the cache to keep.
     """
     del start
+    mesh = plan.mesh if getattr(rule, 'verify_per_data_shard', False) else None
     per_image = sharding.vmap_per_image(verify.verify_chain_with_uniforms,
-                                        (None, 0, 0, 0, 0), plan.mesh)
+                                        (None, 0, 0, 0, 0), mesh)
     num_accepted, next_token = per_image(rule, uniforms, drafts.tokens, drafts.probs,
                                          target_probs)
     path = jnp.broadcast_to(jnp.arange(self.slots + 1), (plan.num_images, self.slots + 1))

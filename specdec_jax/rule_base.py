@@ -80,6 +80,12 @@ class Rule:
   # False: the Jacobi modes verify this rule's point-mass drafts (fresh drafts)
   # losslessly (`rules.LosslessOnPointMasses`); True: as the rule says.
   jacobi_point_masses_as_given: ClassVar[bool] = False
+  # True: chain and Jacobi verification map images per 'data' shard
+  # (`sharding.vmap_per_image`): the rule runs a lax.top_k, whose batch XLA's
+  # partitioner would gather over 'data'. False for the others: on a data x
+  # model mesh the shard_map makes the partitioner gather the window's laws
+  # over 'model' (docs/sharding.md).
+  verify_per_data_shard: ClassVar[bool] = False
 
   def accept_prob(self, draft_probs, target_probs, position) -> jax.Array:
     raise NotImplementedError

@@ -36,6 +36,8 @@ class Grouped(Rule):
   supports_modes: ClassVar[frozenset] = frozenset({CHAIN, JACOBI})
   # GSD's group test is defined on SJD's drafts, fresh (point-mass) ones included.
   jacobi_point_masses_as_given: ClassVar[bool] = True
+  # `_group_ratio_one` runs lax.top_k per token.
+  verify_per_data_shard: ClassVar[bool] = True
 
   def __post_init__(self):
     _check('Grouped', 'prob_threshold', self.prob_threshold, lambda v: v > 0, '> 0')
