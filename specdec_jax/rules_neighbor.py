@@ -51,6 +51,20 @@ def _neighbor_mass_bound_check(rule, neighbors, k):
 _LANTERN_RESIDUALS = ('optimal', 'published_llamagen', 'published_lumina')
 
 
+def _check_residual_mode(rule: str, residual_mode: str, neighbors, k: int) -> None:
+  """A known residual mode; the published ones zero k + 1 neighbours, so the
+  table needs that many columns."""
+  if residual_mode not in _LANTERN_RESIDUALS:
+    raise ValueError(f'{rule}: residual_mode must be one of {_LANTERN_RESIDUALS}, '
+                     f'got {residual_mode!r}.')
+  columns = getattr(neighbors, 'shape', (0, k + 1))[-1]
+  if residual_mode != 'optimal' and columns < k + 1:
+    raise ValueError(
+        f'{rule}(residual_mode={residual_mode!r}) zeroes the rejected token\'s k + 1 = '
+        f'{k + 1} nearest neighbours (as LANTERN\'s code), but neighbors has {columns} '
+        f'columns; build the table with k + 1 columns (models.neighbors.neighbor_table).')
+
+
 class _NeighborRelaxed(Rule):
   """Shared LANTERN logic: t~(x) = t(x) + c_{m*}(x), c_m = mass of the m nearest
   latent neighbours of x, m* = the largest m <= k with c_m <= bound(x).
@@ -115,16 +129,20 @@ class _NeighborRelaxed(Rule):
     residual; COOL-SD's "G* applied to LANTERN++").
     'published_llamagen': LANTERN code, LlamaGen path: if m*(x) > 0, zero the
     draft at x's first k+1 neighbours (no renormalisation), then Norm([t - d']_+).
-    'published_lumina': the Lumina path zeroes the target there instead."""
+    'published_lumina': the Lumina path zeroes the target there instead.
+    Both need k + 1 neighbour columns. When [t' - d']_+ has no mass (the
+    target's support within x and its k + 1 neighbours), the residual is the
+    target t itself (LANTERN's code takes a uniform law over the vocabulary
+    there, which can emit tokens the target excludes)."""
     if self.residual_mode == 'optimal':
       return resampling.standard_residual(draft_probs, target_probs)
     if rejected_token is None:
       raise ValueError(f'{type(self).__name__}(residual_mode={self.residual_mode!r}) '
                        'needs the rejected token.')
     vocab = target_probs.shape[-1]
+    original_target = target_probs
     _, relaxed = self._neighbor_mass(target_probs, jnp.asarray(rejected_token))
-    columns = min(self.k + 1, self.neighbors.shape[1])
-    zero_ids = self._table(vocab)[rejected_token, :columns]
+    zero_ids = self._table(vocab)[rejected_token, :self.k + 1]
     zero_ids = jnp.where(zero_ids >= 0, zero_ids, vocab)  # padding: dropped below
     if self.residual_mode == 'published_llamagen':
       zeroed = draft_probs.at[zero_ids].set(0.0, mode='drop')
@@ -132,7 +150,8 @@ class _NeighborRelaxed(Rule):
     else:
       zeroed = target_probs.at[zero_ids].set(0.0, mode='drop')
       target_probs = jnp.where(relaxed, zeroed, target_probs)
-    return resampling.standard_residual(draft_probs, target_probs)
+    return resampling.normalize_or(jnp.maximum(target_probs - draft_probs, 0.0),
+                                   original_target)
 
 
 @flax.struct.dataclass
@@ -152,9 +171,7 @@ class Lantern(_NeighborRelaxed):
   def __post_init__(self):
     _neighbor_mass_bound_check('Lantern', self.neighbors, self.k)
     _check('Lantern', 'delta', self.delta, lambda v: 0 <= v <= 1, 'in [0, 1]')
-    if self.residual_mode not in _LANTERN_RESIDUALS:
-      raise ValueError(f'Lantern: residual_mode must be one of {_LANTERN_RESIDUALS}, '
-                       f'got {self.residual_mode!r}.')
+    _check_residual_mode('Lantern', self.residual_mode, self.neighbors, self.k)
 
   def _bound(self, target_probs, tokens):
     return jnp.broadcast_to(jnp.asarray(self.delta, jnp.float32), jnp.shape(tokens))
@@ -173,9 +190,7 @@ class LanternPP(_NeighborRelaxed):
   def __post_init__(self):
     _neighbor_mass_bound_check('LanternPP', self.neighbors, self.k)
     _check('LanternPP', 'lam', self.lam, lambda v: v >= 1, '>= 1')
-    if self.residual_mode not in _LANTERN_RESIDUALS:
-      raise ValueError(f'LanternPP: residual_mode must be one of {_LANTERN_RESIDUALS}, '
-                       f'got {self.residual_mode!r}.')
+    _check_residual_mode('LanternPP', self.residual_mode, self.neighbors, self.k)
 
   def _bound(self, target_probs, tokens):
     return (self.lam - 1.0) * target_probs[tokens]

@@ -120,6 +120,33 @@ class ClosedFormTest(parameterized.TestCase):
       self.assertGreater(float(verify.tv_distance(law, target)),
                          float(verify.excess_acceptance(rule, draft, target)) - 1e-6)
 
+  def test_lantern_published_residual_without_mass_is_the_target(self):
+    """The target's support inside the rejected token and its k + 1 neighbours:
+    after the Lumina path zeroes them, [t' - d]_+ is empty; the residual is then
+    the target itself (a law: the output law sums to 1, and no token outside the
+    target's support is drawn), never the zeroed t'. Published modes need k + 1
+    neighbour columns."""
+    vocab = 8
+    neighbors = line_neighbors(vocab, 4)
+    target = jnp.array([0.1, 0.3, 0.3, 0.2, 0.1, 0.0, 0.0, 0.0])
+    draft = jnp.array([0.6, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0, 0.0])
+    rule = rules.LanternPP(neighbors=neighbors, k=3, lam=50.0, residual_mode='published_lumina')
+    rejected = 0
+    self.assertTrue(set(np.asarray(neighbors[rejected, :4]).tolist()) >= {1, 2, 3, 4})
+    np.testing.assert_allclose(rule.residual(draft, target, 1, rejected), target, atol=1e-7)
+    law = verify.output_law(rule, draft, target)
+    np.testing.assert_allclose(jnp.sum(law), 1.0, atol=1e-6)
+    self.assertEqual(float(jnp.sum(jnp.where(target == 0, law, 0.0))), 0.0)
+    # LANTERN (delta) relaxes a draft the target excludes: t' is all zero there.
+    excluded = jnp.array([0.0, 0.3, 0.3, 0.2, 0.2, 0.0, 0.0, 0.0])
+    lantern = rules.Lantern(neighbors=neighbors, k=3, delta=0.35,
+                            residual_mode='published_lumina')
+    one_hot = jnp.zeros(vocab).at[0].set(1.0)
+    np.testing.assert_allclose(lantern.residual(one_hot, excluded, 1, 0), excluded, atol=1e-7)
+    with self.assertRaisesRegex(ValueError, r'k \+ 1 = 4 nearest neighbours.*3 columns'):
+      rules.LanternPP(neighbors=neighbors[:, :3], k=3, residual_mode='published_llamagen')
+    rules.LanternPP(neighbors=neighbors[:, :3], k=3)  # the optimal residual zeroes none
+
   def test_content_aware_closed_form_and_filter(self):
     vocab = 16
     draft, target = dirichlet_pair(6, vocab)

@@ -50,7 +50,9 @@ def build_rule(name: str, config, family):
   if name == 'coolsd':
     return rules.CoolSD(delta=config.coolsd_delta)
   if name == 'lantern_pp':
-    return rules.LanternPP(neighbors=family.neighbors(config.lantern_k), k=config.lantern_k,
+    # LANTERN's published residuals zero k + 1 neighbours: one more column.
+    columns = config.lantern_k + (config.lantern_residual != 'optimal')
+    return rules.LanternPP(neighbors=family.neighbors(columns), k=config.lantern_k,
                            lam=config.lantern_lam, residual_mode=config.lantern_residual)
   if name == 'csd':
     return rules.ContentAware(lam=config.csd_lam, tv_threshold=config.csd_tv_threshold)
