@@ -250,6 +250,32 @@ class TpuCompileTest(parameterized.TestCase):
       self.assertEqual(hlo.oversized_collectives(report, limit), [],
                        f'a collective in the loop moves {what} ({limit} bytes) every iteration')
 
+  def _loop_bytes(self, mesh_shape, mode, rule):
+    """Collective bytes per iteration of a CFG decode with one image per 'data' slice."""
+    mesh = sharding.make_mesh(*mesh_shape, devices=self.devices[:mesh_shape[0] * mesh_shape[1]])
+    target, _ = _tiny()
+    params = lib.abstract_params(target, mesh, sharding.LLAMA_RULES)
+    classes = jnp.array([3, 5][:mesh_shape[0]], jnp.int32)
+    cond = jnp.concatenate([classes, jnp.full_like(classes, 10)])  # [cond; uncond]
+    program = lib.build_program(target, params, cond, num_tokens=64, mode=mode,
+                                sampling=logits.Sampling(cfg_scale=4.0, top_k=20), rule=rule,
+                                mesh=mesh)
+    compiled, _, _ = lib.compile_decode(program, compiler_options=None)
+    return hlo.loop_report(compiled.as_text()).total('result_bytes')
+
+  def test_splitting_images_over_data_adds_no_traffic_to_jacobi_verification(self):
+    """SJD on 2 x 2 with two images moves about what 1 x 2 with one image moves
+    (1.05x when written; at most 1.2x): verification gathers nothing over 'model'
+    because images are split over 'data'. GSD's per-'data'-shard verification
+    (`Rule.verify_per_data_shard`, a shard_map) does make the partitioner gather the
+    window's laws over 'model' (1.35x): the negative control, which the same
+    comparison must flag; SJD verified that way (an earlier version) gave 1.35x too."""
+    mode = decode.Jacobi(4)
+    for rule, flagged in ((rules.Lossless(), False), (rules.Grouped(below=2, above=2), True)):
+      one, two = (self._loop_bytes(shape, mode, rule) for shape in ((1, 2), (2, 2)))
+      message = f'{type(rule).__name__}: {two} bytes per iteration on 2 x 2, {one} on 1 x 2'
+      self.assertEqual(two > 1.2 * one, flagged, message)
+
   def test_checker_flags_a_mis_sharded_loop(self):
     """Negative control: a loop that gathers its head-sharded cache and its logits."""
     rows, slots, heads, dim, vocab = 2, 32, 4, 16, 256
