@@ -45,7 +45,9 @@ def sweep_methods(config, family, draft_length: int, window: int, lantern_k: int
   """(family name, knob value, methods_lib.Method) for every point of the sweep."""
   chain = decode.ChainDraft(k=draft_length, drafter='eagle')
   jacobi = decode.Jacobi(window=window, init='random')
-  neighbors = family.neighbors(lantern_k)
+  # The published residual zeroes k + 1 neighbours (LANTERN's code): one more column.
+  neighbors = {'optimal': family.neighbors(lantern_k),
+               'published_llamagen': family.neighbors(lantern_k + 1)}
   points = [('vanilla', None, methods_lib.Method('vanilla', decode.Vanilla())),
             ('vanilla_seed1', None, methods_lib.Method('vanilla_seed1', decode.Vanilla(),
                                                      seed_offset=1)),
@@ -59,7 +61,8 @@ def sweep_methods(config, family, draft_length: int, window: int, lantern_k: int
     for lam in LANTERN_LAMS:
       points.append((f'lantern_pp_{residual}', lam, methods_lib.Method(
           f'lantern_pp_{residual}_{lam}', chain,
-          rules.LanternPP(neighbors=neighbors, k=lantern_k, lam=lam, residual_mode=residual),
+          rules.LanternPP(neighbors=neighbors[residual], k=lantern_k, lam=lam,
+                          residual_mode=residual),
           'eagle')))
   for lam in CSD_LAMS:
     points.append(('csd', lam, methods_lib.Method(
