@@ -104,7 +104,11 @@ def drafter_config_from_json(config_json: Mapping[str, Any], kind: str = 'auto',
         f'Drafter config.json lacks {e.args[0]!r}; expected a Llama-style config '
         '(hidden_size, num_attention_heads, intermediate_size, vocab_size).') from e
   if kind == 'llamagen':
-    input_type = config_json.get('input_type', 't2i')
+    input_type = config_json.get('input_type')
+    if input_type is None:  # LANTERN requires it: it sets the 2D table
+      raise ValueError(f'A LlamaGen drafter\'s config.json must name its input_type, one '
+                       f'of {sorted(LLAMAGEN_INPUT_TYPES)} (c2i: 576-token class-conditional; '
+                       't2i: 256-token and t2i2: 1024-token text-to-image targets).')
     if input_type not in LLAMAGEN_INPUT_TYPES:
       raise ValueError(f'config.json input_type {input_type!r} is not one of '
                        f'{sorted(LLAMAGEN_INPUT_TYPES)}.')

@@ -135,6 +135,10 @@ class ConfigTest(absltest.TestCase):
         dict(config_json('llamagen'), input_type='t2i2'))
     self.assertEqual((from_json.grid_size, from_json.cls_token_num), (32, 119))
     self.assertFalse(from_json.input_layernorm)
+    no_type = dict(config_json('llamagen'))
+    del no_type['input_type']
+    with self.assertRaisesRegex(ValueError, r"must name its input_type, one of \['c2i', 't2i'"):
+      convert.drafter_config_from_json(no_type, 'llamagen')
     lumina = convert.drafter_config_from_json(config_json('lumina'))
     self.assertTrue(lumina.input_layernorm and lumina.qk_norm)
     self.assertEqual(lumina.rope, '1d')
