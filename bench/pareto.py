@@ -45,9 +45,9 @@ def sweep_methods(config, family, draft_length: int, window: int, lantern_k: int
   """(family name, knob value, methods_lib.Method) for every point of the sweep."""
   chain = decode.ChainDraft(k=draft_length, drafter='eagle')
   jacobi = decode.Jacobi(window=window, init='random')
-  # The published residual zeroes k + 1 neighbours (LANTERN's code): one more column.
-  neighbors = {'optimal': family.neighbors(lantern_k),
-               'published_llamagen': family.neighbors(lantern_k + 1)}
+  residuals = ('optimal', 'published_llamagen')
+  neighbors = {residual: family.neighbors(rules.neighbor_columns(lantern_k, residual))
+               for residual in residuals}
   points = [('vanilla', None, methods_lib.Method('vanilla', decode.Vanilla())),
             ('vanilla_seed1', None, methods_lib.Method('vanilla_seed1', decode.Vanilla(),
                                                      seed_offset=1)),
@@ -57,7 +57,7 @@ def sweep_methods(config, family, draft_length: int, window: int, lantern_k: int
         f'coolsd_{delta}', chain, rules.CoolSD(delta=delta), 'eagle')))
     points.append(('uniform', delta, methods_lib.Method(
         f'uniform_{delta}', chain, rules.UniformRelaxed(omega=delta), 'eagle')))
-  for residual in ('optimal', 'published_llamagen'):
+  for residual in residuals:
     for lam in LANTERN_LAMS:
       points.append((f'lantern_pp_{residual}', lam, methods_lib.Method(
           f'lantern_pp_{residual}_{lam}', chain,

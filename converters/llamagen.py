@@ -335,7 +335,6 @@ def _parse_bool(value: str) -> bool:
   raise ValueError(value)
 
 
-
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the command-line flags (only when run as a program, so importing
   several converters in one process does not define `--input` twice)."""

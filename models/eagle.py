@@ -271,9 +271,9 @@ class EagleDrafter:
     """Raises unless a 2D-RoPE drafter's table fits the target's: the same grid
     and one condition position fewer (LANTERN's `input_type`: c2i 0, t2i and
     t2i2 119). Targets without a 2D grid are not checked."""
-    c = self.config
-    grid = getattr(getattr(target, 'config', None), 'grid_size', None)
-    cls_token_num = getattr(getattr(target, 'config', None), 'cls_token_num', None)
+    c, target_config = self.config, getattr(target, 'config', None)
+    grid = getattr(target_config, 'grid_size', None)
+    cls_token_num = getattr(target_config, 'cls_token_num', None)
     if c.rope != '2d' or grid is None or cls_token_num is None:
       return
     if c.grid_size != grid or c.cls_token_num != cls_token_num - 1:

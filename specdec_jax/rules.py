@@ -44,7 +44,8 @@ from specdec_jax.rule_base import (ALL_MODES, CHAIN, JACOBI, TREE, Rule, _check,
                                    is_point_mass, ratio_accept, reject_nonfinite)
 from specdec_jax.rules_grouped import Grouped
 from specdec_jax.rules_neighbor import (_LANTERN_RESIDUALS, NO_NEIGHBOR, Lantern, LanternPP,
-                                        _neighbor_mass_bound_check, _NeighborRelaxed)
+                                        _neighbor_mass_bound_check, _NeighborRelaxed,
+                                        neighbor_columns)
 
 
 @flax.struct.dataclass

@@ -51,14 +51,20 @@ def _neighbor_mass_bound_check(rule, neighbors, k):
 _LANTERN_RESIDUALS = ('optimal', 'published_llamagen', 'published_lumina')
 
 
+def neighbor_columns(k: int, residual_mode: str = 'optimal') -> int:
+  """The neighbour-table columns a LANTERN rule with this k and residual reads:
+  k, or k + 1 for the published residuals (they zero the rejected token's k + 1
+  nearest neighbours, as LANTERN's code)."""
+  return k + (residual_mode != 'optimal')
+
+
 def _check_residual_mode(rule: str, residual_mode: str, neighbors, k: int) -> None:
-  """A known residual mode; the published ones zero k + 1 neighbours, so the
-  table needs that many columns."""
+  """A known residual mode, and a table with the columns it reads (`neighbor_columns`)."""
   if residual_mode not in _LANTERN_RESIDUALS:
     raise ValueError(f'{rule}: residual_mode must be one of {_LANTERN_RESIDUALS}, '
                      f'got {residual_mode!r}.')
   columns = getattr(neighbors, 'shape', (0, k + 1))[-1]
-  if residual_mode != 'optimal' and columns < k + 1:
+  if columns < neighbor_columns(k, residual_mode):
     raise ValueError(
         f'{rule}(residual_mode={residual_mode!r}) zeroes the rejected token\'s k + 1 = '
         f'{k + 1} nearest neighbours (as LANTERN\'s code), but neighbors has {columns} '
@@ -142,7 +148,7 @@ class _NeighborRelaxed(Rule):
     vocab = target_probs.shape[-1]
     original_target = target_probs
     _, relaxed = self._neighbor_mass(target_probs, jnp.asarray(rejected_token))
-    zero_ids = self._table(vocab)[rejected_token, :self.k + 1]
+    zero_ids = self._table(vocab)[rejected_token, :neighbor_columns(self.k, self.residual_mode)]
     zero_ids = jnp.where(zero_ids >= 0, zero_ids, vocab)  # padding: dropped below
     if self.residual_mode == 'published_llamagen':
       zeroed = draft_probs.at[zero_ids].set(0.0, mode='drop')

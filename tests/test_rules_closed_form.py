@@ -146,6 +146,8 @@ class ClosedFormTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r'k \+ 1 = 4 nearest neighbours.*3 columns'):
       rules.LanternPP(neighbors=neighbors[:, :3], k=3, residual_mode='published_llamagen')
     rules.LanternPP(neighbors=neighbors[:, :3], k=3)  # the optimal residual zeroes none
+    self.assertEqual([rules.neighbor_columns(3, mode) for mode in
+                      ('optimal', 'published_llamagen', 'published_lumina')], [3, 4, 4])
 
   def test_content_aware_closed_form_and_filter(self):
     vocab = 16

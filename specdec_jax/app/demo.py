@@ -75,8 +75,7 @@ def methods(config):
   k, window, init = config.draft_length, config.jacobi_window, config.jacobi_init
   chain = decode.ChainDraft(k=k, drafter='eagle')
   jacobi = decode.Jacobi(window=window, init=init)
-  # LANTERN's published residuals zero k + 1 neighbours: one more column.
-  columns = config.lantern_k + (config.lantern_residual != 'optimal')
+  columns = rules.neighbor_columns(config.lantern_k, config.lantern_residual)
   rule = dict(
       lossless=rules.Lossless(),
       lantern_pp=rules.LanternPP(neighbors=line_neighbors(VOCAB, columns),

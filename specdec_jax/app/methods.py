@@ -50,8 +50,7 @@ def build_rule(name: str, config, family):
   if name == 'coolsd':
     return rules.CoolSD(delta=config.coolsd_delta)
   if name == 'lantern_pp':
-    # LANTERN's published residuals zero k + 1 neighbours: one more column.
-    columns = config.lantern_k + (config.lantern_residual != 'optimal')
+    columns = rules.neighbor_columns(config.lantern_k, config.lantern_residual)
     return rules.LanternPP(neighbors=family.neighbors(columns), k=config.lantern_k,
                            lam=config.lantern_lam, residual_mode=config.lantern_residual)
   if name == 'csd':
