@@ -199,20 +199,26 @@ class TpuCompileTest(parameterized.TestCase):
     return {'one layer of KV cache': lib.layer_kv_bytes(program.target_cache),
             'the full logits': rows * window * vocab * 4}
 
-  @parameterized.named_parameters(*MODES.items())
-  def test_compiles_and_the_loop_stays_on_device(self, mode):
+  def _compile(self, mesh, mode, rule, images: int = 1):
+    """(program, compiled) of the tiny decode (CFG 4, top-k 20) of `images` images on
+    mesh, with the EAGLE drafter for the drafted modes."""
     target, drafter = _tiny()
-    params = lib.abstract_params(target, self.mesh, sharding.LLAMA_RULES)
+    params = lib.abstract_params(target, mesh, sharding.LLAMA_RULES)
     draft = draft_params = None
     if isinstance(mode, (decode.ChainDraft, decode.TreeDraft, decode.DynamicTreeDraft)):
       draft = drafter
-      draft_params = lib.abstract_params(drafter, self.mesh, sharding.LLAMA_RULES)
-    cond = jnp.array([3, 10], jnp.int32)  # one image with CFG: [cond; uncond]
+      draft_params = lib.abstract_params(drafter, mesh, sharding.LLAMA_RULES)
+    classes = jnp.array([3, 5][:images], jnp.int32)
+    cond = jnp.concatenate([classes, jnp.full_like(classes, 10)])  # [cond; uncond]
     program = lib.build_program(target, params, cond, num_tokens=64, mode=mode,
-                                sampling=logits.Sampling(cfg_scale=4.0, top_k=20),
-                                rule=rules.Lossless(), draft=draft, draft_params=draft_params,
-                                mesh=self.mesh)
+                                sampling=logits.Sampling(cfg_scale=4.0, top_k=20), rule=rule,
+                                draft=draft, draft_params=draft_params, mesh=mesh)
     compiled, _, _ = lib.compile_decode(program, compiler_options=None)
+    return program, compiled
+
+  @parameterized.named_parameters(*MODES.items())
+  def test_compiles_and_the_loop_stays_on_device(self, mode):
+    program, compiled = self._compile(self.mesh, mode, rules.Lossless())
     report = hlo.loop_report(compiled.as_text())
     self.assertTrue(report.found_loop, 'no decode while loop in the compiled program')
     self.assertEqual(report.host_transfers, [])
@@ -234,16 +240,8 @@ class TpuCompileTest(parameterized.TestCase):
     search) run under shard_map over 'data' (`sharding.top_k_per_image`,
     `vmap_per_image`); the loop compiles and stays on the device."""
     mesh = sharding.make_mesh(2, 2, devices=self.devices)
-    target, drafter = _tiny()
-    params = lib.abstract_params(target, mesh, sharding.LLAMA_RULES)
-    draft_params = lib.abstract_params(drafter, mesh, sharding.LLAMA_RULES)
-    cond = jnp.array([3, 5, 10, 10], jnp.int32)  # two images with CFG: [cond; uncond]
-    program = lib.build_program(target, params, cond, num_tokens=64, mode=mode,
-                                sampling=logits.Sampling(cfg_scale=4.0, top_k=20),
-                                rule=rule, draft=drafter, draft_params=draft_params, mesh=mesh)
-    compiled, _, _ = lib.compile_decode(program, compiler_options=None)
-    text = compiled.as_text()
-    report = hlo.loop_report(text)
+    program, compiled = self._compile(mesh, mode, rule, images=2)
+    report = hlo.loop_report(compiled.as_text())
     self.assertTrue(report.found_loop, 'no decode while loop in the compiled program')
     self.assertEqual(report.host_transfers_anywhere, [])
     for what, limit in self._limits(program, mode.width).items():
@@ -253,14 +251,7 @@ class TpuCompileTest(parameterized.TestCase):
   def _loop_bytes(self, mesh_shape, mode, rule):
     """Collective bytes per iteration of a CFG decode with one image per 'data' slice."""
     mesh = sharding.make_mesh(*mesh_shape, devices=self.devices[:mesh_shape[0] * mesh_shape[1]])
-    target, _ = _tiny()
-    params = lib.abstract_params(target, mesh, sharding.LLAMA_RULES)
-    classes = jnp.array([3, 5][:mesh_shape[0]], jnp.int32)
-    cond = jnp.concatenate([classes, jnp.full_like(classes, 10)])  # [cond; uncond]
-    program = lib.build_program(target, params, cond, num_tokens=64, mode=mode,
-                                sampling=logits.Sampling(cfg_scale=4.0, top_k=20), rule=rule,
-                                mesh=mesh)
-    compiled, _, _ = lib.compile_decode(program, compiler_options=None)
+    _, compiled = self._compile(mesh, mode, rule, images=mesh_shape[0])
     return hlo.loop_report(compiled.as_text()).total('result_bytes')
 
   def test_splitting_images_over_data_adds_no_traffic_to_jacobi_verification(self):
