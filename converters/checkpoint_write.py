@@ -261,7 +261,11 @@ def write_params_atomic(
     if out_dir.exists():  # overwrite=True: move the old one aside first
       trash = out_dir.parent / f'.{out_dir.name}.old-{uuid.uuid4().hex[:8]}'
       os.rename(out_dir, trash)
-      os.rename(tmp_dir, out_dir)
+      try:
+        os.rename(tmp_dir, out_dir)
+      except BaseException:
+        os.rename(trash, out_dir)  # the old output back where it was
+        raise
       shutil.rmtree(trash, ignore_errors=True)
     else:
       os.rename(tmp_dir, out_dir)

@@ -96,7 +96,7 @@ class CoolSD(Rule):
   at the 1-based draft position i. Residual G* = Norm([t - d f_i]_+) (their
   Eq. 5). `mu=None` means mean-normalised over the draft window: the window
   mean of the *unfloored* w_i is delta (the window length is set by the
-  decoder through `for_window(k)` or given here).
+  decoder through `for_window(k)`, or given here and then checked against it).
 
   Why the floor is the default: under G*, any w <= 1 is exactly lossless
   (d f = min(d, w t) <= t everywhere, so the emitted token has law t), and
@@ -128,6 +128,11 @@ class CoolSD(Rule):
   def for_window(self, window: int) -> 'CoolSD':
     if window < 1:
       raise ValueError(f'CoolSD.for_window: window must be >= 1, got {window}.')
+    if self.mu is None and self.window is not None and self.window != window:
+      raise ValueError(
+          f'CoolSD(window={self.window}) normalises its schedule over {self.window} draft '
+          f'positions, but the decoder verifies {window} per step. Leave window unset (the '
+          f'decoders set it) or pass window={window}.')
     return self.replace(window=window)
 
   def weight(self, position) -> jax.Array:

@@ -259,6 +259,26 @@ class WriteParamsTest(absltest.TestCase):
     np.testing.assert_array_equal(params['layer']['kernel'], 0)
     self.assertEqual(sorted(os.listdir(self.dir)), ['out', 'src.bin'])
 
+  def test_failed_replacement_keeps_the_old_output(self):
+    # With --overwrite the old folder is moved aside, then the new one renamed in: if that
+    # second rename fails, the old output goes back to its name (no .old-* folder left).
+    out = common.write_params_atomic(self.dir / 'out', self.params, config={},
+                                     source_files=[])
+    real_rename = os.rename
+
+    def rename(src, dst):
+      if pathlib.Path(src).name.startswith('.out.tmp'):
+        raise OSError('rename refused')
+      return real_rename(src, dst)
+
+    new = {'layer': {'kernel': np.zeros((3, 4), np.float32)}, 'ids': self.params['ids']}
+    with mock.patch.object(checkpoint_write.os, 'rename', side_effect=rename):
+      with self.assertRaisesRegex(OSError, 'rename refused'):
+        common.write_params_atomic(out, new, config={}, source_files=[], overwrite=True)
+    params, _ = common.load_params(out)
+    np.testing.assert_array_equal(params['layer']['kernel'], self.params['layer']['kernel'])
+    self.assertEqual(sorted(os.listdir(self.dir)), ['out', 'src.bin'])
+
   def test_failure_mid_write_leaves_nothing(self):
     # The metadata is written after the Orbax save: failing there means params
     # already sit in the temporary folder, which must be removed.

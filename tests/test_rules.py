@@ -217,6 +217,11 @@ class ValidationTest(parameterized.TestCase):
       rules.CoolSD(delta=2.0).accept_prob(draft, target, 1)
     rule = rules.CoolSD(delta=2.0).for_window(4)
     self.assertEqual(rule.window, 4)
+    self.assertEqual(rules.CoolSD(delta=2.0, window=4).for_window(4).window, 4)
+    self.assertEqual(rules.CoolSD(delta=2.0, mu=0.1, window=6).for_window(4).window, 4)
+    with self.assertRaisesRegex(ValueError, r'CoolSD\(window=6\) normalises its schedule over '
+                                r'6 draft positions, but the decoder verifies 4 per step'):
+      rules.CoolSD(delta=2.0, window=6).for_window(4)
 
   def test_rules_are_pytrees_so_sweeps_do_not_recompile(self):
     draft, target = dirichlet_pair(0, 8)

@@ -85,7 +85,7 @@ class ChainMonteCarloTest(parameterized.TestCase):
     the token after a stop at n follows that position's residual (or the bonus)."""
     vocab, k = 16, 4
     rule = (rules.Lossless() if name == 'lossless' else relaxed_rules(vocab)[name])
-    rule = rule.for_window(k)
+    rule = rules.CoolSD(delta=2.0, window=k) if name == 'coolsd' else rule.for_window(k)
     pairs = [dirichlet_pair(20 + i, vocab, concentration=1.0) for i in range(k + 1)]
     draft_probs = jnp.stack([d for d, _ in pairs[:k]])
     target_probs = jnp.stack([t for _, t in pairs])
