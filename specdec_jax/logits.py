@@ -53,7 +53,12 @@ def process_logits(logits: jax.Array, *, temperature=1.0, top_k: int = 0, top_p=
   greedy = bool(temperature == 0) if greedy is None else greedy
   nucleus = bool(top_p < 1.0) if nucleus is None else nucleus
   if greedy:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    # NaN where the softmax would be (a NaN or +inf logit, or every logit -inf), so the
+    # decode reports broken logits under greedy decoding too instead of emitting token 0.
+    broken = (jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1, keepdims=True)
+              | jnp.all(logits == -jnp.inf, axis=-1, keepdims=True))
+    return jnp.where(broken, jnp.nan, one_hot)
   # A product, not a quotient: XLA treats a division as expensive and gives it a
   # kernel of its own, while a product fuses into the softmax's reductions.
   logits = filter_logits(logits * (1.0 / temperature), top_k=top_k, top_p=top_p,

@@ -87,6 +87,21 @@ class NanTargetTest(parameterized.TestCase):
     self.assertEqual(result.tokens.shape, (4, NUM_TOKENS))
     self.assertTrue(np.all(np.asarray(result.metrics.nonfinite_target_steps) > 0))
 
+  @parameterized.named_parameters(
+      ('vanilla', decode.Vanilla(), 1.0), ('vanilla_cfg', decode.Vanilla(), 2.0),
+      ('chain', decode.ChainDraft(2, 'model'), 1.0))
+  def test_greedy_decoding_raises_too(self, mode, cfg_scale):
+    """Greedy decoding takes the argmax, which NaN logits do not stop (token 0)."""
+    target_params, draft_params, _ = _params()
+    cond = jnp.zeros((4 if cfg_scale > 1 else 2,), jnp.int32)
+    with self.assertRaisesRegex(metrics.NonFiniteProbabilitiesError,
+                                r'target probabilities held NaN or inf for 2 image'):
+      decode.generate(TARGET, _nan(target_params), cond, num_tokens=NUM_TOKENS,
+                      key=jax.random.key(0), mode=mode, rule=rules.Lossless(), draft=DRAFT,
+                      draft_params=draft_params,
+                      sampling=logits.Sampling(temperature=0.0, cfg_scale=cfg_scale),
+                      compiler_options=FAST)
+
   def test_only_the_images_that_met_nan_are_named(self):
     """NaN logits after class 1's prefix only: class-0 images decode soundly."""
     target_params, _, _ = _params()

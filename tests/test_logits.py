@@ -50,6 +50,15 @@ class ProcessLogitsTest(parameterized.TestCase):
     out = logits.process_logits(jnp.array([[0.1, 0.9, 0.3]]), temperature=0)
     np.testing.assert_array_equal(out, [[0, 1, 0]])
 
+  def test_greedy_marks_broken_rows_as_the_softmax_does(self):
+    inf = np.inf
+    rows = jnp.array([[0.1, -inf, 0.3], [np.nan, 0.9, 0.3], [0.1, inf, 0.3], [-inf, -inf, -inf]])
+    greedy = np.asarray(logits.process_logits(rows, temperature=0))
+    soft = np.asarray(logits.process_logits(rows, temperature=1))
+    np.testing.assert_array_equal(greedy[0], [0, 0, 1])  # masked tokens are fine
+    np.testing.assert_array_equal(np.isnan(greedy).all(-1), [False, True, True, True])
+    np.testing.assert_array_equal(np.isnan(greedy).any(-1), np.isnan(soft).any(-1))
+
   def test_batched_leading_dims(self):
     x = jax.random.normal(jax.random.key(0), (2, 3, 50))
     out = logits.process_logits(x, top_k=5, top_p=0.9)
