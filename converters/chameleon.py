@@ -32,6 +32,7 @@ from typing import Any
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -259,6 +260,9 @@ def load_converted(out_dir: str | pathlib.Path, dtype: Any = None, scan_layers: 
   dtype = None if dtype is None else precision.resolve_dtype(dtype)
   params, meta = common.load_params(out_dir, dtype)
   config = config_from_meta(chameleon.ChameleonConfig, meta['config'], dtype)
+  unscanned = chameleon.ChameleonModel(dataclasses.replace(config, scan_layers=False))
+  common.check_loaded_params(params, jax.eval_shape(unscanned.init_params, jax.random.key(0)),
+                             what='Chameleon (Lumina-mGPT)', where=out_dir)
   return (chameleon.ChameleonModel(dataclasses.replace(config, scan_layers=scan_layers)),
           layers.stack_layer_params(params) if scan_layers else params)
 

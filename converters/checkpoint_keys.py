@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 
@@ -70,3 +71,29 @@ def validate_keys(
   if hint:
     parts.append(hint)
   raise CheckpointMismatchError('\n'.join(parts))
+
+
+def tree_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """`{'a/b/kernel': shape}` of a nested parameter tree (arrays or abstract leaves)."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {'/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path):
+          tuple(int(d) for d in np.shape(leaf)) for path, leaf in flat}
+
+
+def check_loaded_params(params: Any, expected: Any, *, what: str, where: Any) -> None:
+  """A converted folder's params against the tree its recorded config builds.
+
+  Args:
+    params: the params read from the folder.
+    expected: the model's own tree for that config (e.g. `jax.eval_shape` of
+      its `init_params`), abstract leaves are enough.
+    what: the model and config, for the message.
+    where: the folder, for the message.
+  Raises:
+    CheckpointMismatchError: a missing, extra or mis-shaped parameter (a model
+      that would run on part of its layers, or fail deep inside Flax).
+  """
+  validate_keys(tree_shapes(params), tree_shapes(expected), what=what,
+                hint=f'The folder {str(where)!r} does not hold the parameters its '
+                'specdec_meta.json config describes (edited, or written by another '
+                'version): convert the original checkpoint again.')

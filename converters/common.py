@@ -25,8 +25,10 @@ Legend: a "state dict" is a flat `{name: array}` mapping in the original
 from __future__ import annotations
 
 # pylint: disable=unused-import
+from specdec_jax.converters.checkpoint_keys import check_loaded_params
 from specdec_jax.converters.checkpoint_keys import CheckpointMismatchError
 from specdec_jax.converters.checkpoint_keys import shapes_of
+from specdec_jax.converters.checkpoint_keys import tree_shapes
 from specdec_jax.converters.checkpoint_keys import validate_keys
 from specdec_jax.converters.checkpoint_read import CheckpointReadError
 from specdec_jax.converters.checkpoint_read import drop_keys

@@ -42,6 +42,7 @@ from typing import Any
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 import jax.numpy as jnp
 
 from specdec_jax import precision
@@ -283,6 +284,9 @@ def load_converted(out_dir: str | pathlib.Path, dtype: Any = None, scan_layers: 
   dtype = None if dtype is None else precision.resolve_dtype(dtype)
   params, meta = common.load_params(out_dir, dtype)
   config = chameleon_converter.config_from_meta(janus.JanusConfig, meta['config'], dtype)
+  unscanned = janus.JanusModel(dataclasses.replace(config, scan_layers=False))
+  common.check_loaded_params(params, jax.eval_shape(unscanned.init_params, jax.random.key(0)),
+                             what='Janus-Pro', where=out_dir)
   return (janus.JanusModel(dataclasses.replace(config, scan_layers=scan_layers)),
           layers.stack_layer_params(params) if scan_layers else params)
 

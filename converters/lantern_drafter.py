@@ -36,6 +36,7 @@ from typing import Any
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 import numpy as np
 
 from specdec_jax.converters import common
@@ -255,7 +256,11 @@ def load_drafter(out_dir: str | os.PathLike, head_kernel: Any, dtype: str | None
     raise ValueError(f'load_drafter: head_kernel must have shape {want} (hidden, '
                      f'vocab) to match the drafter, got {tuple(np.shape(head_kernel))}.')
   params, _ = common.load_params(out_dir, dtype=config.dtype)
-  return eagle.EagleDrafter(config), eagle.attach_head(params, head_kernel)
+  drafter = eagle.EagleDrafter(config)
+  expected = dict(jax.eval_shape(drafter.init_params, jax.random.key(0)))
+  expected.pop('lm_head', None)  # the target's, attached below
+  common.check_loaded_params(params, expected, what='EAGLE drafter', where=out_dir)
+  return drafter, eagle.attach_head(params, head_kernel)
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -51,6 +51,7 @@ from typing import Any
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 import numpy as np
 
 from specdec_jax.converters import common
@@ -296,6 +297,9 @@ def load_llamagen(out_dir: str | os.PathLike, dtype: str | None = None,
   fields['scan_layers'] = scan_layers
   config = llamagen.GPTConfig(**fields)
   params, _ = common.load_params(out_dir, dtype=config.dtype)
+  model = llamagen.LlamaGenGPT(dataclasses.replace(config, scan_layers=False))
+  common.check_loaded_params(params, jax.eval_shape(model.init_params, jax.random.key(0)),
+                             what=f'LlamaGen GPT ({config.model_type})', where=out_dir)
   if scan_layers:
     params = layers.stack_layer_params(params)
   return llamagen.LlamaGenGPT(config), params

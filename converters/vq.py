@@ -261,7 +261,10 @@ def load_tokenizer(out_dir: str | pathlib.Path, dtype: Any = None) -> tuple[Any,
     raise common.CheckpointReadError(
         f'{str(out_dir)!r} (written by {meta.get("converter")!r}) does not hold a '
         f'VQ tokenizer: its config is not a VQConfig ({e}).') from e
-  return vq.VQTokenizer(config), params
+  tokenizer = vq.VQTokenizer(config)
+  common.check_loaded_params(params, tokenizer.param_shapes(), what='VQ tokenizer',
+                             where=out_dir)
+  return tokenizer, params
 
 
 # -------------------------------------------------------------------- CLI ---

@@ -369,6 +369,11 @@ class ConverterTest(absltest.TestCase):
     self.assertEqual(model.config.qk_norm, True)
     with self.assertRaisesRegex(ValueError, r'head_kernel must have shape \(64, 48\)'):
       convert.load_drafter(out, head)
+    meta = common.read_meta(out)  # a config that does not fit the stored params
+    meta['config']['num_layers'] += 1
+    (pathlib.Path(out) / common.META_FILENAME).write_text(json.dumps(meta))
+    with self.assertRaisesRegex(common.CheckpointMismatchError, 'EAGLE drafter.*missing'):
+      convert.load_drafter(out, head.T)
 
   def test_strict_keys(self):
     _, state, _, _, _ = fixture('llamagen')

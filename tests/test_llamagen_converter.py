@@ -3,6 +3,8 @@ CLI errors). See tests/test_llamagen.py.
 """
 
 import dataclasses
+import json
+import pathlib
 from unittest import mock
 
 from absl import app
@@ -99,6 +101,21 @@ class ConverterTest(parameterized.TestCase):
     model32, params32 = convert.load_llamagen(out, dtype='float32')
     fp32 = jit_forward(model32, params32, model32.init_cache(2, capacity(config)), tokens)
     self.assertLess(rel_err(bf16.logits, fp32.logits), 5e-2)
+
+  def test_loading_checks_the_params_against_the_recorded_config(self):
+    """A converted folder whose params and specdec_meta.json disagree is refused on load
+    (more layers than the config ran silently on part of them; fewer failed in Flax)."""
+    out = convert.convert_file(self._save(self.state), self.dir / 'out', self.config)
+    meta_path = pathlib.Path(out) / common.META_FILENAME
+    meta = json.loads(meta_path.read_text())
+    for n_layer, listing in ((self.config.n_layer - 1, r'9 unexpected.*layers_1/'),
+                             (self.config.n_layer + 1, r'missing keys:\n    layers_2/')):
+      meta['config']['n_layer'] = n_layer
+      meta_path.write_text(json.dumps(meta))
+      with self.assertRaisesRegex(common.CheckpointMismatchError,
+                                  f'(?s)LlamaGen GPT \\(c2i\\).*{listing}.*convert the '
+                                  'original checkpoint again'):
+        convert.load_llamagen(out)
 
   def test_wrong_config_lists_mis_shaped_keys(self):
     path = self._save(self.state)
