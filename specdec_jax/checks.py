@@ -123,6 +123,19 @@ def check_rule(rule) -> None:
                      f'(e.g. rules.Lossless(), rules.CoolSD(delta=2.0)), got {rule!r}.')
 
 
+def float_hyperparameters(rule):
+  """The rule with its Python and NumPy scalar hyperparameters as Python floats.
+
+  Every scalar leaf of a rule is a real-valued hyperparameter; as traced arguments an
+  int (delta=2) and a float (delta=2.5) differ in dtype and would compile the decode
+  twice. Anything that is not a rule is returned unchanged (`check_rule` names it).
+  """
+  if not isinstance(rule, rule_base.Rule):
+    return rule
+  return jax.tree.map(lambda x: float(x) if isinstance(x, (int, float, np.number))
+                      and not isinstance(x, (bool, np.bool_)) else x, rule)
+
+
 def check_key(key, num_images: int) -> None:
   """Raises unless key is one PRNG key or B per-image keys.
 

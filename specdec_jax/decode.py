@@ -234,9 +234,8 @@ def clear_compile_cache() -> None:
 
 
 def _signature(tree):
-  """What a compiled decode depends on in its traced arguments: the tree structure
-  and each leaf's shape, dtype, weak type and sharding (read directly off device
-  arrays; NumPy and Python leaves take the slower generic path)."""
+  """What a compiled decode depends on in its traced arguments: the tree structure and each
+  leaf's shape, dtype, weak type and sharding (NumPy and Python leaves: a generic path)."""
   leaves, treedef = jax.tree.flatten(tree)
   return treedef, tuple(
       (x.shape, x.dtype, getattr(x, 'weak_type', False), x.sharding)
@@ -248,10 +247,10 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_para
                target_rules, draft_rules) -> tuple:
   """The traced arguments of the compiled decode for one call."""
   # COOL-SD's mean-normalised schedule needs the window length; Vanilla has no rule.
-  rule = None if plan.mode.rule_mode is None or rule is None else rule.for_window(
-      plan.mode.slots)
-  if draft_cond is None:
-    draft_cond = cond
+  rule = None if plan.mode.rule_mode is None or rule is None else rule.for_window(plan.mode.slots)
+  # NumPy conditioning as the device arrays jit makes of it: one program for both kinds.
+  cond, draft_cond = jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x,
+                                  (cond, cond if draft_cond is None else draft_cond))
   row_keys = (randomness.per_image_keys(key, plan.num_images) if modes_lib.is_single_key(key)
               else key)
   mesh = plan.mesh
@@ -373,6 +372,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
   checks.check_mesh(mesh, target_rules, draft_rules)
   if isinstance(sampling, logits_lib.Sampling):  # static: in the signature
     sampling = vocab_parallel_sampling(sampling, target, mesh)
+  rule = checks.float_hyperparameters(rule)  # delta=2 then delta=2.5: one program
   # A repeated call skips validation and compilation: its cheap signature finds the program
   # (new values of rule hyperparameters, cfg_scale, temperature and top_p reuse it).
   call_signature = checks.call_signature(lambda: (

@@ -355,6 +355,26 @@ class RepeatedCallTest(absltest.TestCase):
       decode.modes_lib.validate = original_validate
 
 
+  def test_int_and_float_hyperparameters_and_numpy_cond_share_one_program(self):
+    """delta=2 then delta=2.5 (an int then a float leaf), and NumPy then device labels,
+    trace the loop once (chex.assert_max_traces n=1; each pair traced twice before)."""
+    decode.clear_compile_cache()
+    target_params, draft_params, _ = _params()
+    original = decode._decode
+    decode._decode = chex.assert_max_traces(original, n=1)
+    try:
+      for rule, cond in ((rules.CoolSD(delta=2), np.zeros((4,), np.int32)),
+                         (rules.CoolSD(delta=2.5), jnp.zeros((4,), jnp.int32)),
+                         (rules.CoolSD(delta=np.int64(3)), np.zeros((4,), np.int32))):
+        decode.generate(TARGET, target_params, cond, num_tokens=NUM_TOKENS,
+                        key=jax.random.key(0), mode=decode.ChainDraft(2, 'model'), rule=rule,
+                        draft=DRAFT, draft_params=draft_params, compiler_options=FAST)
+    finally:
+      decode._decode = original
+      chex.clear_trace_counter()
+      decode.clear_compile_cache()
+
+
 class MetricsTest(parameterized.TestCase):
   """Tokens per forward credits only tokens inside the image (SPEC section 3)."""
 
