@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import resampling
 from specdec_jax.rule_base import CHAIN, JACOBI, Rule, _check, ratio_accept, reject_nonfinite
@@ -24,6 +25,11 @@ class Grouped(Rule):
   released code, x with fewer than `below` tokens ranked under it falls back to
   the lossless rule, and the residual is the plain Norm([t - d]_+) (the rule
   is lossy either way; 'optimal' selects G*). Ties in rank break by token id.
+
+  keep_target_support: True by default: never accept a token the target gives
+  zero probability (outside its top-k / top-p support), which plain decoding
+  can never emit; the group test alone accepts one whose group holds target
+  mass. False applies the group test alone.
   """
 
   embeddings: Any = None
@@ -32,6 +38,7 @@ class Grouped(Rule):
   below: int = flax.struct.field(pytree_node=False, default=7)
   above: int = flax.struct.field(pytree_node=False, default=6)
   residual_mode: str = flax.struct.field(pytree_node=False, default='standard')
+  keep_target_support: bool = flax.struct.field(pytree_node=False, default=True)
 
   supports_modes: ClassVar[frozenset] = frozenset({CHAIN, JACOBI})
   # GSD's group test is defined on SJD's drafts, fresh (point-mass) ones included.
@@ -48,6 +55,9 @@ class Grouped(Rule):
     if getattr(self.embeddings, 'ndim', 2) != 2:
       raise ValueError('Grouped: embeddings must be [V, C], got shape '
                        f'{getattr(self.embeddings, "shape", None)}.')
+    if not isinstance(self.keep_target_support, (bool, np.bool_)):
+      raise ValueError('Grouped: keep_target_support must be True or False, got '
+                       f'{self.keep_target_support!r}.')
     if self.residual_mode not in ('standard', 'optimal'):
       raise ValueError(f'Grouped: residual_mode must be standard|optimal, '
                        f'got {self.residual_mode!r}.')
@@ -86,6 +96,8 @@ class Grouped(Rule):
     group_target = jnp.sum(jnp.where(keep, target_probs[members], 0.0), axis=-1)
     group_draft = jnp.sum(jnp.where(keep, draft_probs[members], 0.0), axis=-1)
     grouped = ratio_accept(group_draft, group_target)
+    if self.keep_target_support:
+      grouped = jnp.where(target_probs[tokens] > 0, grouped, 0.0)
     lossless = ratio_accept(draft_probs[tokens], target_probs[tokens])
     # A NaN target empties the group (every comparison fails), which alone would accept.
     return reject_nonfinite(jnp.where(has_below, grouped, lossless), draft_probs[tokens],

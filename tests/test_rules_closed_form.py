@@ -296,6 +296,28 @@ class ClosedFormTest(parameterized.TestCase):
     full = rule.accept_prob(draft, target)
     single = jax.vmap(lambda x: rule.accept_prob_at(draft, target, 1, x))(jnp.arange(vocab))
     np.testing.assert_allclose(single, full, rtol=1e-6)
+    for keep in (True, False):  # both paths, with and without the support guard
+      literal = rules.Grouped(below=4, above=3, prob_threshold=0.2, keep_target_support=keep)
+      single = jax.vmap(lambda x: literal.accept_prob_at(draft, target, 1, x))(jnp.arange(vocab))
+      np.testing.assert_allclose(single, literal.accept_prob(draft, target), rtol=1e-6)
+
+  def test_grouped_keeps_the_target_support(self):
+    """A token the target excludes (top-k) is never accepted, though its group holds
+    target mass. Negative control: the group test alone accepts some of them."""
+    vocab = 40
+    draft, target = dirichlet_pair(3, vocab, concentration=1.0)
+    target = jnp.where(jnp.arange(vocab) % 3 == 0, 0.0, target)
+    target = target / target.sum()
+    outside = np.asarray(target) == 0
+    guarded = np.asarray(rules.Grouped(below=4, above=3, prob_threshold=0.2).accept_prob(
+        draft, target))
+    literal = np.asarray(rules.Grouped(below=4, above=3, prob_threshold=0.2,
+                                       keep_target_support=False).accept_prob(draft, target))
+    np.testing.assert_array_equal(guarded[outside], 0.0)
+    np.testing.assert_array_equal(guarded[~outside], literal[~outside])
+    self.assertGreater(np.max(literal[outside]), 0.01)
+    with self.assertRaisesRegex(ValueError, 'keep_target_support must be True or False'):
+      rules.Grouped(keep_target_support='no')
 
 
 if __name__ == '__main__':
