@@ -116,10 +116,10 @@ def check_drafter_kind(drafter: str, draft) -> None:
         f"{type(draft).__name__}; for an EAGLE-style head use drafter='eagle'.")
 
 
-def check_rule(rule) -> None:
-  """Raises unless rule is None or an acceptance rule (`rules.Rule`)."""
-  if rule is not None and not isinstance(rule, rule_base.Rule):
-    raise ValueError(f'generate: rule must be an acceptance rule from specdec_jax.rules '
+def check_rule(rule, what: str = 'generate') -> None:
+  """Raises unless rule is an acceptance rule (`rules.Rule`); None only for generate."""
+  if (rule is not None or what != 'generate') and not isinstance(rule, rule_base.Rule):
+    raise ValueError(f'{what}: rule must be an acceptance rule from specdec_jax.rules '
                      f'(e.g. rules.Lossless(), rules.CoolSD(delta=2.0)), got {rule!r}.')
 
 

@@ -33,9 +33,11 @@ def _check(rule: str, name: str, value, ok, requirement: str) -> None:
   """Raises unless a concrete hyperparameter is one finite number meeting `ok`.
 
   Tracers and the placeholder leaves pytree transformations build are skipped;
-  a string or a concrete array with more than one entry (a hyperparameter is
-  one number per rule) is refused.
+  None, a string or a concrete array with more than one entry (a hyperparameter
+  is one number per rule) is refused.
   """
+  if value is None:
+    raise ValueError(f'{rule}: {name} must be a number ({requirement}), got None.')
   if isinstance(value, str) or (isinstance(value, (np.ndarray, jax.Array))
                                 and not isinstance(value, jax.core.Tracer)
                                 and np.ndim(value) > 0):
@@ -43,6 +45,12 @@ def _check(rule: str, name: str, value, ok, requirement: str) -> None:
   number = _concrete(value)
   if number is not None and not (math.isfinite(number) and ok(number)):
     raise ValueError(f'{rule}: {name} must be {requirement}, got {value!r}.')
+
+
+def check_flag(rule: str, name: str, value) -> None:
+  """Raises unless a static option is True or False."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f'{rule}: {name} must be True or False, got {value!r}.')
 
 
 def reject_nonfinite(accept_probs, draft_probs, target_probs) -> jax.Array:

@@ -41,7 +41,7 @@ from specdec_jax import resampling
 from specdec_jax import schedules
 # The base and the LANTERN / GSD rules live in their own modules; re-exported here.
 from specdec_jax.rule_base import (ALL_MODES, CHAIN, JACOBI, TREE, Rule, _check, _concrete,
-                                   is_point_mass, ratio_accept, reject_nonfinite)
+                                   check_flag, is_point_mass, ratio_accept, reject_nonfinite)
 from specdec_jax.rules_grouped import Grouped
 from specdec_jax.rules_neighbor import (_LANTERN_RESIDUALS, NO_NEIGHBOR, Lantern, LanternPP,
                                         _neighbor_mass_bound_check, _NeighborRelaxed,
@@ -120,10 +120,10 @@ class CoolSD(Rule):
     _check('CoolSD', 'nu', self.nu, lambda v: v >= 0, '>= 0')
     if self.mu is not None:
       _check('CoolSD', 'mu', self.mu, lambda v: True, 'a finite number or None')
-    if self.window is not None and self.window < 1:
-      raise ValueError(f'CoolSD: window must be >= 1, got {self.window}.')
-    if not isinstance(self.floor_at_one, (bool, np.bool_)):
-      raise ValueError(f'CoolSD: floor_at_one must be True or False, got {self.floor_at_one!r}.')
+    if self.window is not None and (isinstance(self.window, bool) or not isinstance(
+        self.window, (int, np.integer)) or self.window < 1):
+      raise ValueError(f'CoolSD: window must be an int >= 1 or None, got {self.window!r}.')
+    check_flag('CoolSD', 'floor_at_one', self.floor_at_one)
 
   def for_window(self, window: int) -> 'CoolSD':
     if window < 1:
@@ -220,6 +220,8 @@ class ContentAware(Rule):
         ('residual_mode', self.residual_mode, ('optimal', 'standard'))):
       if value not in allowed:
         raise ValueError(f'ContentAware: {name} must be one of {allowed}, got {value!r}.')
+    check_flag('ContentAware', 'keep_target_support', self.keep_target_support)
+    check_flag('ContentAware', 'relax_point_masses', self.relax_point_masses)
 
   def relaxation(self, draft_probs, target_probs) -> jax.Array:
     """sign * lam * h(H) where the TV filter passes (and the draft is not a point

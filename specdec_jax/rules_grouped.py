@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import resampling
-from specdec_jax.rule_base import CHAIN, JACOBI, Rule, _check, ratio_accept, reject_nonfinite
+from specdec_jax.rule_base import (CHAIN, JACOBI, Rule, _check, check_flag, ratio_accept,
+                                   reject_nonfinite)
 
 @flax.struct.dataclass
 class Grouped(Rule):
@@ -55,9 +55,7 @@ class Grouped(Rule):
     if getattr(self.embeddings, 'ndim', 2) != 2:
       raise ValueError('Grouped: embeddings must be [V, C], got shape '
                        f'{getattr(self.embeddings, "shape", None)}.')
-    if not isinstance(self.keep_target_support, (bool, np.bool_)):
-      raise ValueError('Grouped: keep_target_support must be True or False, got '
-                       f'{self.keep_target_support!r}.')
+    check_flag('Grouped', 'keep_target_support', self.keep_target_support)
     if self.residual_mode not in ('standard', 'optimal'):
       raise ValueError(f'Grouped: residual_mode must be standard|optimal, '
                        f'got {self.residual_mode!r}.')

@@ -24,6 +24,11 @@ def _neighbor_mass_bound_check(rule, neighbors, k):
   if neighbors is None:
     raise ValueError(f'{rule}: neighbors is required: an int array [V, K] with one row per '
                      'vocabulary id (see specdec_jax.models.neighbors.neighbor_table).')
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+    raise ValueError(f'{rule}: k (neighbours per token) must be an int, got {k!r}.')
+  if isinstance(neighbors, (list, tuple)):
+    raise ValueError(f'{rule}: neighbors must be an int array [V, K] (np.asarray the '
+                     f'table), got a {type(neighbors).__name__}.')
   shape = getattr(neighbors, 'shape', None)
   if shape is None:  # a placeholder leaf during a pytree transformation
     return

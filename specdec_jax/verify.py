@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import categorical
+from specdec_jax import checks
 from specdec_jax import static_tree
 
 
@@ -64,9 +65,13 @@ def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
   out(y) = d(y) f(y) + sum_x d(x) (1 - f(x)) G_x(y); for rules whose residual
   does not depend on the rejected token x this is d f + (1 - beta) G.
   """
+  checks.check_rule(rule, 'output_law')
   check_probs('draft_probs', draft_probs)
   check_probs('target_probs', target_probs, jnp.shape(draft_probs)[-1])
   _check_rank('draft_probs', draft_probs, 1, 'a distribution [V]')
+  if _is_concrete(position) and not np.all(np.asarray(position) >= 1):
+    raise ValueError(f'output_law: position is the 1-based draft position (>= 1), got '
+                     f'{position}.')
   accept = rule.accept_prob(draft_probs, target_probs, position)
   accepted = draft_probs * accept
   if not rule.residual_depends_on_token:
@@ -118,7 +123,11 @@ def verify_chain_with_uniforms(rule, uniforms, draft_tokens, draft_probs, target
   _check_rank('draft_tokens', draft_tokens, 1, 'int [k]')
   _check_rank('draft_probs', draft_probs, 2, '[k, V]')
   _check_rank('target_probs', target_probs, 2, '[k+1, V]')
+  checks.check_rule(rule, 'verify_chain')
   num_drafts, vocab = draft_probs.shape
+  if num_drafts < 1:
+    raise ValueError('verify_chain: needs at least one draft (k >= 1), got draft_probs of '
+                     f'shape {draft_probs.shape}.')
   if draft_tokens.shape[0] != num_drafts or target_probs.shape[0] != num_drafts + 1:
     raise ValueError(
         f'verify_chain: draft_tokens {draft_tokens.shape}, draft_probs {draft_probs.shape} '

@@ -172,6 +172,20 @@ class SamplingAndRuleBoundaryTest(parameterized.TestCase):
        'CoolSD: delta must be one number'),
       ('uniform_array_omega', lambda: rules.UniformRelaxed(omega=np.ones(3)),
        'UniformRelaxed: omega must be one number'),
+      ('coolsd_delta_none', lambda: rules.CoolSD(delta=None), 'CoolSD: delta must be a number'),
+      ('uniform_omega_none', lambda: rules.UniformRelaxed(omega=None),
+       'UniformRelaxed: omega must be a number'),
+      ('coolsd_window_str', lambda: rules.CoolSD(window='3'), 'CoolSD: window must be an int'),
+      ('lantern_pp_float_k', lambda: rules.LanternPP(np.zeros((4, 2), np.int32), k=2.0),
+       r'LanternPP: k \(neighbours per token\) must be an int'),
+      ('lantern_pp_bool_k', lambda: rules.LanternPP(np.zeros((4, 2), np.int32), k=True),
+       'LanternPP: k .* must be an int'),
+      ('lantern_pp_list_table', lambda: rules.LanternPP([[1, 2], [0, 2]], k=1),
+       'LanternPP: neighbors must be an int array'),
+      ('content_aware_flag', lambda: rules.ContentAware(relax_point_masses='no'),
+       'ContentAware: relax_point_masses must be True or False'),
+      ('grouped_flag', lambda: rules.Grouped(keep_target_support=1),
+       'Grouped: keep_target_support must be True or False'),
   )
   def test_rule_hyperparameters(self, build, message):
     with self.assertRaisesRegex(ValueError, message):

@@ -167,6 +167,12 @@ class ValidationTest(parameterized.TestCase):
         verify.verify_chain(rules.Lossless(), jax.random.key(0), *args)
     with self.assertRaisesRegex(ValueError, 'vocabulary'):
       verify.output_law(rules.Lossless(), draft, target[:4] / target[:4].sum())
+    with self.assertRaisesRegex(ValueError, r'needs at least one draft \(k >= 1\)'):
+      verify.verify_chain(rules.Lossless(), jax.random.key(0), tokens[:0], d2[:0], t3[:1])
+    with self.assertRaisesRegex(ValueError, 'verify_chain: rule must be an acceptance rule'):
+      verify.verify_chain(None, jax.random.key(0), tokens, d2, t3)
+    with self.assertRaisesRegex(ValueError, 'output_law: position is the 1-based'):
+      verify.output_law(rules.CoolSD(delta=2.0, window=4), draft, target, position=0)
 
 
 if __name__ == '__main__':
