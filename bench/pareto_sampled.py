@@ -7,8 +7,9 @@ Every point of the sweep (a method of the main command's catalogue with one
 hyperparameter value) is an evaluation set of --num_images images drawn by
 `python -m specdec_jax.sample` on the bundled Fashion-MNIST family, the main
 command's sampling settings, into its own folder under --root. The sampler
-resumes an interrupted set and this script skips finished ones, so the whole
-sweep survives being killed and rerun. For each point it reports, from the
+resumes an interrupted set and this script skips finished ones (after checking
+that their config.json records the point's settings and --num_images), so the
+whole sweep survives being killed and rerun. For each point it reports, from the
 set's classifier features:
   * frechet_to_target: the Frechet distance to the target's own samples
     (vanilla, seed 0): the drift a relaxation causes;
@@ -80,18 +81,57 @@ def sweep_points() -> list[tuple]:
   return points
 
 
+def sampler_settings(point: tuple, num_images: int) -> dict:
+  """The sampler config fields (dotted names) a point sets: those its images depend on."""
+  _, _, _, method, hparams, seed = point
+  hparams = {'jacobi_window': JACOBI_WINDOW, 'jacobi_init': JACOBI_INIT, **hparams}
+  return {'method': method, 'num_images': num_images, 'seed': seed,
+          **{f'hparams.{key}': value for key, value in hparams.items()}}
+
+
+def recorded_value(config: dict, name: str):
+  """The value of a dotted field in a config dict ('<not recorded>' if absent)."""
+  for key in name.split('.'):
+    if not isinstance(config, dict) or key not in config:
+      return '<not recorded>'
+    config = config[key]
+  return config
+
+
+def check_reusable(folder: str, settings: dict) -> None:
+  """Raises ValueError unless a finished folder's set was drawn with these settings
+  (its config.json, written by the sampler) and counts committed tokens per forward."""
+  try:
+    with open(os.path.join(folder, 'config.json')) as f:
+      recorded = json.load(f)['config']
+    with open(os.path.join(folder, 'metrics.jsonl')) as f:
+      first = json.loads(f.readline())
+  except (OSError, ValueError, KeyError) as e:
+    raise ValueError(f'{folder} holds a set whose configuration or metrics cannot be read '
+                     f'({e!r}); delete the folder to draw it again.') from None
+  changed = [f'{name}: {recorded_value(recorded, name)!r} (folder) -> {value!r} (this sweep)'
+             for name, value in settings.items() if recorded_value(recorded, name) != value]
+  if 'committed_tokens' not in first:
+    changed.append('metrics: drawn by a sampler whose tokens_per_forward counted drafts '
+                   'accepted past the last token')
+  if changed:
+    raise ValueError(f'{folder} holds another set than this sweep asks for:\n  '
+                     + '\n  '.join(changed)
+                     + '\nDelete the folder to draw it again, or pass another --root.')
+
+
 def draw(point: tuple, root: str, num_images: int, batch: int) -> str:
-  """Runs (or resumes) the sampler for one point; returns its folder."""
-  name, _, _, method, hparams, seed = point
-  folder = os.path.join(root, name)
+  """Runs (or resumes) the sampler for one point; returns its folder. A finished
+  folder is reused only when its set has the point's settings (`check_reusable`)."""
+  folder = os.path.join(root, point[0])
+  settings = sampler_settings(point, num_images)
   if os.path.exists(os.path.join(folder, 'summary.json')):
+    check_reusable(folder, settings)
     return folder
   command = [sys.executable, '-m', 'specdec_jax.sample', '--config', 'configs/sample_fashion.py',
-             f'--config.method={method}', f'--config.num_images={num_images}',
-             f'--config.seed={seed}', f'--config.out_dir={folder}', '--config.write_png=False',
+             f'--config.out_dir={folder}', '--config.write_png=False',
              f'--config.batch_per_device={batch}', f'--config.chunk_size={batch * 4}']
-  hparams = {'jacobi_window': JACOBI_WINDOW, 'jacobi_init': JACOBI_INIT, **hparams}
-  command += [f'--config.hparams.{key}={value}' for key, value in hparams.items()]
+  command += [f'--config.{name}={value}' for name, value in settings.items()]
   print('$', ' '.join(command), flush=True)
   subprocess.run(command, check=True)
   return folder

@@ -7,11 +7,13 @@ commands themselves (tests/test_sample.py, tests/test_generate.py).
 import contextlib
 import os
 import pathlib
+import tempfile
 from unittest import mock
 
 from absl.testing import absltest
 import jax
 
+from specdec_jax.app import cli
 from specdec_jax.app import compile_cache
 
 
@@ -41,6 +43,18 @@ class FolderTest(absltest.TestCase):
     with jax_cache_dir('/from/env'):
       self.assertEqual(compile_cache.folder_for(''), pathlib.Path('/from/env'))
       self.assertEqual(compile_cache.folder_for('/mine'), pathlib.Path('/mine'))
+
+  def test_a_file_in_the_way_is_a_config_error(self):
+    """--config.compilation_cache=<a file> names the flag and the file (it was a bare
+    FileExistsError traceback)."""
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, 'a_file')
+      pathlib.Path(path).write_text('')
+      with self.assertRaisesRegex(cli.ConfigError, f"config.compilation_cache='{path}': "
+                                  f'{path} is a file, not a folder'):
+        compile_cache.enable(path)
+      with self.assertRaisesRegex(cli.ConfigError, f'{path}, a folder above it, is a file'):
+        compile_cache.enable(os.path.join(path, 'cache'))
 
 
 if __name__ == '__main__':

@@ -8,9 +8,13 @@ from unittest import mock
 from absl.testing import absltest
 import numpy as np
 
+from specdec_jax.app import family as family_lib
 from specdec_jax.app.train import family as train_family
 from specdec_jax.app.train import kmeans_tokenizer
 from specdec_jax.configs import family as family_config
+from tests import test_generate
+
+_replace = os.replace
 
 
 def _tiny_splits(config):
@@ -88,6 +92,22 @@ class FamilyTrainerTest(absltest.TestCase):
       train_family.train_family(config, workdir)
       with open(log_path) as f:
         self.assertLess(json.load(f)['stage_wall_seconds']['tokenizer'], 1e5)
+
+  def test_bundle_files_are_renamed_into_place_manifest_last(self):
+    """write_bundle writes reference_features.npz and manifest.json whole (a temporary
+    file renamed), the manifest last: a killed run never leaves a truncated manifest
+    for `family.load` or the trainer's resume check (`stage_done`) to crash on."""
+    with tempfile.TemporaryDirectory() as tmp:
+      renamed = []
+      with mock.patch('os.replace', side_effect=lambda src, dst: (
+          renamed.append(os.path.basename(dst)), _replace(src, dst))):
+        bundle = test_generate.tiny_bundle(os.path.join(tmp, 'bundle'))
+      self.assertIn('reference_features.npz', renamed)
+      self.assertEqual(renamed[-1], 'manifest.json')
+      self.assertEqual(json.loads((bundle / 'manifest.json').read_text()),
+                       {'note': 'test bundle'})
+      self.assertEmpty([p for p in os.listdir(bundle) if p.endswith('.tmp')])
+      self.assertEqual(family_lib.load(bundle).manifest, {'note': 'test bundle'})
 
   def test_unknown_stage_is_a_clear_error(self):
     config = family_config.get_config()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -357,6 +358,65 @@ class MainCommandConfigTest(parameterized.TestCase):
     with self.assertRaisesRegex(cli.ConfigError, 'config.pac_depth=2: must be below '
                                 'jacobi_window=2'):
       config_checks.check_for_family(config, family, 'config', ('vanilla', 'sjd_pac'))
+
+  def test_lantern_k_bound_counts_the_columns_its_residual_reads(self):
+    """The published residuals read lantern_k + 1 neighbours among the V - 1 other
+    tokens: lantern_k = V - 1 is refused with the family when LANTERN++ runs (as a
+    method or an SCD/EAGLE-2/SJD-PAC rule), not when it does not."""
+    family = family_lib.load()
+    vocab = family.target.vocab_size
+    config = generate_config.get_config()
+    config.update(dict(lantern_k=vocab - 1, lantern_residual='published_llamagen'))
+    for methods, rule in ((('vanilla', 'lantern_pp'), {}),
+                          (('vanilla', 'scd'), dict(scd_rule='lantern_pp')),
+                          (('vanilla', 'eagle2'), dict(eagle2_rule='lantern_pp'))):
+      config.update(rule)
+      with self.assertRaisesRegex(cli.ConfigError,
+                                  f'config.lantern_k={vocab - 1}: must be below {vocab - 1}: '
+                                  "with lantern_residual='published_llamagen'"):
+        config_checks.check_for_family(config, family, 'config', methods)
+    config_checks.check_for_family(config, family, 'config', ('vanilla', 'eagle'))
+    config.lantern_k = vocab - 2
+    config_checks.check_for_family(config, family, 'config', ('vanilla', 'lantern_pp'))
+    config.update(dict(lantern_k=vocab - 1, lantern_residual='optimal'))
+    config_checks.check_for_family(config, family, 'config', ('vanilla', 'lantern_pp'))
+
+  def test_seed_leaves_room_for_the_method_and_class_offsets(self):
+    """Every key seed the main command makes (seed + 1000 * offset + 7919 * (class +
+    1)) fits in uint32; jax.random.key would reduce a larger one modulo 2**32."""
+    family = family_lib.load()
+    limit = 2**32 - 1 - 1000 - 7919 * family.num_classes
+    config = generate_config.get_config()
+    config.seed = 2**32
+    with self.assertRaisesRegex(cli.ConfigError, 'config.seed=4294967296: must be an integer '
+                                '>= 0 and <= 4294967295'):
+      generate.check_config(config)
+    config.seed = limit + 1
+    generate.check_config(config)  # without the family: the uint32 bound only
+    with self.assertRaisesRegex(cli.ConfigError, f'config.seed={limit + 1}: must be at most '
+                                f'{limit}. The main command adds up to {1000 + 7919 * 10}'):
+      generate.check_config(config, family)
+    config.seed = limit
+    generate.check_config(config, family)
+    config.methods = ('vanilla', 'vanilla_seed1')
+    seed_1 = methods_lib.build_methods(config, family)[1]
+    seeds, key = [], jax.random.key
+    with mock.patch.object(jax.random, 'key', side_effect=lambda s: seeds.append(s) or key(s)):
+      generate._timed_call(  # pylint: disable=protected-access
+          seed_1, family, family.num_classes - 1, logits.Sampling(), limit)
+    self.assertEqual(seeds, [2**32 - 1])  # the largest key seed the command makes
+
+  def test_out_that_is_a_file_is_a_usage_error(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, 'a_file')
+      pathlib.Path(path).write_text('')
+      result = subprocess.run(
+          [sys.executable, '-m', 'specdec_jax.generate', f'--out={path}'],
+          env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+          timeout=300)
+      self.assertEqual(result.returncode, 2, result.stderr[-3000:])
+      self.assertIn(f'--out={path!r}: {path} is a file, not a folder', result.stderr)
+      self.assertNotIn('Traceback', result.stderr)
 
   def test_unguided_main_command_runs_with_the_cache_off(self):
     """cfg_scale = 1.0 runs (one row per image, the draft model's too) and

@@ -367,6 +367,61 @@ class SampleErrorsTest(absltest.TestCase):
       sample_model.conditions(self.config(classes=(1, 10)), family)
 
 
+class SampleReviewFixesTest(absltest.TestCase):
+  """Token counts, reruns, seeds and paths the sampler must get right."""
+
+  def config(self, **changes):
+    return SampleErrorsTest.config(self, **changes)
+
+  def test_tokens_per_forward_counts_committed_tokens(self):
+    """A last step's drafts accepted past the image's last token are not credited:
+    tokens_per_forward is committed tokens per verify step, as the main command's."""
+    metrics = dict(verify_steps=np.asarray([50, 65]), accepted_tokens=np.asarray([146, 130]),
+                   committed_tokens=np.asarray([195, 195]), target_forwards=np.asarray([51, 66]),
+                   draft_forwards=np.asarray([200, 260]),
+                   accepted_per_position=np.zeros((2, 4), np.int32))
+    conditions = sample_model.Conditions('label', classes=np.arange(10, dtype=np.int32))
+    records = sample.image_records(np.asarray([0, 1]), conditions, metrics)
+    self.assertEqual([r['tokens_per_forward'] for r in records], [195 / 50, 195 / 65])
+    self.assertEqual([r['committed_tokens'] for r in records], [195, 195])
+
+  def test_rerun_of_a_finished_set_keeps_its_measured_throughput(self):
+    out_dir = os.path.join(_TMP.name, 'finished_rerun')
+    shutil.copytree(REFERENCE, out_dir)
+    before = json.loads(pathlib.Path(out_dir, sample_output.SUMMARY).read_text())
+    summary = sample.run(self.config(out_dir=out_dir, fast_compile=True))  # nothing to do
+    after = json.loads(pathlib.Path(out_dir, sample_output.SUMMARY).read_text())
+    for field in sample.MEASURED:
+      self.assertEqual(after[field], before[field], field)
+      self.assertEqual(summary[field], before[field], field)
+    self.assertEqual(after['images_this_run'], NUM_IMAGES)
+    self.assertGreater(after['images_per_s'], 0)
+
+  def test_seed_must_fit_a_key(self):
+    """jax.random.key(2**32 + s) is key(s): such a seed would repeat another set."""
+    sample.check_config(self.config(seed=2**32 - 1))
+    with self.assertRaisesRegex(cli.ConfigError, r'config.seed=4294967296: must be an integer '
+                                '>= 0 and <= 4294967295'):
+      sample.check_config(self.config(seed=2**32))
+
+  def test_out_dir_that_is_a_file_is_a_config_error(self):
+    path = os.path.join(_TMP.name, 'a_file')
+    pathlib.Path(path).write_text('')
+    for out_dir, problem in ((path, f'{path} is a file, not a folder'),
+                             (os.path.join(path, 'set'), f'{path}, a folder above it, is a file')):
+      with self.assertRaisesRegex(cli.ConfigError,
+                                  f'config.out_dir={out_dir!r}: {problem}. Name a folder'):
+        sample.run(self.config(out_dir=out_dir))
+
+  def test_a_refused_class_leaves_no_folder(self):
+    """A check that needs the model (a class it lacks) refuses the config after the
+    lock took the folder: the folders the run made are removed."""
+    parent = os.path.join(_TMP.name, 'refused')
+    with self.assertRaisesRegex(cli.ConfigError, r'config.classes has \[10\]'):
+      sample.run(self.config(classes=(10,), out_dir=os.path.join(parent, 'set')))
+    self.assertFalse(os.path.exists(parent))
+
+
 class SampleT2ITest(absltest.TestCase):
   """A text-conditional LlamaGen takes a prompt file of caption features (in process)."""
 

@@ -222,6 +222,20 @@ class OutputTest(absltest.TestCase):
       with self.assertRaisesRegex(sample_output.FolderMismatchError, 'pac_branches'):
         sample_output.check_folder(folder, fixed)
 
+  def test_images_without_config_json_are_refused(self):
+    """Chunks or images but no config.json: an unknown configuration's set, never
+    merged under this run's configuration (an empty folder is new)."""
+    self.assertFalse(sample_output.check_folder(self.out, dict(method='eagle')))
+    for written in ('chunks/chunk_00000.npz', 'images/000000.png', 'summary.json'):
+      folder = pathlib.Path(tempfile.mkdtemp(dir=self.out))
+      (folder / written).parent.mkdir(exist_ok=True)
+      (folder / written).write_bytes(b'')
+      with self.assertRaisesRegex(sample_output.FolderMismatchError,
+                                  'holds images but no config.json: they come from an unknown '
+                                  'configuration. Remove the folder or choose another'):
+        sample_output.check_folder(folder, dict(method='eagle'))
+      self.assertFalse((folder / sample_output.CONFIG).exists())
+
   def _write_folder(self, fingerprint):
     """config.json and one committed chunk (a folder that holds images)."""
     sample_output.write_json(os.path.join(self.out, sample_output.CONFIG),

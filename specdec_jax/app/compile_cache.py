@@ -25,6 +25,9 @@ import pathlib
 from absl import logging
 import jax
 
+from specdec_jax.app import cli
+from specdec_jax.app import files
+
 OFF = 'off'
 MIN_COMPILE_SECONDS = 0.1
 
@@ -47,12 +50,20 @@ def folder_for(setting: str) -> pathlib.Path | None:
 
 def enable(setting: str = '') -> pathlib.Path | None:
   """Points JAX's persistent compilation cache at the setting's folder (or turns it
-  off) and logs it; returns the folder (None when off). Call before compiling."""
+  off) and logs it; returns the folder (None when off). Call before compiling.
+
+  Raises cli.ConfigError when the folder cannot be made (it, or a folder above
+  it, is a file).
+  """
   folder = folder_for(setting)
   if folder is None:
     jax.config.update('jax_enable_compilation_cache', False)
     logging.info('persistent compilation cache: off')
     return None
+  problem = files.folder_problem(folder)
+  if problem:
+    raise cli.ConfigError(f'config.compilation_cache={setting!r}: {problem}. Name a folder '
+                          f'for the cache, \'\' for the default, or {OFF!r}.')
   folder.mkdir(parents=True, exist_ok=True)
   jax.config.update('jax_enable_compilation_cache', True)
   jax.config.update('jax_compilation_cache_dir', str(folder))

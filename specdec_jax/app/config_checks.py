@@ -16,7 +16,16 @@ from specdec_jax import mode_pac
 from specdec_jax import rules
 from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
+from specdec_jax.app import files
 from specdec_jax.app import methods as methods_lib
+
+# jax.random.key takes a uint32 seed (without x64): a larger one is silently
+# reduced modulo 2**32, giving another seed's images.
+MAX_KEY_SEED = 2**32 - 1
+# What the main command adds to config.seed (`generate.quality_pass`,
+# `generate._timed_call`): 1000 * a method's seed_offset (at most 1,
+# vanilla_seed1), and 7919 * (class + 1) for a latency class.
+SEED_OFFSET_STEP, LATENCY_CLASS_SEED_STEP, MAX_METHOD_SEED_OFFSET = 1000, 7919, 1
 
 SAMPLING = dict(
     cfg_scale=cli.number(minimum=1.0, note='1.0 = no guidance'),
@@ -58,7 +67,9 @@ def main_command(method_names: tuple[str, ...]) -> dict:
                  and set(v) <= set(method_names) and len(set(v)) == len(v)),
       f"a tuple of distinct names of {method_names}, 'vanilla' first")
   return dict(
-      bundle_dir=cli.STRING, seed=cli.integer(0), images_per_class=cli.integer(1),
+      bundle_dir=cli.STRING,
+      seed=cli.integer(0, MAX_KEY_SEED, "less the offsets for the family's classes"),
+      images_per_class=cli.integer(1),
       latency_classes=cli.integers(0, nonempty=True), timing_repeats=cli.integer(1),
       compile_threads=cli.integer(1), quality_batch=cli.integer(0),
       side_by_side_per_class=cli.integer(1), grid_scale=cli.integer(1),
@@ -74,14 +85,61 @@ def check_bundle_dir(bundle_dir: str, where: str, required: bool = False) -> Non
                           'build one with `python -m specdec_jax.app.train.family`.')
 
 
+# The methods that run a rule named by a hyperparameter (`methods.build_methods`).
+RULE_FIELDS = dict(eagle2='eagle2_rule', scd='scd_rule', sjd_pac='sjd_pac_rule')
+
+
+def uses_rule(hyperparameters, rule: str, methods) -> bool:
+  """Whether one of `methods` (None: every method) runs the acceptance rule `rule`,
+  as the method of that name or through its *_rule hyperparameter."""
+  if methods is None:
+    return True
+  return rule in methods or any(hyperparameters[field] == rule
+                                for method, field in RULE_FIELDS.items() if method in methods)
+
+
+def lantern_k_accepted(residual: str, vocab: int) -> str:
+  """The words for the lantern_k a vocabulary of `vocab` tokens allows."""
+  extra = rules.neighbor_columns(0, residual)  # columns read beyond lantern_k
+  if not extra:
+    return f'below the vocabulary size {vocab}'
+  return (f'below {vocab - extra}: with lantern_residual={residual!r} the rule reads '
+          f'lantern_k + {extra} nearest neighbours of a token among the other {vocab - 1} '
+          f'of the vocabulary (or pass lantern_residual=\'optimal\')')
+
+
+def main_seed_limit(num_classes: int) -> int:
+  """The largest seed of the main command whose every key seed (seed + the method's
+  and the latency class's offsets, any class of the family) fits in uint32."""
+  return (MAX_KEY_SEED - SEED_OFFSET_STEP * MAX_METHOD_SEED_OFFSET
+          - LATENCY_CLASS_SEED_STEP * num_classes)
+
+
+def check_main_seed(seed: int, family: family_lib.Family, where: str) -> None:
+  limit = main_seed_limit(family.num_classes)
+  if seed > limit:
+    raise cli.ConfigError(
+        f'{where}={seed}: must be at most {limit}. The main command adds up to '
+        f'{MAX_KEY_SEED - limit} to it ({SEED_OFFSET_STEP} for vanilla_seed1, '
+        f'{LATENCY_CLASS_SEED_STEP} * (class + 1) for a latency class; this family has '
+        f'{family.num_classes} classes), and a key seed above 2**32 - 1 would be taken '
+        'modulo 2**32, repeating a smaller seed\'s images.')
+
+
 def check_for_family(hyperparameters, family: family_lib.Family, where: str,
                      methods=None) -> None:
   """The bounds that depend on the loaded family: draft_length < L, jacobi_window <=
-  L (L tokens per image), lantern_k < V, eagle2_top_k <= V (vocabulary), the
-  EAGLE-2 tree's node budget, and, when `methods` (the names that will run; None:
-  all) include sjd_pac, pac_depth < jacobi_window (SJD-PAC's tree lies inside the
-  Jacobi window) and the tree's size (`mode_pac.MAX_TREE_NODES`)."""
+  L (L tokens per image), eagle2_top_k <= V (vocabulary), the EAGLE-2 tree's node
+  budget; when `methods` (the names that will run; None: all) run LANTERN++ (as a
+  method or a *_rule), the neighbour columns it reads (`rules.neighbor_columns`)
+  below V; when they include sjd_pac, pac_depth < jacobi_window (SJD-PAC's tree
+  lies inside the Jacobi window) and the tree's size (`mode_pac.MAX_TREE_NODES`);
+  and with a `seed` (the main command's config), `main_seed_limit`."""
+  if 'seed' in hyperparameters:  # the sampler's seed has no offsets: its table bounds it
+    check_main_seed(hyperparameters.seed, family, f'{where}.seed')
   tokens, vocab = family.num_tokens, family.target.vocab_size
+  lantern_k, residual = hyperparameters.lantern_k, hyperparameters.lantern_residual
+  lantern = uses_rule(hyperparameters, 'lantern_pp', methods)
   most_tree_tokens = 1 + dynamic_tree.num_candidates(hyperparameters.eagle2_top_k,
                                                      hyperparameters.eagle2_depth)
   pac = methods is None or 'sjd_pac' in methods
@@ -93,7 +151,8 @@ def check_for_family(hyperparameters, family: family_lib.Family, where: str,
        f'below the {tokens} tokens per image'),
       ('jacobi_window', hyperparameters.jacobi_window <= tokens,
        f'at most the {tokens} tokens per image'),
-      ('lantern_k', hyperparameters.lantern_k < vocab, f'below the vocabulary size {vocab}'),
+      ('lantern_k', not lantern or rules.neighbor_columns(lantern_k, residual) < vocab,
+       lantern_k_accepted(residual, vocab)),
       ('eagle2_top_k', hyperparameters.eagle2_top_k <= vocab,
        f'at most the vocabulary size {vocab}'),
       ('eagle2_total_tokens', hyperparameters.eagle2_total_tokens <= most_tree_tokens,
@@ -105,6 +164,15 @@ def check_for_family(hyperparameters, family: family_lib.Family, where: str,
        f'{mode_pac.MAX_TREE_NODES} (or pass a smaller pac_depth)')):
     if not ok:
       raise cli.ConfigError(f'{where}.{field}={hyperparameters[field]!r}: must be {accepted}.')
+
+
+def check_output_folder(path: str, where: str) -> None:
+  """Raises ConfigError when the output folder `path` cannot be made (it, or a
+  folder above it, is a file)."""
+  problem = files.folder_problem(path)
+  if problem:
+    raise cli.ConfigError(f'{where}={path!r}: {problem}. Name a folder (a new one, or one '
+                          'this command wrote).')
 
 
 def check_classes(classes, family: family_lib.Family, where: str) -> None:

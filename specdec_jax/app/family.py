@@ -32,6 +32,7 @@ import numpy as np
 
 import specdec_jax
 from specdec_jax.app import evaluation
+from specdec_jax.app import files
 from specdec_jax.converters import common
 from specdec_jax.converters import lantern_drafter
 from specdec_jax.converters import llamagen as llamagen_converter
@@ -157,7 +158,8 @@ def write_bundle(directory, *, tokenizer, tokenizer_params, target, target_param
                  eagle_params, draft_gpt, draft_gpt_params, classifier_params,
                  classifier_test_accuracy: float, reference_mean, reference_cov,
                  manifest: dict | None = None, overwrite: bool = False) -> pathlib.Path:
-  """Writes a bundle folder that `load` reads (each part written atomically).
+  """Writes a bundle folder that `load` reads (each part, each file, written
+  atomically; the manifest last).
 
   eagle_params may include the target's head (`lm_head`); it is dropped, since
   `load` re-attaches the target's own head.
@@ -179,9 +181,11 @@ def write_bundle(directory, *, tokenizer, tokenizer_params, target, target_param
     common.write_params_atomic(root / name, jax.device_get(params), config=config,
                                source_files=[], converter='specdec_jax.app.family.write_bundle',
                                extra_meta=meta, overwrite=overwrite)
-  np.savez(root / 'reference_features.npz', mean=np.asarray(reference_mean),
-           cov=np.asarray(reference_cov))
-  (root / 'manifest.json').write_text(json.dumps(manifest or {}, indent=1, default=str))
+  with files.atomic_file(root / 'reference_features.npz') as f:
+    np.savez(f, mean=np.asarray(reference_mean), cov=np.asarray(reference_cov))
+  # Last: the trainer takes a bundle whose manifest reads as finished.
+  files.write_atomic(root / 'manifest.json',
+                     json.dumps(manifest or {}, indent=1, default=str).encode())
   return root
 
 

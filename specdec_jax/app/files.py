@@ -41,6 +41,38 @@ def make_folder(folder: str | os.PathLike) -> pathlib.Path:
   return folder
 
 
+def folder_problem(folder: str | os.PathLike) -> str | None:
+  """Why `make_folder(folder)` cannot work: the path, or a folder above it, is a
+  file (None when it is a folder or can be created)."""
+  folder = pathlib.Path(folder)
+  for path in (folder, *folder.parents):
+    if path.exists():
+      if path.is_dir():
+        return None
+      return (f'{path} is a file, not a folder' if path == folder
+              else f'{path}, a folder above it, is a file')
+  return None
+
+
+def missing_folders(folder: str | os.PathLike) -> list[pathlib.Path]:
+  """The folders `make_folder(folder)` would create, deepest first."""
+  folder, missing = pathlib.Path(folder), []
+  while not folder.exists() and folder != folder.parent:
+    missing.append(folder)
+    folder = folder.parent
+  return missing
+
+
+def remove_empty(folders: list[pathlib.Path]) -> None:
+  """Removes the given folders, deepest first, stopping at the first that is not
+  empty (or already gone): undoes `make_folder` when nothing was written."""
+  for folder in folders:
+    try:
+      folder.rmdir()
+    except OSError:
+      return
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike):
   """A binary file object for `path`; written to a temporary file in the same

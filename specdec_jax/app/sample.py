@@ -57,7 +57,8 @@ CONFIG_CHECKS = dict(
     method=cli.one_of(*sample_model.METHODS), hparams=config_checks.HYPERPARAMETERS,
     sampling=config_checks.SAMPLING, classes=cli.integers(0), prompts=cli.STRING,
     num_images=cli.integer(1), batch_per_device=cli.integer(1), attention_phases=cli.integer(1),
-    model_parallel=cli.integer(1), seed=cli.integer(0), out_dir=cli.NONEMPTY_STRING,
+    model_parallel=cli.integer(1), seed=cli.integer(0, config_checks.MAX_KEY_SEED),
+    out_dir=cli.NONEMPTY_STRING,
     chunk_size=cli.integer(1), write_png=cli.BOOL, xla_cpu_single_thread=cli.BOOL,
     fast_compile=cli.BOOL, stop_after_chunks=cli.integer(0), break_lock=cli.BOOL,
     allow_code_change=cli.BOOL, compilation_cache=cli.STRING)
@@ -66,6 +67,7 @@ CONFIG_CHECKS = dict(
 def check_config(config) -> None:
   """Raises cli.ConfigError on values no run can use, before JAX starts."""
   cli.check_fields(config, CONFIG_CHECKS)
+  config_checks.check_output_folder(config.out_dir, 'config.out_dir')
   sample_model.check_model_config(config.model)
 
 
@@ -124,8 +126,9 @@ def image_records(index: np.ndarray, conditions: sample_model.Conditions,
                   metrics: dict) -> list[dict]:
   """Per-image metric dicts (metrics.jsonl lines) from host metric arrays [n] or [n, K]."""
   values = conditions.values(sample_plan.StepPlan(index).condition_ids(conditions.count))
-  steps = np.maximum(metrics['verify_steps'], 1)
-  tokens_per_forward = (metrics['accepted_tokens'] + metrics['verify_steps']) / steps
+  # Committed tokens, as the main command counts: a last step's drafts accepted
+  # past the image's last token are not tokens of the image.
+  tokens_per_forward = metrics['committed_tokens'] / np.maximum(metrics['verify_steps'], 1)
   records = []
   for j, (i, value) in enumerate(zip(index, values)):
     records.append({
@@ -134,6 +137,7 @@ def image_records(index: np.ndarray, conditions: sample_model.Conditions,
         'target_forwards': int(metrics['target_forwards'][j]),
         'draft_forwards': int(metrics['draft_forwards'][j]),
         'verify_steps': int(metrics['verify_steps'][j]),
+        'committed_tokens': int(metrics['committed_tokens'][j]),
         'accepted_per_position': metrics['accepted_per_position'][j].tolist()})
   return records
 
@@ -286,12 +290,14 @@ def run(config) -> dict | None:
   None elsewhere, or when stopped early by config.stop_after_chunks)."""
   started = time.perf_counter()
   check_config(config)
+  created = files.missing_folders(config.out_dir)
   lock = lock_folder(config)  # before the model loads: a second job stops at once
   try:
     return _run_locked(config, started)
   finally:
     if lock is not None:
       lock.release()
+      files.remove_empty(created)  # refused before writing (e.g. a class the model lacks)
 
 
 def _run_locked(config, started: float) -> dict | None:
@@ -337,12 +343,31 @@ def _run_locked(config, started: float) -> dict | None:
         global_batch=sampler.global_batch, config=config.to_dict(),
         code=sampler.fingerprint['code'],
         samples_sha256=files.sha256(os.path.join(config.out_dir, sample_output.SAMPLES)))
-    sample_output.write_json(os.path.join(config.out_dir, sample_output.SUMMARY), summary)
+    write_summary(config.out_dir, summary)
     logging.info('wrote %s: %d images, %.2f images/s, %.2f tokens per target forward',
                  config.out_dir, config.num_images, summary['images_per_s'],
                  summary['mean_tokens_per_forward'])
   multihost_utils.sync_global_devices('sample: merged')
   return summary
+
+
+# The summary's fields measured by the run that decoded the images.
+MEASURED = ('images_this_run', 'images_per_s', 'tokens_per_s', 'wall_s', 'decode_loop_s',
+            'compile_s', 'processes', 'devices', 'global_batch')
+
+
+def write_summary(out_dir: str, summary: dict) -> None:
+  """Writes summary.json; a run that decoded nothing (a rerun of a finished set)
+  keeps the measurements of the run that did (updates `summary` in place)."""
+  path = os.path.join(out_dir, sample_output.SUMMARY)
+  if not summary['images_this_run'] and os.path.exists(path):
+    try:
+      with open(path) as f:
+        earlier = json.load(f)
+    except (OSError, ValueError):
+      earlier = {}
+    summary.update({k: earlier[k] for k in MEASURED if k in earlier})
+  sample_output.write_json(path, summary)
 
 
 def define_flags() -> None:

@@ -164,11 +164,16 @@ def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
       code's change.
   Returns:
     True when the folder holds a config.json of this configuration (a
-    restart); False when it is new, or when its config.json describes another
+    restart); False when it is new (a folder with images but no config.json
+    is refused), or when its config.json describes another
     configuration but no image was written (a run stopped by an error before
     its first chunk): the caller then writes config.json anew.
   """
   path = pathlib.Path(out_dir) / CONFIG
+  if not path.exists() and holds_images(out_dir):
+    raise FolderMismatchError(
+        f'{out_dir} holds images but no {CONFIG}: they come from an unknown configuration. '
+        'Remove the folder or choose another --config.out_dir.')
   if not path.exists():
     return False
   try:

@@ -26,6 +26,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from specdec_jax.app import files
+
 
 FINAL_LR_SCALE = 0.05  # both schedules end at 5% of the peak rate
 
@@ -238,8 +240,8 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
           elapsed_s=np.float32(elapsed()))))
   state = state.replace(elapsed_s=np.float32(elapsed()))
   manager.wait_until_finished()
-  with open(os.path.join(workdir, f'{name}_history.json'), 'w') as f:
-    json.dump(history, f, indent=1)
+  files.write_atomic(os.path.join(workdir, f'{name}_history.json'),
+                     json.dumps(history, indent=1).encode())
   return state, history
 
 
