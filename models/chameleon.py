@@ -185,6 +185,19 @@ def mark_prefix_padding(cache: kv.KVCache, mask: jax.Array) -> kv.KVCache:
   return cache.replace(key_valid=key_valid, position_offset=offset)
 
 
+def prompt_length(cond, prompt_type: type, what: str) -> int:
+  """P of a prompt `cond` (a `prompt_type` holding int tokens [B, P], P >= 1), checked."""
+  if not isinstance(cond, prompt_type):
+    raise ValueError(f'{what}: cond must be a {prompt_type.__name__} (int32 tokens [B, P], '
+                     f'optional mask), got {type(cond).__name__}.')
+  tokens = cond.tokens
+  if (jnp.ndim(tokens) != 2 or jnp.shape(tokens)[1] < 1
+      or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer)):
+    raise ValueError(f'{what}: prompt tokens must be int32[B, P] with P >= 1, got '
+                     f'{jnp.result_type(tokens)}{tuple(jnp.shape(tokens))}.')
+  return int(tokens.shape[1])
+
+
 def check_prompt(tokens, mask, *, vocab_size: int, what: str) -> None:
   """Validates prompt shapes (and, for concrete arrays, ids and left padding)."""
   if tokens.ndim != 2:
@@ -247,7 +260,7 @@ class ChameleonModel:
     return self.module.init(rng, tokens, cache)['params']
 
   def prefix_length(self, cond: ChameleonPrompt) -> int:
-    return int(cond.tokens.shape[1])
+    return prompt_length(cond, ChameleonPrompt, 'ChameleonModel')
 
   def check_cond(self, cond: ChameleonPrompt) -> None:
     """Checks a concrete prompt's ids and padding too (`specdec_jax.checks`)."""

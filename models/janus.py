@@ -229,7 +229,7 @@ class JanusModel:
                             method=JanusGenLM.init_all)['params']
 
   def prefix_length(self, cond: JanusPrompt) -> int:
-    return int(cond.tokens.shape[1])
+    return chameleon.prompt_length(cond, JanusPrompt, 'JanusModel')
 
   def check_cond(self, cond: JanusPrompt) -> None:
     """Checks a concrete prompt's ids and padding too (`specdec_jax.checks`)."""

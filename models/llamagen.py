@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any
 
 import jax
@@ -87,6 +88,20 @@ class LlamaGenGPT:
     rows = jax.tree.leaves(cond)[0].shape[0] if jax.tree.leaves(cond) else 0
     self._check_cond(cond, rows, 'generate: cond')
 
+  def check_cfg_cond(self, cond: Any) -> None:
+    """Warns when guided c2i rows [cond; uncond] have no null class in their second
+    half: most likely labels passed without `cfg_cond` (then half of them guide
+    the other half as if unconditional)."""
+    if self.config.model_type != 'c2i':
+      return
+    labels = np.asarray(cond)
+    if labels.size and not np.any(labels[labels.shape[0] // 2:] == self.config.num_classes):
+      warnings.warn(
+          f'generate: CFG is on but no unconditional row of cond (its second half, '
+          f'{labels[labels.shape[0] // 2:].tolist()[:8]}) holds the null class '
+          f'{self.config.num_classes}; pass model.cfg_cond(params, labels) as cond.',
+          RuntimeWarning, stacklevel=3)
+
   def prefix_length(self, cond: Any) -> int:
     del cond
     return self.config.cls_token_num
@@ -126,8 +141,12 @@ class LlamaGenGPT:
     original does with `emb_masks`).
     """
     if self.config.model_type == 'c2i':
-      labels = jnp.asarray(cond, jnp.int32)
-      return jnp.concatenate([labels, self.null_cond(params, labels.shape[0]).astype(labels.dtype)])
+      labels = jnp.asarray(cond)
+      if labels.ndim != 1:
+        raise ValueError(f'cfg_cond: c2i cond must be int class ids [B], got shape '
+                         f'{tuple(labels.shape)}.')
+      labels = self._check_cond(labels, labels.shape[0], 'cfg_cond')
+      return jnp.concatenate([labels, self.null_cond(params, labels.shape[0])])
     caption = _as_caption(cond)
     null = self.null_cond(params, caption.features.shape[0]).features.astype(
         caption.features.dtype)

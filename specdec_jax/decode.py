@@ -390,7 +390,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     _PREPARED[call_signature] = (plan, compiled)
   else:
     plan, compiled = prepared
-    checks.check_values(target, draft, mode, cond, draft_cond)  # values: every call
+    checks.check_values(target, draft, mode, cond, draft_cond, plan.cfg)  # every call
     args = _arguments(plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,
                       target_rules, draft_rules)
   start = time.perf_counter()

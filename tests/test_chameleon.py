@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import decode
 from specdec_jax.converters import chameleon as converter
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
@@ -360,6 +361,18 @@ class ConverterTest(parameterized.TestCase):
                                        jnp.array([[True, False, True, True]]))
     with self.assertRaisesRegex(ValueError, 'not left-padded'):
       model.prefill({}, model.init_cache(1, 8), prompt)
+
+  def test_prompt_structure_errors_name_the_fix(self):
+    """Before: IndexError (1-D tokens), AttributeError (a bare array), and an empty
+    prompt decoded silently."""
+    model = chameleon.ChameleonModel(chameleon.ChameleonConfig.from_hf_config(TINY))
+    for cond, message in (
+        (jnp.ones((2, 3), jnp.int32), 'cond must be a ChameleonPrompt'),
+        (chameleon.ChameleonPrompt(jnp.ones((3,), jnp.int32)), r'int32\(3,\)'),
+        (chameleon.ChameleonPrompt(jnp.ones((2, 3), jnp.float32)), r'float32\(2, 3\)'),
+        (chameleon.ChameleonPrompt(jnp.ones((2, 0), jnp.int32)), r'int32\(2, 0\)')):
+      with self.assertRaisesRegex(ValueError, f'ChameleonModel: .*{message}'):
+        decode.generate(model, {}, cond, num_tokens=2, key=jax.random.key(0))
 
 
 if __name__ == '__main__':

@@ -2,6 +2,7 @@
 chains and trees); run without torch. See tests/test_llamagen.py.
 """
 
+import warnings
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -110,6 +111,20 @@ class EnginePathTest(parameterized.TestCase):
       model.prefill(params, cache, jnp.array([1, 2, 3], jnp.int32))
     with self.assertRaisesRegex(ValueError, r'class ids must lie in \[0, 10\]'):
       model.prefill(params, cache, jnp.array([1, 11], jnp.int32))
+    with self.assertRaisesRegex(ValueError, r'cfg_cond: c2i cond must be int class ids of '
+                                r'shape \(2,\).*got float32'):
+      model.cfg_cond(params, jnp.array([1.7, 2.9]))  # truncated to [1, 2] before
+    with self.assertRaisesRegex(ValueError, r'cfg_cond: c2i cond must be int class ids \[B\]'):
+      model.cfg_cond(params, jnp.array([[1], [2]], jnp.int32))
+    guided = lambda cond: decode.generate(
+        model, params, cond, num_tokens=2, key=jax.random.key(0),
+        sampling=logits.Sampling(cfg_scale=2.0), compiler_options=decode.FAST_COMPILE)
+    with self.assertWarnsRegex(RuntimeWarning, r'no unconditional row of cond .* holds the null '
+                               r'class 10; pass model.cfg_cond'):
+      guided(jnp.array([1, 2], jnp.int32))  # labels without cfg_cond: class 2 guides class 1
+    with warnings.catch_warnings():
+      warnings.simplefilter('error')
+      guided(model.cfg_cond(params, jnp.array([1], jnp.int32)))
     t2i = llamagen.LlamaGenGPT(tiny_config('t2i'))
     bad_mask = llamagen.CaptionCond(jnp.zeros((2, 8, 24)), jnp.array([[1] * 7 + [0]] * 2, bool))
     with self.assertRaisesRegex(ValueError, 'left padded'):
