@@ -38,6 +38,7 @@ from specdec_jax import decode
 from specdec_jax import logits
 from specdec_jax import mode_dynamic_tree
 from specdec_jax import mode_pac
+from specdec_jax import mode_tree
 from specdec_jax import rules
 from specdec_jax import verify
 from specdec_jax.app import toy
@@ -191,6 +192,28 @@ class GridToyLawTest(parameterized.TestCase):
                     P_THRESHOLD)
     markov_law = MARKOV.joint_law(PARAMS, 0, NUM_TOKENS, sampling)
     self.assertGreater(_pvalue(markov_tokens, markov_law), P_THRESHOLD)
+
+  @parameterized.named_parameters(
+      ('static_tree', decode.TreeDraft(DEEP_TREE, 'eagle')),
+      ('eagle2', decode.DynamicTreeDraft(total_tokens=8, depth=3, top_k=2, drafts='sampled')),
+      ('sjd_pac', decode.JacobiPAC(5, branches=3, depth=3, init='spatial')),
+  )
+  def test_tree_modes_fail_without_compacting_the_accepted_path(self, mode):
+    """Negative control for the tree modes' KV bookkeeping: with the accepted path's
+    keys and values left where the verify forward wrote them (`compact_path` a no-op),
+    later steps read the wrong context and the law breaks. Six-token images make
+    steps after a partial acceptance, which the Markov tests' three tokens do not."""
+    sampling = logits.Sampling()
+    original = mode_tree.compact_path
+    mode_tree.compact_path = lambda cache, start, path, cfg: cache
+    decode.clear_compile_cache()
+    try:
+      tokens, _ = _decode(mode, sampling)
+    finally:
+      mode_tree.compact_path = original
+      decode.clear_compile_cache()
+    self.assertLess(_pvalue(tokens, GRID.joint_law(PARAMS, 0, NUM_TOKENS, sampling)),
+                    P_THRESHOLD)
 
 
 if __name__ == '__main__':
