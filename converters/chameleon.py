@@ -283,9 +283,11 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
-  try:
-    common.check_output_dir(FLAGS.output, FLAGS.overwrite)  # before the (slow) conversion
-  except (ValueError, FileExistsError) as e:
+  try:  # flag errors as a usage message, before the (slow) conversion
+    common.check_output_dir(FLAGS.output, FLAGS.overwrite)
+    common.check_output_dtype(FLAGS.dtype)
+    resolve_config(FLAGS.config, pathlib.Path(FLAGS.input_dir))
+  except (ValueError, OSError) as e:
     raise app.UsageError(str(e)) from e
   convert(FLAGS.input_dir, FLAGS.output, config=FLAGS.config, dtype=FLAGS.dtype,
           overwrite=FLAGS.overwrite)

@@ -7,7 +7,10 @@ checks that need no reference forward run without torch.
 """
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 import tempfile
 
 from absl.testing import absltest
@@ -373,6 +376,28 @@ class ConverterTest(parameterized.TestCase):
         (chameleon.ChameleonPrompt(jnp.ones((2, 0), jnp.int32)), r'int32\(2, 0\)')):
       with self.assertRaisesRegex(ValueError, f'ChameleonModel: .*{message}'):
         decode.generate(model, {}, cond, num_tokens=2, key=jax.random.key(0))
+
+
+class CommandLineTest(parameterized.TestCase):
+
+  @parameterized.parameters('chameleon', 'janus')
+  def test_config_errors_are_usage_messages(self, module):
+    """A bad --config or config.json is a usage message, not a traceback."""
+    with tempfile.TemporaryDirectory() as tmp:
+      folder = pathlib.Path(tmp) / 'ckpt'
+      folder.mkdir()
+      (folder / 'config.json').write_text('{"hidden_size": 32,')
+      for flag, message in (('', 'config.json\' is not valid JSON'),
+                            ('--config=7x', "--config '7x': neither a preset")):
+        result = subprocess.run(
+            [sys.executable, '-m', f'specdec_jax.converters.{module}', f'--input_dir={folder}',
+             f'--output={tmp}/out', *([flag] if flag else [])],
+            env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+            timeout=300)
+        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertIn(message, result.stderr)
+        self.assertNotIn('Traceback', result.stderr)
+        self.assertFalse(os.path.exists(f'{tmp}/out'))
 
 
 if __name__ == '__main__':
