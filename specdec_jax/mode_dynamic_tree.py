@@ -112,9 +112,12 @@ class DynamicTreeDraft(mode_tree.NodeWindowMode):
                   num_tokens=num_tokens)
 
   def draft_capacity(self, *, draft, cond, prefix: int, num_tokens: int) -> int:
-    # The expansions write depth * top_k drafter slots beyond the committed length.
+    # Beyond the committed length: the catch-up over the accepted path (at most
+    # min(depth + 1, total_tokens - 1) tokens and the next one), then depth
+    # expansions of top_k slots each. The base holds 2 * width + 2 of them.
     base = super().draft_capacity(draft=draft, cond=cond, prefix=prefix, num_tokens=num_tokens)
-    return base + max(0, self.depth * self.top_k - 2 * self.width)
+    writes = self.depth * self.top_k + min(self.depth + 1, self.total_tokens - 1) + 2
+    return base + max(0, writes - 2 * self.width - 2)
 
   def layout(self, drafts):
     return drafts.ancestor_mask, drafts.depths

@@ -355,6 +355,34 @@ class Eagle2BatchTest(absltest.TestCase):
       np.testing.assert_array_equal(np.asarray(single.tokens)[0], np.asarray(batch.tokens)[row])
 
 
+class Eagle2DrafterCacheTest(absltest.TestCase):
+
+  def test_drafter_writes_fit_its_cache(self):
+    """Every drafter cache write lands inside the cache: lax.dynamic_update_slice would
+    clamp one that does not onto earlier slots, silently. A deep, narrow tree (depth 4,
+    top-k 4, 5 nodes) overran it by a slot before the catch-up was counted."""
+    from specdec_jax import kv_cache  # pylint: disable=g-import-not-at-top
+    overruns, original = [], kv_cache.write_slots
+
+    def write_slots(buffer, new, starts, slot_axis=kv_cache.VALUE_SLOT_AXIS, shared_start=False):
+      end = new.shape[1] - buffer.shape[slot_axis]
+      jax.debug.callback(lambda s: overruns.append(int(np.max(s)) + end), starts)
+      return original(buffer, new, starts, slot_axis, shared_start)
+
+    kv_cache.write_slots = write_slots
+    decode.clear_compile_cache()
+    try:
+      for mode in (decode.DynamicTreeDraft(total_tokens=5, depth=4, top_k=4, drafts='sampled'),
+                   decode.DynamicTreeDraft(total_tokens=4, depth=3, top_k=4)):
+        jax.block_until_ready(_generate(mode, logits.Sampling(), num_images=64,
+                                        num_tokens=9).tokens)
+    finally:
+      kv_cache.write_slots = original
+      decode.clear_compile_cache()
+    self.assertNotEmpty(overruns)
+    self.assertLessEqual(max(overruns), 0)
+
+
 class Eagle2BadInputTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
