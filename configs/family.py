@@ -30,7 +30,9 @@ STAGES = ('tokenizer', 'classifier', 'target', 'draft_gpt', 'eagle', 'bundle')
 def get_config():
   config = ml_collections.ConfigDict()
   config.bundle_dir = ''  # '' = specdec_jax/assets/fashion_mnist (the package's bundle)
-  config.stages = STAGES  # a subset re-runs only those (outputs of others must exist)
+  # A subset runs only those, in pipeline order (outputs of the others must exist, and the
+  # bundle refuses a stage trained on outputs that have since changed).
+  config.stages = STAGES
 
   config.tokenizer = fashion_tokenizer.get_config()
 

@@ -2,12 +2,14 @@
 
 import json
 import os
+import shutil
 import tempfile
 from unittest import mock
 
 from absl.testing import absltest
 import numpy as np
 
+from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
 from specdec_jax.app.train import family as train_family
 from specdec_jax.app.train import kmeans_tokenizer
@@ -23,6 +25,27 @@ def _tiny_splits(config):
   images = rng.integers(0, 256, (40, 8, 8, 1)).astype(np.uint8)
   labels = rng.integers(0, 10, 40).astype(np.int32)
   return (images[:30], labels[:30]), (images[30:], labels[30:]), {'synthetic': True}
+
+
+class _Runs(list):
+  stale_checkpoints: list
+
+
+def _fake_stage(runs: _Runs):
+  """A run_stage writing distinct outputs (and noting stages whose old checkpoints remain)."""
+  runs.stale_checkpoints = []
+
+  def run(name, config, workdir, bundle_dir, splits):
+    del config, bundle_dir, splits
+    runs.append(name)
+    if os.path.isdir(os.path.join(train_family.stage_dirs(workdir)[name], 'checkpoints')):
+      runs.stale_checkpoints.append(name)
+    for path in train_family.stage_outputs(name, workdir):
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, 'w') as f:
+        f.write(f'{name} {os.urandom(8).hex()}')
+
+  return run
 
 
 def _tokenizer_only_config():
@@ -108,6 +131,55 @@ class FamilyTrainerTest(absltest.TestCase):
                        {'note': 'test bundle'})
       self.assertEmpty([p for p in os.listdir(bundle) if p.endswith('.tmp')])
       self.assertEqual(family_lib.load(bundle).manifest, {'note': 'test bundle'})
+
+  def test_retraining_a_stage_retrains_the_stages_that_read_it(self):
+    """Each stage reruns when a stage it reads was retrained (its stale folder removed
+    first, so it cannot resume or re-export from the old checkpoints)."""
+    config = family_config.get_config()
+    config.stages = ('eagle', 'target', 'tokenizer')  # runs in the pipeline's order
+    runs = _Runs()
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
+        train_family, 'run_stage', side_effect=_fake_stage(runs)), mock.patch.object(
+            kmeans_tokenizer, 'load_splits', return_value=None):
+      workdir, config.bundle_dir = os.path.join(tmp, 'work'), os.path.join(tmp, 'bundle')
+      dirs = train_family.stage_dirs(workdir)
+
+      def rerun():
+        runs.clear()
+        os.makedirs(os.path.join(dirs['eagle'], 'checkpoints'), exist_ok=True)
+        train_family.train_family(config, workdir)
+        return list(runs)
+
+      self.assertEqual(rerun(), ['tokenizer', 'target', 'eagle'])
+      self.assertEqual(rerun(), [])
+      shutil.rmtree(dirs['target'])
+      self.assertEqual(rerun(), ['target', 'eagle'])
+      shutil.rmtree(dirs['tokenizer'])
+      self.assertEqual(rerun(), ['tokenizer', 'target', 'eagle'])
+      os.remove(os.path.join(dirs['eagle'], train_family.INPUTS_FILE))  # an older workdir
+      self.assertFalse(train_family.stage_done('eagle', workdir, config.bundle_dir))
+      self.assertEqual(rerun(), ['eagle'])
+      self.assertEqual(runs.stale_checkpoints, [])  # each stale folder was removed first
+      shutil.rmtree(dirs['target'])
+      config.stages = ('target', 'bundle')  # eagle left out: the bundle refuses its old head
+      with self.assertRaisesRegex(ValueError, r"other inputs: \['eagle'\] \(\['target'\] changed"):
+        rerun()
+      self.assertEqual(runs, ['target'])
+
+  def test_bad_trainer_values_are_refused_before_any_stage(self):
+    for stage, field, value in (('target', 'log_every', 0), ('target', 'save_every', 0),
+                                ('classifier', 'batch_size', 0),
+                                ('draft_gpt', 'eval_batch_size', 0),
+                                ('tokenizer', 'eval_batch_size', 0),
+                                ('target', 'class_dropout', 1.5),
+                                ('draft_gpt', 'class_dropout', -0.5),
+                                ('eagle', 'uncond_prob', -0.5), ('eagle', 'uncond_prob', 2.0)):
+      config = family_config.get_config()
+      config[stage][field] = value
+      with self.subTest(f'{stage}.{field}={value}'), mock.patch.object(
+          train_family, 'run_stage', side_effect=AssertionError('a stage ran')):
+        with self.assertRaisesRegex(cli.ConfigError, rf'config.{stage}.{field}='):
+          train_family.train_family(config, '/nonexistent/workdir')
 
   def test_unknown_stage_is_a_clear_error(self):
     config = family_config.get_config()

@@ -1,8 +1,11 @@
 """The shared training loop learns, checkpoints and resumes."""
 
+import functools
+import itertools
 import json
 import os
 import tempfile
+import time
 
 from absl.testing import absltest
 import ml_collections
@@ -40,7 +43,57 @@ class ClassifierTrainingTest(absltest.TestCase):
       state, _ = train_classifier.train(config, workdir, train_data, test_data)
       self.assertEqual(int(state.step), 40)
       history = json.load(open(os.path.join(workdir, 'classifier_history.json')))
-      self.assertEqual(history[0]['step'], 40)
+      self.assertEqual([h['step'] for h in history], [10, 20, 30, 40])  # kept on resume
+
+
+def _counting_step(state, batch, key, sleep_s=0.0):
+  del batch, key
+  time.sleep(sleep_s)
+  return state.replace(step=state.step + 1), {'loss': state.step.astype(jnp.float32)}
+
+
+def _fit(workdir, batches, **kw):
+  state = training.init_state({'w': jnp.ones(3)}, training.adamw(1e-3, total_steps=100))
+  return training.fit(_counting_step, state, batches, workdir=workdir, key=jax.random.key(0),
+                      **kw)
+
+
+class FitTest(absltest.TestCase):
+
+  def test_counts_below_one_are_refused_before_any_step(self):
+    batches = training.epoch_batches((np.zeros((8, 1)),), 2, 0)
+    for kw in (dict(log_every=0), dict(save_every=0)):
+      with self.subTest(str(kw)), tempfile.TemporaryDirectory() as workdir:
+        with self.assertRaisesRegex(ValueError, f'{next(iter(kw))}=0: must be an integer >= 1'):
+          _fit(workdir, batches, num_steps=4, **kw)
+    with self.assertRaisesRegex(ValueError, 'batch_size=0: must be an integer >= 1'):
+      training.epoch_batches((np.zeros((8, 1)),), 0, 0)
+
+  def test_a_resumed_run_keeps_the_history_up_to_its_checkpoint(self):
+    """Killed after 10 steps (last checkpoint at 8): the resumed history is the
+    earlier entries up to step 8, then the new ones."""
+    batches = training.epoch_batches((np.zeros((8, 1)),), 2, 0)
+    kw = dict(num_steps=16, log_every=2, save_every=8)
+    with tempfile.TemporaryDirectory() as workdir:
+      _fit(workdir, lambda start: itertools.islice(batches(start), 10 - start), **kw)
+      _, history = _fit(workdir, batches, **kw)
+      with open(os.path.join(workdir, 'train_history.json')) as f:
+        self.assertEqual(json.load(f), history)
+      self.assertEqual([h['step'] for h in history], [2, 4, 6, 8, 10, 12, 14, 16])
+      self.assertEqual(history[4]['loss'], 8.5)  # the mean of the resumed steps 8 and 9
+
+  def test_the_steps_before_the_time_budget_ends_are_logged(self):
+    budget = training.TimeBudget(minutes=0.3 / 60, peak_lr=1e-3)
+    state = training.init_state({'w': jnp.ones(3)},
+                                training.adamw(1e-3, total_steps=100, time_budget=True))
+    with tempfile.TemporaryDirectory() as workdir:
+      state, history = training.fit(
+          functools.partial(_counting_step, sleep_s=0.03), state,
+          training.epoch_batches((np.zeros((8, 1)),), 2, 0), num_steps=10_000,
+          workdir=workdir, key=jax.random.key(0), log_every=1000, budget=budget)
+    self.assertLen(history, 1)
+    self.assertEqual(history[0]['step'], int(state.step))
+    self.assertEqual(history[0]['loss'], (int(state.step) - 1) / 2)  # mean of 0..step-1
 
 
 class TimeBudgetTest(absltest.TestCase):

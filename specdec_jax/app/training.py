@@ -188,8 +188,13 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
       time_budget=True)`); training stops when `budget.minutes` of training
       time (summed over resumes) are spent, or at `num_steps`.
   Returns:
-    (final state, history of logged metrics).
+    (final state, history of logged metrics). The history is also written to
+    `{name}_history.json` with every checkpoint; a resumed run keeps the entries
+    up to the step it resumed from and appends to them.
+  Raises:
+    ValueError: log_every or save_every below 1.
   """
+  _check_every(log_every=log_every, save_every=save_every)
   os.makedirs(workdir, exist_ok=True)
   manager = ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, 'checkpoints')),
@@ -204,49 +209,92 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
   def elapsed() -> float:  # training seconds, including those before a resume
     return elapsed_before + time.time() - began
 
-  history = []
+  history = _resumed_history(workdir, name, start) if latest is not None else []
   window, tick = [], time.time()
+
+  def log_window(step: int) -> None:  # logs the steps since the last log, up to `step`
+    nonlocal window, tick
+    entry = _log_entry(name, window, step, num_steps, elapsed(), time.time() - tick, budget,
+                       state)
+    history.append(entry)
+    window, tick = [], time.time()
+
+  def save(step: int, **kw) -> None:  # a checkpoint and the history up to it
+    manager.save(step, args=ocp.args.StandardSave(state.replace(
+        elapsed_s=np.float32(elapsed()))), **kw)
+    _write_history(workdir, name, history)
+
   for batch in batches(start):
     step = int(state.step)
     now = elapsed()
     out_of_time = budget is not None and now >= budget.seconds
     if step >= num_steps or out_of_time:
+      if window:  # the steps since the last log (a time budget ends between logs)
+        log_window(step)
       if out_of_time and step > start and manager.latest_step() != step:
         logging.info('%s: time budget of %.1f min spent at step %d', name, budget.minutes, step)
-        manager.save(step, args=ocp.args.StandardSave(state.replace(
-            elapsed_s=np.float32(now))), force=True)
+        save(step, force=True)
       break
     if budget is not None:
       state = set_learning_rate(state, budget.learning_rate(step, now))
     state, metrics = step_fn(state, batch, jax.random.fold_in(key, step))
     window.append(metrics)
     if (step + 1) % log_every == 0 or step + 1 == num_steps:
-      means = {k: float(np.mean([float(m[k]) for m in window])) for k in window[0]}
-      rate = len(window) / max(time.time() - tick, 1e-9)
-      now = elapsed()
-      if budget is not None:
-        progress = (f'{now / 60:.1f}/{budget.minutes:.1f} min, '
-                    f'ETA {max(budget.seconds - now, 0) / 60:.1f} min, '
-                    f'lr {learning_rate_of(state):.2e}')
-      else:
-        progress = (f'{100 * (step + 1) / num_steps:.1f}%, '
-                    f'ETA {(num_steps - step - 1) / max(rate, 1e-9) / 60:.1f} min')
-      logging.info('%s: step %d/%d (%s) %s  %.2f steps/s', name, step + 1, num_steps, progress,
-                   ' '.join(f'{k}={v:.4f}' for k, v in means.items()), rate)
-      history.append(dict(step=step + 1, elapsed_s=now, **means))
-      window, tick = [], time.time()
+      log_window(step + 1)
     if (step + 1) % save_every == 0 or step + 1 == num_steps:
-      manager.save(step + 1, args=ocp.args.StandardSave(state.replace(
-          elapsed_s=np.float32(elapsed()))))
+      save(step + 1)
+  if window:  # the batches ran out between two logs
+    log_window(int(state.step))
   state = state.replace(elapsed_s=np.float32(elapsed()))
   manager.wait_until_finished()
-  files.write_atomic(os.path.join(workdir, f'{name}_history.json'),
-                     json.dumps(history, indent=1).encode())
+  _write_history(workdir, name, history)
   return state, history
+
+
+def _check_every(**values) -> None:
+  for field, value in values.items():
+    if not (isinstance(value, (int, np.integer)) and value >= 1):
+      raise ValueError(f'{field}={value!r}: must be an integer >= 1 (a number of steps); set '
+                       f'config.{field} to 1 or more.')
+
+
+def _history_path(workdir: str, name: str) -> str:
+  return os.path.join(workdir, f'{name}_history.json')
+
+
+def _write_history(workdir: str, name: str, history: list[dict]) -> None:
+  files.write_atomic(_history_path(workdir, name), json.dumps(history, indent=1).encode())
+
+
+def _resumed_history(workdir: str, name: str, step: int) -> list[dict]:
+  """The logged entries of the earlier run up to the checkpoint resumed from (step)."""
+  path = _history_path(workdir, name)
+  if not os.path.isfile(path):
+    return []
+  with open(path) as f:
+    return [entry for entry in json.load(f) if entry['step'] <= step]
+
+
+def _log_entry(name: str, window: list, step: int, num_steps: int, now: float,
+               seconds: float, budget: TimeBudget | None, state: TrainState) -> dict:
+  """Logs the mean metrics of the steps in `window` (the last one is `step`)."""
+  means = {k: float(np.mean([float(m[k]) for m in window])) for k in window[0]}
+  rate = len(window) / max(seconds, 1e-9)
+  if budget is not None:
+    progress = (f'{now / 60:.1f}/{budget.minutes:.1f} min, '
+                f'ETA {max(budget.seconds - now, 0) / 60:.1f} min, '
+                f'lr {learning_rate_of(state):.2e}')
+  else:
+    progress = (f'{100 * step / num_steps:.1f}%, '
+                f'ETA {(num_steps - step) / max(rate, 1e-9) / 60:.1f} min')
+  logging.info('%s: step %d/%d (%s) %s  %.2f steps/s', name, step, num_steps, progress,
+               ' '.join(f'{k}={v:.4f}' for k, v in means.items()), rate)
+  return dict(step=step, elapsed_s=now, **means)
 
 
 def epoch_batches(arrays: tuple, batch_size: int, seed: int) -> Callable[[int], Iterator]:
   """Shuffled minibatches of arrays (same first dim), reproducible from any step."""
+  _check_every(batch_size=batch_size)
   num = arrays[0].shape[0]
   per_epoch = num // batch_size
   if per_epoch < 1:

@@ -3,9 +3,11 @@
   python -m specdec_jax.app.train.family --workdir runs/family
   python -m specdec_jax.app.train.family --workdir runs/family --config.target.train_minutes=20
 
-Stages (configs/family.py), each in its own sub-folder of --workdir and
-skipped when its outputs exist, so an interrupted run continues where it
-stopped (a stage interrupted mid-training resumes from its checkpoints):
+Stages (configs/family.py), run in this order whatever the order of
+`config.stages`, each in its own sub-folder of --workdir and skipped when its
+outputs exist and were made from the current outputs of the stages it reads
+(`DEPENDS_ON`), so an interrupted run continues where it stopped (a stage
+interrupted mid-training resumes from its checkpoints):
 
   tokenizer   patch k-means tokenizer and the token grids of both splits
   classifier  evaluation CNN (class accuracy, Frechet features)
@@ -13,6 +15,13 @@ stopped (a stage interrupted mid-training resumes from its checkpoints):
   draft_gpt   small LlamaGen GPT (independent draft model)
   eagle       EAGLE-1 head on the target's features
   bundle      assembles specdec_jax/assets/fashion_mnist (or --config.bundle_dir)
+
+A stage that reads others records their fingerprints (`INPUTS_FILE` in its
+folder) when it starts. Retraining a stage (its folder removed) therefore
+retrains the stages that read it: their folders are removed first, and the
+log says why. A stage folder without that record (a workdir from before such
+records) is treated the same way, as stale: nothing tells which outputs it was
+trained on, and a head paired with the wrong target fails only at sampling.
 
 Logs each stage's progress and the whole run's elapsed time and ETA (the
 remaining stages' time budgets), and writes `family_manifest.json`.
@@ -23,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -45,6 +55,11 @@ from specdec_jax.converters import vq as vq_converter
 
 STAGES = family_config.STAGES
 MANIFEST = 'family_manifest.json'
+INPUTS_FILE = 'stage_inputs.json'  # in a stage's folder: fingerprints of the stages it read
+# The training stages each one reads (the bundle reads them all, through its manifest's
+# `stage_fingerprints`); the classifier trains on the images alone.
+DEPENDS_ON = {'target': ('tokenizer',), 'draft_gpt': ('tokenizer',),
+              'eagle': ('tokenizer', 'target')}
 OVERHEAD_MINUTES = {'tokenizer': 1.0, 'classifier': 0.5, 'target': 1.5, 'draft_gpt': 1.0,
                     'eagle': 1.5, 'bundle': 0.5}  # encoding, evaluation, compilation
 
@@ -69,27 +84,60 @@ def stage_outputs(name: str, workdir: str) -> list:
   raise ValueError(f'unknown stage {name!r}; stages are {STAGES}.')
 
 
+def stage_fingerprint(name: str, workdir: str) -> str | None:
+  """sha256 of a training stage's output files; None when one is missing."""
+  digest = hashlib.sha256()
+  for path in stage_outputs(name, workdir):
+    if not os.path.isfile(path):
+      return None
+    with open(path, 'rb') as f:
+      for block in iter(lambda: f.read(1 << 20), b''):
+        digest.update(block)
+  return digest.hexdigest()
+
+
 def stage_fingerprints(workdir: str) -> dict:
   """{stage: sha256 of its output files} for the training stages; None where missing.
 
   The bundle records these, so a retrained stage makes the bundle stale.
   """
-  prints = {}
-  for name in stage_dirs(workdir):
-    digest = hashlib.sha256()
-    for path in stage_outputs(name, workdir):
-      if not os.path.isfile(path):
-        digest = None
-        break
-      with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-          digest.update(block)
-    prints[name] = None if digest is None else digest.hexdigest()
-  return prints
+  return {name: stage_fingerprint(name, workdir) for name in stage_dirs(workdir)}
+
+
+def input_fingerprints(name: str, workdir: str) -> dict:
+  """{stage read by `name`: its current fingerprint}."""
+  return {dep: stage_fingerprint(dep, workdir) for dep in DEPENDS_ON.get(name, ())}
+
+
+def record_inputs(name: str, workdir: str) -> None:
+  """Writes the fingerprints of the stages `name` reads into its folder."""
+  if not DEPENDS_ON.get(name):
+    return
+  folder = stage_dirs(workdir)[name]
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, INPUTS_FILE + '.tmp'), 'w') as f:
+    json.dump({'inputs': input_fingerprints(name, workdir)}, f, indent=1)
+  os.replace(os.path.join(folder, INPUTS_FILE + '.tmp'), os.path.join(folder, INPUTS_FILE))
+
+
+def stale_reason(name: str, workdir: str) -> str | None:
+  """Why a training stage's folder no longer fits its inputs, or None when it does."""
+  if not DEPENDS_ON.get(name):
+    return None
+  path = os.path.join(stage_dirs(workdir)[name], INPUTS_FILE)
+  if not os.path.isfile(path):
+    return (f'it has no record of the {list(DEPENDS_ON[name])} outputs it was trained on '
+            f'({INPUTS_FILE}; a workdir from before such records)')
+  recorded = read_json(path).get('inputs', {})
+  changed = [dep for dep, digest in input_fingerprints(name, workdir).items()
+             if recorded.get(dep) != digest]
+  if changed:
+    return f'{changed} changed (retrained) since it was trained'
+  return None
 
 
 def stage_done(name: str, workdir: str, bundle_dir: str) -> bool:
-  """Whether a stage's final outputs exist (then it is skipped).
+  """Whether a stage's final outputs exist, made from its current inputs (then it is skipped).
 
   The bundle is done when it was assembled from this workdir's current stage
   outputs (its manifest's `stage_fingerprints`); retraining any stage, or a
@@ -102,7 +150,8 @@ def stage_done(name: str, workdir: str, bundle_dir: str) -> bool:
     recorded = read_json(manifest)
     return (recorded.get('workdir') == os.path.abspath(workdir)
             and recorded.get('stage_fingerprints') == stage_fingerprints(workdir))
-  return all(os.path.isfile(path) for path in stage_outputs(name, workdir))
+  return (all(os.path.isfile(path) for path in stage_outputs(name, workdir))
+          and stale_reason(name, workdir) is None)
 
 
 def planned_minutes(config, name: str) -> float:
@@ -192,15 +241,19 @@ def directory_megabytes(path) -> float:
 
 
 def check_config(config) -> None:
-  """Raises cli.ConfigError on stage names, budgets or step counts no run can use."""
+  """Raises cli.ConfigError on stage names, budgets, step counts, batch sizes or
+  probabilities no run can use."""
   unknown = [s for s in config.stages if s not in STAGES]
   if unknown:
     raise cli.ConfigError(f'config.stages has unknown names {unknown}; stages are {STAGES}.')
   if not isinstance(config.bundle_dir, str):
     raise cli.ConfigError(f'config.bundle_dir={config.bundle_dir!r}: must be a string (\'\' = '
                           'the package\'s bundle).')
+  steps = cli.integer(1)
+  probability = cli.number(minimum=0.0, maximum=1.0, note='a probability')
   checks = dict(train_minutes=cli.number(minimum=0.0, note='0 = no time budget'),
-                num_steps=cli.integer(1))
+                num_steps=steps, log_every=steps, save_every=steps, batch_size=steps,
+                eval_batch_size=steps, class_dropout=probability, uncond_prob=probability)
   for stage in STAGES:
     for field, check in checks.items():
       if stage in config and field in config[stage] and not check.ok(config[stage][field]):
@@ -208,16 +261,69 @@ def check_config(config) -> None:
                               f'{check.accepted}.')
 
 
+def reads(name: str) -> tuple:
+  """The stages whose outputs `name` uses."""
+  return STAGES[:-1] if name == 'bundle' else DEPENDS_ON.get(name, ())
+
+
+def why_run(name: str, workdir: str, bundle_dir: str, pending: list) -> str | None:
+  """Why a selected stage runs now (given the earlier stages that run), or None."""
+  rerun = [dep for dep in reads(name) if dep in pending]
+  if rerun:
+    return f'it reads {rerun}, which run now'
+  if stage_done(name, workdir, bundle_dir):
+    return None
+  if name != 'bundle' and os.path.isdir(stage_dirs(workdir)[name]):
+    return stale_reason(name, workdir) or 'unfinished; it resumes from its checkpoints'
+  return 'its outputs are missing or out of date'
+
+
+def stages_to_run(config, workdir: str, bundle_dir: str) -> list:
+  """The selected stages that run now, in pipeline order (not `config.stages`' order)."""
+  pending = []
+  for name in (s for s in STAGES if s in config.stages):
+    reason = why_run(name, workdir, bundle_dir, pending)
+    if reason:
+      logging.info('family: stage %s runs: %s', name, reason)
+      pending.append(name)
+  return pending
+
+
+def remove_if_stale(name: str, workdir: str) -> None:
+  """Removes a training stage's folder made from other inputs than the current ones, so
+  that it trains afresh instead of resuming (or re-exporting) from stale checkpoints."""
+  folder = stage_dirs(workdir).get(name)
+  if folder is None:  # the bundle: refuses stages trained on other inputs than the current
+    stale = [s for s in DEPENDS_ON
+             if os.path.isdir(stage_dirs(workdir)[s]) and stale_reason(s, workdir)]
+    if stale:
+      raise ValueError(f'family: the bundle would pair stages trained on other inputs: '
+                       f'{stale} ({stale_reason(stale[0], workdir)}); add {stale} to '
+                       'config.stages to retrain them.')
+    return
+  missing = [dep for dep, digest in input_fingerprints(name, workdir).items() if digest is None]
+  if missing:
+    raise FileNotFoundError(
+        f'family: stage {name} reads the outputs of {missing}, which are missing in '
+        f'{workdir}; add {missing} to config.stages (or restore their folders).')
+  reason = stale_reason(name, workdir) if os.path.isdir(folder) else None
+  if reason:
+    logging.warning('family: stage %s: removing %s to train it afresh: %s', name, folder,
+                    reason)
+    shutil.rmtree(folder)
+
+
 def train_family(config, workdir: str) -> str:
-  """Runs the stages in order, skipping finished ones; returns the bundle folder."""
+  """Runs the selected stages in pipeline order, skipping finished ones whose inputs are
+  unchanged; returns the bundle folder."""
   check_config(config)
   bundle_dir = config.bundle_dir or str(family_lib.BUNDLE_DIR)
   os.makedirs(workdir, exist_ok=True)
   log_path = os.path.join(workdir, MANIFEST)
   run_log = read_json(log_path) if os.path.isfile(log_path) else {'stage_wall_seconds': {}}
-  pending = [s for s in config.stages if not stage_done(s, workdir, bundle_dir)]
+  pending = stages_to_run(config, workdir, bundle_dir)
   logging.info('family: stages to run %s (done: %s); planned %.0f min', pending,
-               [s for s in config.stages if s not in pending],
+               [s for s in STAGES if s in config.stages and s not in pending],
                sum(planned_minutes(config, s) for s in pending))
   splits = None
   began = time.time()
@@ -227,10 +333,12 @@ def train_family(config, workdir: str) -> str:
     remaining = sum(planned_minutes(config, s) for s in pending[index:])
     logging.info('family: stage %d/%d %s; elapsed %.1f min, ETA %.1f min', index + 1,
                  len(pending), name, (time.time() - began) / 60, remaining)
+    remove_if_stale(name, workdir)
     # A resumed stage adds to its earlier wall time; one started afresh (its
     # folder removed to retrain it) and the bundle (rewritten whole) do not.
     resumed = name != 'bundle' and os.path.isdir(stage_dirs(workdir)[name])
     earlier = run_log['stage_wall_seconds'].get(name, 0.0) if resumed else 0.0
+    record_inputs(name, workdir)
     start = time.time()
     run_stage(name, config, workdir, bundle_dir, splits)
     run_log['stage_wall_seconds'][name] = earlier + time.time() - start
