@@ -132,6 +132,13 @@ class VQTrainerTest(absltest.TestCase, ManifestMixin):
                        [5, 10, 15, 20, 25])  # the resumed run keeps the earlier entries
       self.assert_manifest(workdir, 25)
 
+  def test_token_dtype_holds_every_id(self):
+    """tokens.npz ids fit their dtype (the k-means trainer cast to int16 always)."""
+    for vocab in (256, 32768, 32769, 70000):
+      dtype = train_vq.token_dtype(vocab)
+      self.assertEqual(np.asarray(vocab - 1).astype(dtype), vocab - 1)
+    self.assertEqual(train_vq.token_dtype(32768), np.int16)
+
   def test_restart_dead_codes_replaces_only_unused_rows(self):
     table = jnp.arange(12.0).reshape(6, 2)
     params = {'quantize': {'embedding': table}, 'encoder': {'w': jnp.ones(3)}}

@@ -14,7 +14,8 @@ stays in use). The tokenizer is
 Outputs in --workdir (the same files `specdec_jax.app.train.vq` writes, so the
 GPT and drafter trainers read either):
   tokenizer/     the tokenizer (`converters.vq.load_tokenizer`).
-  tokens.npz     train_tokens / test_tokens int16[N, L], labels, grid, vocab_size.
+  tokens.npz     train_tokens / test_tokens int16[N, L] (int32 past 32768 codes), labels,
+                 grid, vocab_size.
   vq_eval.json   test-split MSE, PSNR, codebook usage and perplexity.
   manifest.json  command, config, data hashes, metrics.
 
@@ -160,9 +161,10 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
                metrics['test_psnr_db'], metrics['codebook_usage'],
                metrics['codebook_perplexity'])
   tokens_path = os.path.join(workdir, train_vq.TOKENS_FILE)
-  np.savez(tokens_path + '.tmp.npz', train_tokens=train_tokens.astype(np.int16),
+  dtype = train_vq.token_dtype(tokenizer.vocab_size)  # int16 would wrap ids past 32767
+  np.savez(tokens_path + '.tmp.npz', train_tokens=train_tokens.astype(dtype),
            train_labels=np.asarray(train_data[1], np.int32),
-           test_tokens=test_tokens.astype(np.int16),
+           test_tokens=test_tokens.astype(dtype),
            test_labels=np.asarray(test_data[1], np.int32),
            grid=np.asarray(grid), vocab_size=np.asarray(tokenizer.vocab_size))
   os.replace(tokens_path + '.tmp.npz', tokens_path)

@@ -54,9 +54,15 @@ from specdec_jax.models import vq
 
 TOKENIZER_DIR = 'tokenizer'
 TOKENS_FILE = 'tokens.npz'
+
 # XLA options that compile about 30% faster on CPU and run slower: for tests
 # and smoke runs (`--config.fast_compile=True`).
 FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+
+
+def token_dtype(vocab_size: int):
+  """The smallest integer dtype tokens.npz stores ids of a vocabulary in (int16 or int32)."""
+  return np.int16 if vocab_size <= np.iinfo(np.int16).max + 1 else np.int32
 
 
 # ------------------------------------------------- shared by the trainers ---
@@ -268,7 +274,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   logging.info('vq: test MSE %.4f, PSNR %.2f dB, codebook usage %.3f',
                metrics['test_mse'], metrics['test_psnr_db'], metrics['codebook_usage'])
 
-  dtype = np.int16 if tokenizer.vocab_size <= np.iinfo(np.int16).max else np.int32
+  dtype = token_dtype(tokenizer.vocab_size)
   tokens_path = os.path.join(workdir, TOKENS_FILE)
   np.savez(tokens_path + '.tmp.npz', train_tokens=train_tokens.astype(dtype),
            train_labels=np.asarray(train_data[1], np.int32),
