@@ -95,6 +95,29 @@ class FolderLockTest(absltest.TestCase):
     self.assertIn(f'pid {gone.pid}', lock.acquire())
     self.assertEqual(json.loads(lock.path.read_text()), lock.holder)
 
+  def test_two_jobs_breaking_one_stale_lock_leave_one_holder(self):
+    """Job A takes the lock while job B, having judged the old lock stale, removes it:
+    B must not remove A's fresh lock (it did, and then both held the folder)."""
+    gone = subprocess.Popen([sys.executable, '-c', 'pass'])
+    gone.wait()
+    first, second = files.FolderLock(self.folder), files.FolderLock(self.folder)
+    first.path.write_text(json.dumps(dict(host=socket.gethostname(), pid=gone.pid,
+                                          started='2024-01-01T00:00:00')))
+    read, reads = files._read_holder, []
+
+    def read_then_first_acquires(path):
+      holder = read(path)
+      reads.append(path)
+      if len(reads) == 2:  # second's read just before it removes the stale lock
+        first.acquire()  # first takes the stale lock (or its freed name) meanwhile
+      return holder
+
+    with mock.patch.object(files, '_read_holder', read_then_first_acquires):
+      with self.assertRaises(files.FolderLockedError):
+        second.acquire()  # first, alive, holds it now
+    self.assertEqual(json.loads(first.path.read_text()), first.holder)
+    self.assertEqual(os.listdir(self.folder), ['job.lock'])
+
   def test_a_holder_on_another_host_needs_break_lock(self):
     lock = files.FolderLock(self.folder)
     stale = dict(host='node-7', pid=123, started='2024-01-01T00:00:00')

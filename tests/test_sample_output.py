@@ -165,6 +165,17 @@ class OutputTest(absltest.TestCase):
     self.assertEqual([sample_output.committed(self.out, c, range(3 * c, 3 * c + 3))
                       for c in range(4)], [False, False, False, True])
 
+  def test_a_manifest_with_wrong_field_types_uncommits_the_chunk(self):
+    """Valid JSON with a field of the wrong type (a hand edit) is a damaged manifest,
+    not a TypeError or KeyError that stops every restart."""
+    chunks = pathlib.Path(self.out, 'chunks')
+    for chunk, edit in enumerate(({'npz': None}, {'stop': '3'}, {'jsonl': {}})):
+      self.commit(chunk, 3 * chunk, 3)
+      path = chunks / f'chunk_{chunk:05d}.json'
+      path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+      problem = sample_output.chunk_problem(self.out, chunk, range(3 * chunk, 3 * chunk + 3))
+      self.assertRegex(problem, 'is damaged|its manifest says None')
+
   def test_missing_or_damaged_pngs_are_written_from_the_chunk(self):
     """A chunk committed without PNGs (write_png off) gets them, the bytes its
     images encode to, and its manifest records them; damaged ones are rewritten."""

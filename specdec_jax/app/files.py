@@ -172,13 +172,27 @@ class FolderLock:
         if old == self.holder:  # made by a retried link (NFS)
           return taken_over
         taken_over = self._stale(old, break_lock)
-        if _read_holder(self.path) == old:
-          self.path.unlink(missing_ok=True)
+        self._remove_if_still(old)
       finally:
         if os.path.exists(tmp):
           os.remove(tmp)
     raise FolderLockedError(f'{self.path}: other jobs keep taking the lock; rerun when they '
                             'are done.')
+
+  def _remove_if_still(self, old: dict) -> None:
+    """Removes the lock file if it still holds `old`. Checking, then unlinking, would let
+    two jobs breaking one stale lock each remove the other's fresh lock: the file is
+    moved aside first (a rename: only one job moves it), and a lock that is not `old`
+    (taken meanwhile) goes back unless yet another was taken."""
+    aside = self.path.with_name(f'.{self.path.name}.{self.holder["token"]}.stale')
+    try:
+      os.rename(self.path, aside)
+    except FileNotFoundError:  # another job moved it first
+      return
+    if _read_holder(aside) != old:
+      with contextlib.suppress(FileExistsError):
+        os.link(aside, self.path)
+    os.remove(aside)
 
   def _stale(self, old: dict, break_lock: bool) -> str:
     """Why the lock `old` may be taken over; raises FolderLockedError if it may not."""

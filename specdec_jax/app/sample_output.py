@@ -180,9 +180,8 @@ def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
     stored_config = json.loads(path.read_text())
     stored = stored_config['fingerprint']
   except (ValueError, KeyError) as e:
-    raise FolderMismatchError(f'{path} is unreadable ({e!r}): this folder was not written by '
-                              'a whole run of this job. Delete it or write to a new '
-                              '--config.out_dir.') from None
+    raise FolderMismatchError(f'{path} is unreadable ({e!r}): not written by a whole run of '
+                              'this job. Delete it or write to a new --config.out_dir.') from None
   # A JSON round trip turns tuples into lists, so compare like with like.
   fingerprint = json.loads(json.dumps(fingerprint, default=str))
   added = []
@@ -286,8 +285,9 @@ def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
 def read_manifest(out_dir, chunk: int) -> dict:
   """A chunk's manifest; raises FileNotFoundError, or ValueError when it is damaged."""
   manifest = json.loads(chunk_stem(out_dir, chunk).with_suffix('.json').read_text())
-  if not isinstance(manifest, dict) or not {'start', 'stop', 'npz', 'jsonl'} <= set(manifest):
-    raise ValueError(f'fields {sorted(manifest) if isinstance(manifest, dict) else manifest}')
+  if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), t) for k, t in (
+      ('start', int), ('stop', int), ('npz', dict), ('jsonl', dict))):  # hand edits too
+    raise ValueError(f'fields {manifest}')
   return manifest
 
 
@@ -296,9 +296,9 @@ def _file_problem(path: pathlib.Path, described: dict) -> str | None:
   if not path.is_file():
     return f'{path.name} is missing'
   size = path.stat().st_size
-  if size != described['bytes']:
-    return f'{path.name} has {size} bytes, its manifest says {described["bytes"]}'
-  if files.sha256(path) != described['sha256']:
+  if size != described.get('bytes'):
+    return f'{path.name} has {size} bytes, its manifest says {described.get("bytes")}'
+  if files.sha256(path) != described.get('sha256'):
     return f'{path.name} does not match its manifest\'s SHA-256'
   return None
 
