@@ -17,7 +17,10 @@ For each mode, in one process:
     over the same pieces from a `jax.profiler` trace of --trace_calls calls
     (self time of every kernel, attributed through the program's op names).
     Tracing slows each kernel by a roughly constant amount, so the split is
-    reported as shares of the traced time, applied to the untraced time.
+    reported as shares of the traced time, applied to the untraced time: the
+    time between kernels, and that of the kernels outside the loop
+    (`outside_loop_share` of the traced time), lands on the pieces pro rata,
+    so a piece's ms is not its kernels' own time (`traced_us_per_iteration`).
 Prints a table per mode and writes JSON.
 """
 
@@ -135,7 +138,8 @@ def traced_split(call, instructions: dict, calls: int) -> dict:
   for name, (_, micros) in times.items():
     if name.startswith('$') or any(s in name for s in _SKIPPED_EVENTS):
       continue
-    split[instructions.get(name, 'outside loop')] += micros / calls
+    # A kernel's trace events are named after its instruction, some with an 'end: ' prefix.
+    split[instructions.get(name.removeprefix('end: '), 'outside loop')] += micros / calls
   return dict(split)
 
 
@@ -159,16 +163,20 @@ def profile_mode(name: str, family, options, repeats: int, trace_calls: int,
   iterations = int(result.metrics.verify_steps[0])
   ms = timing.best_ms(call, repeats)
   split = traced_split(call, counts['instructions'], trace_calls)
-  loop_traced = sum(v for k, v in split.items() if k != 'outside loop')
+  outside = split.pop('outside loop', 0.0)
+  loop_traced = sum(split.values())
   per_iteration_ms = ms / iterations
+  # ms_per_iteration shares the untraced wall time out in proportion to the pieces'
+  # traced kernel times, so the time between kernels (and the kernels outside the
+  # loop, `outside_loop_share` of the traced time) lands on the pieces pro rata.
   pieces = {piece: {'traced_us_per_iteration': micros / iterations,
                     'share': micros / loop_traced,
                     'ms_per_iteration': per_iteration_ms * micros / loop_traced}
-            for piece, micros in sorted(split.items(), key=lambda kv: -kv[1])
-            if piece != 'outside loop'}
+            for piece, micros in sorted(split.items(), key=lambda kv: -kv[1])}
   return {'mode': name, 'ms': ms, 'iterations': iterations,
-          'tokens_per_iteration': 196 / iterations, 'ms_per_iteration': per_iteration_ms,
-          'ms_per_token': ms / 196, 'pieces': pieces,
+          'tokens_per_iteration': float(result.metrics.summary()['tokens_per_target_forward']),
+          'ms_per_iteration': per_iteration_ms, 'ms_per_token': ms / 196, 'pieces': pieces,
+          'outside_loop_share': outside / (outside + loop_traced),
           'kernels': hlo_kernels.summary_row(counts),
           'kernels_by_scope_and_kind': counts['by_scope'],
           'nested_loops': counts['nested_loops']}
@@ -185,6 +193,8 @@ def print_mode(row: dict) -> None:
   for piece, values in row['pieces'].items():
     print(f"| {piece} | {values['ms_per_iteration']:.3f} | {100 * values['share']:.0f}% "
           f"| {scopes.get(piece, 0)} |")
+  print(f"(traced time outside the loop's kernels: {100 * row['outside_loop_share']:.0f}%; the "
+        'ms column shares out the whole time, between kernels included, pro rata)')
 
 
 def main(argv):

@@ -3,22 +3,22 @@
 Times the jitted, batched `verify_chain` for V = 16384 (LlamaGen's codebook),
 k in {4, 8} drafts and batch in {1, 16} rows, for every acceptance rule, and
 one forward over k+1 tokens of a small transformer (12 layers, width 512,
-~40M parameters, 256 cached tokens) measured in the same run. Prints a table
-and writes JSON.
+about 50M parameters, 256 cached tokens), the forward and every rule timed in
+interleaved rounds (best of --repeats each, `timing.best_ms_interleaved`).
+Prints a table and writes JSON.
 
-  python bench/verify_overhead.py --out results/verify_overhead.json
+  python bench/verify_overhead.py --out bench/results/verify_overhead.json
 """
 
 import functools
 import json
 import os
-import time
+import sys
 
 from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import kv_cache as kv
 from specdec_jax import logits as logits_lib
@@ -27,22 +27,14 @@ from specdec_jax import verify
 from specdec_jax.app import compile_cache
 from specdec_jax.models import layers
 
-FLAGS = flags.DEFINE_string('out', 'results/verify_overhead.json', 'Where to write JSON.')
-_REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per configuration.')
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # pylint: disable=g-import-not-at-top,wrong-import-position  (bench/timing.py)
+
+FLAGS = flags.DEFINE_string('out', 'bench/results/verify_overhead.json', 'Where to write JSON.')
+_REPEATS = flags.DEFINE_integer('repeats', 20, 'Interleaved rounds per configuration.')
 _VOCAB = flags.DEFINE_integer('vocab', 16384, 'Vocabulary size.')
 
 WIDTH, NUM_LAYERS, HEADS, CACHED = 512, 12, 8, 256
-
-
-def time_call(fn, *args, repeats):
-  """Median wall time in ms of fn(*args) after one warm-up (compile) call."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append((time.perf_counter() - start) * 1e3)
-  return float(np.median(times))
 
 
 def make_rules(vocab, key):
@@ -59,8 +51,9 @@ def make_rules(vocab, key):
   }
 
 
-def transformer_forward_ms(batch, num_new, repeats):
-  """One forward of T = num_new tokens for `batch` rows with a 256-token cache."""
+def transformer_forward(batch, num_new):
+  """(call, parameter count): one forward of T = num_new tokens for `batch` rows with a
+  256-token cache."""
   block = layers.DecoderLayer(num_heads=HEADS, num_kv_heads=HEADS, head_dim=WIDTH // HEADS,
                               ffn_dim=4 * WIDTH)
   cache = kv.init_cache(num_layers=NUM_LAYERS, batch_size=batch, capacity=CACHED + 16,
@@ -79,7 +72,7 @@ def transformer_forward_ms(batch, num_new, repeats):
       x, cache = block.apply(p, x, cos, sin, cache, i)
     return x, cache
 
-  return time_call(forward, params, x, cache, repeats=repeats), num_params
+  return (lambda: forward(params, x, cache)), num_params
 
 
 def main(argv):
@@ -92,17 +85,20 @@ def main(argv):
   print(f'backend: {jax.default_backend()}, devices: {jax.devices()}')
   for k in (4, 8):
     for batch in (1, 16):
-      forward_ms, num_params = transformer_forward_ms(batch, k + 1, repeats)
+      forward, num_params = transformer_forward(batch, k + 1)
       logits = jax.random.normal(key, (batch, k + 1, vocab)) * 3
       target_probs = logits_lib.process_logits(logits, top_k=2000)
-      draft_probs = logits_lib.process_logits(logits[:, :k] + jax.random.normal(key, (batch, k, vocab)),
-                                              top_k=2000)
+      noise = jax.random.normal(key, (batch, k, vocab))
+      draft_probs = logits_lib.process_logits(logits[:, :k] + noise, top_k=2000)
       drafts = jax.random.categorical(key, jnp.log(draft_probs)).astype(jnp.int32)
       keys = jax.random.split(key, batch)
+      calls = {'forward': forward}
       for name, rule in all_rules.items():
-        rule = rule.for_window(k)
-        run = jax.jit(jax.vmap(functools.partial(verify.verify_chain, rule)))
-        verify_ms = time_call(run, keys, drafts, draft_probs, target_probs, repeats=repeats)
+        run = jax.jit(jax.vmap(functools.partial(verify.verify_chain, rule.for_window(k))))
+        calls[name] = functools.partial(run, keys, drafts, draft_probs, target_probs)
+      best = timing.best_ms_interleaved(calls, repeats)
+      forward_ms = best.pop('forward')
+      for name, verify_ms in best.items():
         rows.append(dict(rule=name, k=k, batch=batch, vocab=vocab, verify_ms=verify_ms,
                          forward_ms=forward_ms, ratio=verify_ms / forward_ms,
                          forward_params=num_params, backend=jax.default_backend()))
