@@ -42,6 +42,7 @@ import numpy as np
 
 from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
+from specdec_jax.app import files
 from specdec_jax.app.train import classifier as train_classifier
 from specdec_jax.app.train import drafter as train_drafter
 from specdec_jax.app.train import gpt as train_gpt
@@ -115,9 +116,8 @@ def record_inputs(name: str, workdir: str) -> None:
     return
   folder = stage_dirs(workdir)[name]
   os.makedirs(folder, exist_ok=True)
-  with open(os.path.join(folder, INPUTS_FILE + '.tmp'), 'w') as f:
-    json.dump({'inputs': input_fingerprints(name, workdir)}, f, indent=1)
-  os.replace(os.path.join(folder, INPUTS_FILE + '.tmp'), os.path.join(folder, INPUTS_FILE))
+  files.write_atomic(os.path.join(folder, INPUTS_FILE), json.dumps(
+      {'inputs': input_fingerprints(name, workdir)}, indent=1).encode())
 
 
 def stale_reason(name: str, workdir: str) -> str | None:

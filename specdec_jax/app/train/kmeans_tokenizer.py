@@ -160,14 +160,8 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   logging.info('kmeans: test PSNR %.2f dB, codebook usage %.3f, perplexity %.1f',
                metrics['test_psnr_db'], metrics['codebook_usage'],
                metrics['codebook_perplexity'])
-  tokens_path = os.path.join(workdir, train_vq.TOKENS_FILE)
-  dtype = train_vq.token_dtype(tokenizer.vocab_size)  # int16 would wrap ids past 32767
-  np.savez(tokens_path + '.tmp.npz', train_tokens=train_tokens.astype(dtype),
-           train_labels=np.asarray(train_data[1], np.int32),
-           test_tokens=test_tokens.astype(dtype),
-           test_labels=np.asarray(test_data[1], np.int32),
-           grid=np.asarray(grid), vocab_size=np.asarray(tokenizer.vocab_size))
-  os.replace(tokens_path + '.tmp.npz', tokens_path)
+  tokens_path = train_vq.write_tokens(workdir, tokenizer.vocab_size, grid, train_tokens,
+                                      train_data[1], test_tokens, test_data[1])
   export = common.write_params_atomic(
       os.path.join(workdir, train_vq.TOKENIZER_DIR), params,
       config=tokenizer.config.to_dict(), source_files=[],

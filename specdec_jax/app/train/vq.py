@@ -65,6 +65,22 @@ def token_dtype(vocab_size: int):
   return np.int16 if vocab_size <= np.iinfo(np.int16).max + 1 else np.int32
 
 
+def write_tokens(workdir: str, vocab_size: int, grid, train_tokens, train_labels, test_tokens,
+                 test_labels) -> str:
+  """Writes <workdir>/tokens.npz (under a temporary name, then renamed) and returns its
+  path: both splits' token grids [N, L] in `token_dtype`, their int32 labels, the grid
+  and vocab_size."""
+  dtype = token_dtype(vocab_size)
+  tokens_path = os.path.join(workdir, TOKENS_FILE)
+  np.savez(tokens_path + '.tmp.npz', train_tokens=train_tokens.astype(dtype),
+           train_labels=np.asarray(train_labels, np.int32),
+           test_tokens=test_tokens.astype(dtype),
+           test_labels=np.asarray(test_labels, np.int32),
+           grid=np.asarray(grid), vocab_size=np.asarray(vocab_size))
+  os.replace(tokens_path + '.tmp.npz', tokens_path)
+  return tokens_path
+
+
 # ------------------------------------------------- shared by the trainers ---
 
 
@@ -274,14 +290,8 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   logging.info('vq: test MSE %.4f, PSNR %.2f dB, codebook usage %.3f',
                metrics['test_mse'], metrics['test_psnr_db'], metrics['codebook_usage'])
 
-  dtype = token_dtype(tokenizer.vocab_size)
-  tokens_path = os.path.join(workdir, TOKENS_FILE)
-  np.savez(tokens_path + '.tmp.npz', train_tokens=train_tokens.astype(dtype),
-           train_labels=np.asarray(train_data[1], np.int32),
-           test_tokens=test_tokens.astype(dtype),
-           test_labels=np.asarray(test_data[1], np.int32),
-           grid=np.asarray(grid), vocab_size=np.asarray(tokenizer.vocab_size))
-  os.replace(tokens_path + '.tmp.npz', tokens_path)
+  tokens_path = write_tokens(workdir, tokenizer.vocab_size, grid, train_tokens, train_data[1],
+                             test_tokens, test_data[1])
 
   export = common.write_params_atomic(
       os.path.join(workdir, TOKENIZER_DIR), jax.device_get(state.params),
