@@ -220,12 +220,11 @@ def _concrete(tree) -> bool:
 def check_values(target, draft, mode, cond, draft_cond, guided: bool = False) -> None:
   """The value checks of the conditioning (`check_cond` hooks, and `check_cfg_cond`
   when sampling guides), run on every call."""
-  check = getattr(target, 'check_cond', None)
-  if check is not None and _concrete(cond):
-    check(cond)
-  check = getattr(target, 'check_cfg_cond', None)
-  if guided and check is not None and _concrete(cond):
-    check(cond)
+  if _concrete(cond):
+    for hook in ('check_cond', 'check_cfg_cond') if guided else ('check_cond',):
+      check = getattr(target, hook, None)
+      if check is not None:
+        check(cond)
   if draft is not None and getattr(mode, 'drafter', None) is not None:
     draft_cond = cond if draft_cond is None else draft_cond
     check = getattr(draft, 'check_cond', None)

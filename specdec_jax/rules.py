@@ -35,8 +35,8 @@ from typing import Any, ClassVar
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import resampling
 from specdec_jax import schedules
 # The base and the LANTERN / GSD rules live in their own modules; re-exported here.
@@ -120,8 +120,7 @@ class CoolSD(Rule):
     _check('CoolSD', 'nu', self.nu, lambda v: v >= 0, '>= 0')
     if self.mu is not None:
       _check('CoolSD', 'mu', self.mu, lambda v: True, 'a finite number or None')
-    if self.window is not None and (isinstance(self.window, bool) or not isinstance(
-        self.window, (int, np.integer)) or self.window < 1):
+    if self.window is not None and not (checks.is_int(self.window) and self.window >= 1):
       raise ValueError(f'CoolSD: window must be an int >= 1 or None, got {self.window!r}.')
     check_flag('CoolSD', 'floor_at_one', self.floor_at_one)
 

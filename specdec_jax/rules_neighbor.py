@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import checks
 from specdec_jax import resampling
 from specdec_jax.rule_base import Rule, _check, ratio_accept
 
@@ -24,7 +25,7 @@ def _neighbor_mass_bound_check(rule, neighbors, k):
   if neighbors is None:
     raise ValueError(f'{rule}: neighbors is required: an int array [V, K] with one row per '
                      'vocabulary id (see specdec_jax.models.neighbors.neighbor_table).')
-  if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+  if not checks.is_int(k):
     raise ValueError(f'{rule}: k (neighbours per token) must be an int, got {k!r}.')
   if isinstance(neighbors, (list, tuple)):
     raise ValueError(f'{rule}: neighbors must be an int array [V, K] (np.asarray the '
