@@ -22,7 +22,6 @@ gap), and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -36,6 +35,7 @@ from specdec_jax import logits as logits_lib
 from specdec_jax import rules
 from specdec_jax.app import compile_cache
 from specdec_jax.app import family as family_lib
+from specdec_jax.app import files
 from specdec_jax.app import generate
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.configs import generate as generate_config
@@ -160,8 +160,7 @@ def main(argv=None) -> dict:
                     frechet=[r['frechet'] for r in rows if r['family'].startswith('vanilla')],
                     nll_gap=[r['nll_gap'] for r in rows if r['family'].startswith('vanilla')]),
                 wall_seconds=time.time() - began)
-  with open(os.path.join(args.out, 'pareto.json'), 'w') as f:
-    json.dump(output, f, indent=1, default=float)
+  files.write_atomic(os.path.join(args.out, 'pareto.json'), files.json_text(output).encode())
   plot(rows, os.path.join(args.out, 'pareto.png'))
   print('\nCOOL-SD against lossless EAGLE and LANTERN++ (G*) at equal tokens per forward:')
   print(f'{"delta":>6s} {"tok/fwd":>8s} {"x lossless":>10s} {"frechet":>8s} '

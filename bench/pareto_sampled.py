@@ -207,6 +207,7 @@ def main(argv=None) -> dict:
 
   from specdec_jax.app import evaluation  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import family as family_lib  # pylint: disable=g-import-not-at-top
+  from specdec_jax.app import files  # pylint: disable=g-import-not-at-top
   family = family_lib.load()
   reference = features_of(os.path.join(args.root, 'vanilla'), family)['features']
   rows = []
@@ -227,8 +228,7 @@ def main(argv=None) -> dict:
   output = dict(points=rows, noise_floor=floor, num_images=args.num_images,
                 jacobi_window=JACOBI_WINDOW, jacobi_init=JACOBI_INIT, command=' '.join(sys.argv),
                 wall_seconds=time.time() - started)
-  with open(os.path.join(args.out, 'pareto.json'), 'w') as f:
-    json.dump(output, f, indent=1, default=float)
+  files.write_atomic(os.path.join(args.out, 'pareto.json'), files.json_text(output).encode())
   if floor is not None:
     plot(rows, floor, os.path.join(args.out, 'pareto.png'))
   print(f'{"point":20s} {"tok/fwd":>8s} {"fd target":>10s} {"fd data":>8s} {"accuracy":>9s}')

@@ -12,11 +12,36 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.app import files
 
 
+def strict_loads(text: str):
+  """json.loads that refuses the non-standard NaN/Infinity/-Infinity tokens."""
+  def refuse(token):
+    raise ValueError(f'non-standard JSON token {token}')
+  return json.loads(text, parse_constant=refuse)
+
+
 class FilesTest(absltest.TestCase):
+
+  def test_json_text_is_strict_json_with_null_for_non_finite_floats(self):
+    value = {'nll': float('inf'), 'se': float('nan'), 'low': -np.inf,
+             'rows': (np.float32(0.5), np.int64(3), np.bool_(True)),
+             'array': np.array([[1.0, np.nan]]), 'device': jnp.asarray([2.0, jnp.inf]),
+             np.int64(7): 'numpy key', 'text': 'kept', 'none': None}
+    loaded = strict_loads(files.json_text(value))
+    self.assertEqual(loaded, {
+        'nll': None, 'se': None, 'low': None, 'rows': [0.5, 3, True],
+        'array': [[1.0, None]], 'device': [2.0, None], '7': 'numpy key',
+        'text': 'kept', 'none': None})
+    lines = files.json_lines([{'a': np.nan}, {'b': 1.5}]).decode().splitlines()
+    self.assertEqual([strict_loads(line) for line in lines], [{'a': None}, {'b': 1.5}])
+    # Negative control: the standard library's default writes what strict readers refuse.
+    with self.assertRaisesRegex(ValueError, 'Infinity'):
+      strict_loads(json.dumps({'nll': float('inf')}))
 
   def test_sha256_of_a_file_spanning_several_blocks(self):
     data = os.urandom((5 << 19) + 7)  # 2.5 MiB + 7 bytes: three 1 MiB blocks, the last partial

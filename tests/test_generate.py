@@ -30,6 +30,7 @@ from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
 from specdec_jax.models import patch_tokenizer
 from specdec_jax.models import vq
+from tests import test_files
 from tests import test_images
 
 
@@ -81,7 +82,7 @@ class GenerateTest(absltest.TestCase):
       config.methods = ('vanilla', 'eagle', 'coolsd', 'csd')
       out = os.path.join(tmp, 'out')
       results = generate.evaluate(config, family, out)
-      saved = json.load(open(os.path.join(out, 'results.json')))
+      saved = test_files.strict_loads(pathlib.Path(out, 'results.json').read_text())
       self.assertEqual(set(saved['methods']), set(config.methods))
       for name, row in saved['methods'].items():
         self.assertTrue(os.path.exists(os.path.join(out, f'{name}.png')))

@@ -15,7 +15,6 @@ Legend: B images, n tokens per image, V vocabulary.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -27,6 +26,7 @@ import numpy as np
 from specdec_jax import decode
 from specdec_jax import logits as logits_lib
 from specdec_jax import rules
+from specdec_jax.app import files
 from specdec_jax.app import toy
 
 VOCAB, NUM_CLASSES, NUM_TOKENS = 16, 4, 64
@@ -155,9 +155,7 @@ def evaluate(config, out_dir: str) -> dict:
                 num_images=int(labels.shape[0]), tokens_per_image=NUM_TOKENS,
                 vocab=VOCAB, backend=jax.default_backend())
   path = os.path.join(out_dir, 'results.json')
-  with open(path + '.tmp', 'w') as f:
-    json.dump(output, f, indent=1)
-  os.replace(path + '.tmp', path)
+  files.write_atomic(path, files.json_text(output).encode())
   header = f'{"method":14s} {"tokens/fwd":>10s} {"speedup":>8s} {"nll_gap":>9s}'
   print('\n'.join([header, '-' * len(header)] + [
       f'{name:14s} {row["tokens_per_forward"]:10.2f} {row["speedup"]:7.2f}x '

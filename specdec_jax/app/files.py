@@ -19,6 +19,8 @@ import secrets
 import socket
 import tempfile
 
+import numpy as np
+
 TEMP_SUFFIX = '.tmp'
 
 
@@ -98,6 +100,38 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
   """Writes `data` to `path` through `atomic_file`."""
   with atomic_file(path) as f:
     f.write(data)
+
+
+def strict_json_value(value):
+  """`value` with every non-finite float (NaN, +-inf) as None, NumPy and JAX
+  numbers and arrays as Python numbers and lists, other leaves unchanged.
+
+  An NLL is inf when a relaxed method keeps a token outside the target's
+  top-k, and its standard error NaN; `json.dumps` would write them as
+  `Infinity`/`NaN`, which strict JSON readers (JavaScript, jq, Go) refuse.
+  """
+  if isinstance(value, dict):
+    return {key.item() if isinstance(key, np.generic) else key: strict_json_value(item)
+            for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json_value(item) for item in value]
+  if isinstance(value, (np.ndarray, np.generic)) or hasattr(value, '__array__'):
+    return strict_json_value(np.asarray(value).tolist())
+  if isinstance(value, float) and not np.isfinite(value):
+    return None
+  return value
+
+
+def json_text(value, *, indent: int | None = 1, sort_keys: bool = False) -> str:
+  """Strict JSON text of `value` (`strict_json_value`: null where a float is
+  not finite); objects JSON has no type for are written as their str."""
+  return json.dumps(strict_json_value(value), indent=indent, sort_keys=sort_keys,
+                    allow_nan=False, default=str)
+
+
+def json_lines(records) -> bytes:
+  """JSON Lines: one strict, key-sorted JSON object per record."""
+  return ''.join(json_text(r, indent=None, sort_keys=True) + '\n' for r in records).encode()
 
 
 def sha256(path: str | os.PathLike) -> str:

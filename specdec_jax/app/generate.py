@@ -25,7 +25,6 @@ the columns, class names beside the rows), prints a table and writes
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import time
 
@@ -47,6 +46,7 @@ from specdec_jax.app import demo
 from specdec_jax.app import evaluation
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import fashion_mnist
+from specdec_jax.app import files
 from specdec_jax.app import images as images_lib
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.configs import generate as default_config
@@ -334,9 +334,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
       backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
       bundle=family.manifest_summary())
   path = os.path.join(out_dir, 'results.json')
-  with open(path + '.tmp', 'w') as f:
-    json.dump(output, f, indent=1, default=float)
-  os.replace(path + '.tmp', path)
+  files.write_atomic(path, files.json_text(output).encode())
   print(evaluation.format_table(results, family.classifier_test_accuracy))
   print(f'wrote {path}, {len(results)} PNG grids and side_by_side.png to {out_dir}')
   return output

@@ -56,7 +56,7 @@ class FolderMismatchError(cli.ConfigError):
 
 
 def write_json(path, value) -> None:
-  text = json.dumps(value, indent=1, sort_keys=True, default=str) + '\n'
+  text = files.json_text(value, sort_keys=True) + '\n'
   files.write_atomic(path, text.encode())
 
 
@@ -274,7 +274,7 @@ def commit_chunk(out_dir, chunk: int, index: np.ndarray, images: np.ndarray,
       pngs.append(_describe(data))
   stem = chunk_stem(out_dir, chunk)
   arrays = npz_bytes(dict(images=images, index=np.asarray(index, np.int64)))
-  lines = ''.join(json.dumps(r, sort_keys=True) + '\n' for r in records).encode()
+  lines = files.json_lines(records)
   files.write_atomic(stem.with_suffix('.npz'), arrays)
   files.write_atomic(stem.with_suffix('.jsonl'), lines)
   write_json(stem.with_suffix('.json'), dict(
@@ -395,6 +395,5 @@ def merge(out_dir, chunk_ranges: list[range]) -> list[dict]:
   total = sum(len(r) for r in chunk_ranges)
   write_npz(pathlib.Path(out_dir) / SAMPLES,
             dict(arr_0=((total,) + first.shape[1:], first.dtype, pieces())))
-  files.write_atomic(pathlib.Path(out_dir) / METRICS,
-               ''.join(json.dumps(r, sort_keys=True) + '\n' for r in records).encode())
+  files.write_atomic(pathlib.Path(out_dir) / METRICS, files.json_lines(records))
   return records
