@@ -216,11 +216,12 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> janus.
     if absent:
       raise ValueError(f'{source}: {name}.params lacks {absent}; add them (the released '
                        'config.json states them) or use a preset (--config pro-7b|pro-1b).')
-  if aligner.get('depth', 2) != 2 or aligner.get('projector_type', 'mlp_gelu') != 'mlp_gelu':
+  # Janus's MlpProjector reads depth with a default of 1 when the config omits it.
+  if aligner.get('depth', 1) != 2 or aligner.get('projector_type', 'mlp_gelu') != 'mlp_gelu':
     raise ValueError(
-        f'{source}: gen_aligner_config.params has depth {aligner.get("depth")!r}, '
-        f'projector_type {aligner.get("projector_type")!r}; only the released aligner '
-        '(mlp_gelu, depth 2) is implemented.')
+        f'{source}: gen_aligner_config.params has depth {aligner.get("depth", 1)!r} (1 when '
+        f'absent, as the original code), projector_type {aligner.get("projector_type")!r}; '
+        'only the released aligner (mlp_gelu, depth 2) is implemented.')
   heads = int(lm['num_attention_heads'])
   hidden = int(lm['hidden_size'])
   return janus.JanusConfig(

@@ -3,7 +3,8 @@ r"""Converts released VQ tokenizer checkpoints to Flax params for `models.vq`.
 Kinds:
   llamagen_vq16    LlamaGen `vq_ds16_*.pt` ({'model': sd} or {'ema': sd}, or a
                    raw state dict); Janus-Pro checkpoints too (the tokenizer is
-                   stored under `gen_vision_model.`).
+                   stored under `gen_vision_model.`; its images are cast to
+                   uint8 as Janus's code does, `uint8_style='chameleon'`).
   chameleon_vqgan  Chameleon / Lumina-mGPT `vqgan.ckpt` ({'state_dict': sd});
                    only encoder/decoder/quantize/quant_conv/post_quant_conv keys
                    are kept (the loss/discriminator entries are dropped).
@@ -238,6 +239,10 @@ def convert(
   config = preset_config(kind, config_overrides)
   state, prefix, files = read_tokenizer_state(paths, kind, use_ema=use_ema,
                                               trust_pickle=trust_pickle)
+  if prefix == JANUS_PREFIX and 'uint8_style' not in (config_overrides or {}):
+    # Janus's generation_inference.py writes clip((x + 1) / 2 * 255) cast to
+    # uint8, LlamaGen's own scripts 127.5 x + 128: one grey level apart.
+    config = dataclasses.replace(config, uint8_style='chameleon')
   params = convert_state_dict(state, config, kind, dtype=dtype, prefix=prefix,
                               what=f'{kind} tokenizer ({", ".join(paths)})')
   del state

@@ -269,6 +269,15 @@ class JanusTest(parameterized.TestCase):
       with self.assertRaisesRegex(ValueError, rf"{name}\.params lacks \['{field}'\]"):
         converter.config_from_hf(config)
 
+  def test_aligner_without_depth_is_depth_one_as_the_original(self):
+    # Janus's MlpProjector takes depth 1 when its config omits it; the port
+    # implements the released depth 2 only, so such a config is refused by name.
+    config = json.loads(json.dumps(TINY_HF))
+    converter.config_from_hf(config)  # depth 2 stated: accepted
+    del config['gen_aligner_config']['params']['depth']
+    with self.assertRaisesRegex(ValueError, r'depth 1 \(1 when absent'):
+      converter.config_from_hf(config)
+
   def test_transformers5_language_config_rope_parameters(self):
     config = json.loads(json.dumps(TINY_HF))
     config['language_config']['rope_parameters'] = {'rope_type': 'default',
