@@ -47,6 +47,7 @@ WEIGHT_FILES = ('pytorch_model.bin', 'model.safetensors')
 # LANTERN `cnets_llamagen.py` hard-codes the 2D table per input_type:
 # (block_size, cls_token_num).
 LLAMAGEN_INPUT_TYPES = {'c2i': (576, 0), 't2i': (256, 119), 't2i2': (1024, 119)}
+LLAMAGEN_ROPE_BASE = 10000.0  # LANTERN's cnets_llamagen.py, for every input_type
 KINDS = ('llamagen', 'lumina')
 
 
@@ -114,7 +115,14 @@ def drafter_config_from_json(config_json: Mapping[str, Any], kind: str = 'auto',
       raise ValueError(f'config.json input_type {input_type!r} is not one of '
                        f'{sorted(LLAMAGEN_INPUT_TYPES)}.')
     block_size, cls_token_num = LLAMAGEN_INPUT_TYPES[input_type]
+    # LANTERN's cnets_llamagen.py builds the 2D table with base 10000 whatever
+    # config.json says (LlamaGen's rope_base), so the port does too.
+    if float(config_json.get('rope_theta', LLAMAGEN_ROPE_BASE)) != LLAMAGEN_ROPE_BASE:
+      logging.warning('Drafter config.json sets rope_theta %s; LANTERN\'s LlamaGen drafter '
+                      'ignores it and uses %s, and so does the converted drafter.',
+                      config_json['rope_theta'], LLAMAGEN_ROPE_BASE)
     fields.update(rope='2d', grid_size=int(round(block_size ** 0.5)),
+                  rope_theta=LLAMAGEN_ROPE_BASE,
                   cls_token_num=cls_token_num, input_layernorm=False, qk_norm=False)
   else:
     fields.update(rope='1d', input_layernorm=True, qk_norm=True, cls_token_num=0)

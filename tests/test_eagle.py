@@ -135,6 +135,13 @@ class ConfigTest(absltest.TestCase):
         dict(config_json('llamagen'), input_type='t2i2'))
     self.assertEqual((from_json.grid_size, from_json.cls_token_num), (32, 119))
     self.assertFalse(from_json.input_layernorm)
+    # LANTERN's LlamaGen drafter uses RoPE base 10000 whatever config.json says.
+    with self.assertLogs(level='WARNING') as logs:
+      based = convert.drafter_config_from_json(dict(config_json('llamagen'), rope_theta=500.0))
+    self.assertEqual(based.rope_theta, 10000.0)
+    self.assertIn('ignores it', logs.output[0])
+    lumina = convert.drafter_config_from_json(dict(config_json('lumina'), rope_theta=500.0))
+    self.assertEqual(lumina.rope_theta, 500.0)
     no_type = dict(config_json('llamagen'))
     del no_type['input_type']
     with self.assertRaisesRegex(ValueError, r"must name its input_type, one of \['c2i', 't2i'"):
