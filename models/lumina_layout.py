@@ -172,6 +172,7 @@ class LuminaSampling(logits_lib.Sampling):
   """
 
   layout: ImageLayout
+  guide_below_one: bool = True  # Lumina-mGPT guides at every cfg_scale but 1
 
   def probs(self, cond_logits, uncond_logits=None, token_index=None):
     if token_index is None:

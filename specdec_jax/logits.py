@@ -81,13 +81,16 @@ SAMPLING_PRESETS: dict[str, dict] = {
                          top_p=1.0),
     # Lumina-mGPT README text-to-image example: temperature 1.0,
     # create_logits_processor(cfg=4.0, image_top_k=2000).
-    'lumina_mgpt': dict(cfg_scale=4.0, temperature=1.0, top_k=2000, top_p=1.0),
+    # Both guide at every scale but 1 (guide_below_one), as does Janus-Pro.
+    'lumina_mgpt': dict(cfg_scale=4.0, temperature=1.0, top_k=2000, top_p=1.0,
+                        guide_below_one=True),
     # Lumina-mGPT inference_solver.create_logits_processor defaults (cfg=3.0,
     # image_top_k=2000; also SJD's and LANTERN's Lumina scripts).
-    'lumina_mgpt_default': dict(cfg_scale=3.0, temperature=1.0, top_k=2000, top_p=1.0),
+    'lumina_mgpt_default': dict(cfg_scale=3.0, temperature=1.0, top_k=2000, top_p=1.0,
+                                guide_below_one=True),
     # Janus-Pro generation_inference.py / demo/app_januspro.py: cfg_weight 5,
     # temperature 1, softmax(logits / T) with no top-k or top-p.
-    'janus_pro': dict(cfg_scale=5.0, temperature=1.0, top_k=0, top_p=1.0),
+    'janus_pro': dict(cfg_scale=5.0, temperature=1.0, top_k=0, top_p=1.0, guide_below_one=True),
 }
 
 
@@ -119,7 +122,8 @@ TRACED_FIELDS = ('cfg_scale', 'temperature', 'top_p')
 class SamplingFlags(NamedTuple):
   """The structural decisions a `Sampling` makes from its values (static under jit).
 
-  cfg: guide with an unconditional row (cfg_scale > 1; the cache then holds
+  cfg: guide with an unconditional row (cfg_scale > 1, or != 1 with
+    guide_below_one; the cache then holds
     2 rows per image); greedy: temperature == 0 (one-hot on the argmax);
   nucleus: top-p filtering is on (top_p < 1).
   """
@@ -134,10 +138,15 @@ class Sampling:
   """How logits become the distribution tokens are sampled from.
 
   Attributes:
-    cfg_scale: classifier-free guidance scale. As LlamaGen's `generate`, CFG
-      is used only when cfg_scale > 1.0 (then the cache holds a conditional
-      and an unconditional row per image); any scale in [0, 1] decodes the
-      conditional rows alone. A finite number >= 0.
+    cfg_scale: classifier-free guidance scale, a finite number >= 0. As
+      LlamaGen's `generate`, CFG is used only when cfg_scale > 1.0 (then the
+      cache holds a conditional and an unconditional row per image) and any
+      scale in [0, 1] decodes the conditional rows alone; with guide_below_one
+      it is used at every scale but 1.0.
+    guide_below_one: False (LlamaGen's convention) or True (Lumina-mGPT's and
+      Janus's code, which guide with u + s (c - u) whenever s != 1, so s < 1
+      moves away from the condition and s = 0 samples the unconditional law;
+      their presets and `LuminaSampling` set it).
     cfg_interval: LlamaGen's interval; -1 (default) guides every token. For
       cfg_interval = c >= 0 the tokens with 0-based index 0..c+1 are guided
       and the rest use the conditional logits alone: LlamaGen guides the token
@@ -177,10 +186,14 @@ class Sampling:
   topk_method: str = 'exact'
   topk_recall: float = 0.95
   topk_blocks: int = 1
+  guide_below_one: bool = False
 
   def __post_init__(self):
     _check_number('cfg_scale', self.cfg_scale, lambda v: v >= 0,
-                  '>= 0 (CFG is on above 1.0; 1.0 or less decodes the conditional rows alone)')
+                  '>= 0 (CFG is on above 1.0, or at every scale but 1.0 with guide_below_one)')
+    if not isinstance(self.guide_below_one, bool):
+      raise ValueError('Sampling.guide_below_one must be a bool (True: CFG at every scale but '
+                       f'1.0, as Lumina-mGPT and Janus), got {self.guide_below_one!r}.')
     _check_number('temperature', self.temperature, lambda v: v >= 0, '>= 0 (0: greedy)')
     _check_number('top_p', self.top_p, lambda v: 0 < v <= 1, 'in (0, 1] (1.0 disables)')
     _check_int('top_k', self.top_k, 0, '>= 0 (0 disables)')
@@ -195,7 +208,8 @@ class Sampling:
       if isinstance(value, (int, float, np.number)):
         object.__setattr__(self, name, float(value))
     object.__setattr__(self, '_flags', SamplingFlags(
-        cfg=bool(self.cfg_scale > 1.0), greedy=bool(self.temperature == 0),
+        cfg=bool(self.cfg_scale != 1.0 if self.guide_below_one else self.cfg_scale > 1.0),
+        greedy=bool(self.temperature == 0),
         nucleus=bool(self.top_p < 1.0)))
 
   def __init_subclass__(cls, **kwargs):
@@ -222,7 +236,8 @@ class Sampling:
 
   @property
   def uses_cfg(self) -> bool:
-    """CFG is on only for cfg_scale > 1.0, as LlamaGen's `generate`."""
+    """CFG is on for cfg_scale > 1.0 (LlamaGen's `generate`), or for every
+    cfg_scale != 1.0 with guide_below_one (Lumina-mGPT, Janus)."""
     return self._flags.cfg
 
   def guided(self, token_index) -> jax.Array | bool:

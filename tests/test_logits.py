@@ -103,6 +103,23 @@ class SamplingTest(parameterized.TestCase):
                              (logits.Sampling(cfg_scale=1.0), jnp.array([5.0, 0.0]))):
       np.testing.assert_allclose(sampling.probs(cond, uncond), jax.nn.softmax(cond), rtol=1e-6)
 
+  @parameterized.parameters(0.0, 0.5, 1.0, 2.0)
+  def test_guide_below_one_guides_every_scale_but_one(self, cfg_scale):
+    """Lumina-mGPT's and Janus's code guide with u + s (c - u) whenever s != 1;
+    LlamaGen's convention (the default, the negative control below 1) only above 1."""
+    cond = jax.random.normal(jax.random.key(0), (3, 6))
+    uncond = jax.random.normal(jax.random.key(1), (3, 6))
+    guided = logits.Sampling(cfg_scale=cfg_scale, guide_below_one=True)
+    self.assertEqual(guided.uses_cfg, cfg_scale != 1.0)
+    np.testing.assert_allclose(guided.probs(cond, uncond),
+                               jax.nn.softmax(uncond + cfg_scale * (cond - uncond)), rtol=1e-5)
+    llamagen = logits.Sampling(cfg_scale=cfg_scale)
+    self.assertEqual(llamagen.uses_cfg, cfg_scale > 1.0)
+    if cfg_scale < 1.0:
+      np.testing.assert_allclose(llamagen.probs(cond, uncond), jax.nn.softmax(cond), rtol=1e-6)
+    with self.assertRaisesRegex(ValueError, 'guide_below_one must be a bool'):
+      logits.Sampling(cfg_scale=cfg_scale, guide_below_one=1)
+
   def test_presets_are_the_released_settings(self):
     """Values read from the released code (cited in logits.SAMPLING_PRESETS)."""
     expected = {
@@ -120,6 +137,8 @@ class SamplingTest(parameterized.TestCase):
                         sampling.temperature, sampling.cfg_interval),
                        (cfg_scale, top_k, top_p, temperature, -1), name)
     self.assertEqual(logits.Sampling.preset('janus_pro', temperature=0.5).temperature, 0.5)
+    self.assertEqual({name for name in expected if logits.Sampling.preset(name).guide_below_one},
+                     {'lumina_mgpt', 'lumina_mgpt_default', 'janus_pro'})
     with self.assertRaisesRegex(ValueError, "unknown preset 'llamagen'"):
       logits.Sampling.preset('llamagen')
 
@@ -129,6 +148,7 @@ class SamplingTest(parameterized.TestCase):
     sampling = lumina_layout.LuminaSampling.preset('lumina_mgpt', layout=layout)
     self.assertIsInstance(sampling, lumina_layout.LuminaSampling)
     self.assertEqual((sampling.cfg_scale, sampling.top_k, sampling.layout), (4.0, 2000, layout))
+    self.assertTrue(lumina_layout.LuminaSampling(layout=layout).guide_below_one)
 
   @parameterized.parameters(
       (dict(temperature=-1.0), 'temperature'),
