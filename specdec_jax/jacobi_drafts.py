@@ -44,7 +44,9 @@ def jacobi_fresh(uniforms, num: int, vocab: int, init: str, left_token,
   the image-token ids only; `protocol.image_token_range` gives a model's);
   'spatial': every fresh draft repeats left_token, the token just before the
   fresh positions (the last kept draft, or the token just committed): SJD's
-  'repeat_horizon', its setting for LlamaGen. The releases write it in two
+  'repeat_horizon'. SJD's LlamaGen script asks for it, but its LlamaGen path
+  reads no image width and so keeps random drafts; it takes effect in its
+  Lumina-mGPT path. The releases write it in two
   ways: SCD's Cosmos code repeats the last committed token; the Lumina-mGPT
   Jacobi code of SJD and SCD copies each fresh position's own left neighbour
   and keeps random drafts in a row's first column.

@@ -25,6 +25,9 @@ class Grouped(Rule):
   released code, x with fewer than `below` tokens ranked under it falls back to
   the lossless rule, and the residual is the plain Norm([t - d]_+) (the rule
   is lossy either way; 'optimal' selects G*). Ties in rank break by token id.
+  The released Lumina-mGPT code also drops the embedding test for the whole
+  group when a member's id exceeds 10000 (a text id, ranked outside the
+  top-k); here every member is tested.
 
   keep_target_support: True by default: never accept a token the target gives
   zero probability (outside its top-k / top-p support), which plain decoding
