@@ -20,7 +20,9 @@ A zero-probability token is never drawn: the chosen index is the first whose
 cumulative sum exceeds the threshold, which is always an index with mass; if
 rounding leaves the threshold at or above the last cumulative value, the
 first index whose cumulative sum reaches the total (the last with mass) is
-taken instead. A row without mass gives index 0.
+taken instead. Entries that are negative, NaN or infinite carry no mass, so a
+row without mass (a broken drafter's NaN row among them) gives index 0, a
+token inside the vocabulary, never V.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def _first_above(cumulative: jax.Array, threshold: jax.Array) -> jax.Array:
 def sample(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
   """One token per distribution: uniforms f32[...] in [0, 1), probs f32[..., V] -> int32[...].
 
-  probs need not be normalised (the draw is from probs / sum(probs)); entries
-  must be >= 0.
+  probs need not be normalised (the draw is from probs / sum(probs)); negative,
+  NaN and infinite entries count as 0.
   """
   if jnp.shape(uniforms) != jnp.shape(probs)[:-1]:
     raise ValueError(f'categorical.sample: uniforms {jnp.shape(uniforms)} must have the shape '
@@ -60,10 +62,16 @@ def sample(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
   return _sample_with_total(uniforms, probs)[0]
 
 
+def _with_mass(probs: jax.Array) -> jax.Array:
+  """probs as f32 with every entry that is not a finite positive number set to 0."""
+  probs = probs.astype(jnp.float32)
+  return jnp.where(jnp.isfinite(probs) & (probs > 0), probs, 0.0)
+
+
 def _sample_with_total(uniforms: jax.Array, probs: jax.Array) -> tuple[jax.Array, jax.Array]:
   """`sample`, and the total mass of probs f32[...] it computed on the way (the
-  last cumulative sum of the non-negative probs: > 0 exactly when some entry is)."""
-  probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
+  last cumulative sum of the finite positive probs: > 0 exactly when some entry is)."""
+  probs = _with_mass(probs)
   vocab = probs.shape[-1]
   if vocab <= 4 * BLOCK:
     cumulative = jnp.cumsum(probs, axis=-1)
@@ -93,7 +101,7 @@ def sample_distinct(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
   up, the remaining draws take the lowest indices not drawn yet (zero
   probability, so verification skips them), keeping the tokens distinct.
   """
-  probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
+  probs = _with_mass(probs)
   index = jnp.arange(probs.shape[-1], dtype=jnp.int32)
   taken = None  # bool[..., V] once a token is drawn
   picks = []

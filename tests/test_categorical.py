@@ -92,6 +92,19 @@ class SampleTest(parameterized.TestCase):
     self.assertEqual(int(_sample(top, wide)), 4999)
     self.assertEqual(int(_sample(jnp.float32(0.0), wide)), 130)
 
+  def test_non_finite_entries_carry_no_mass(self):
+    # A broken drafter's NaN row once gave index V (out of the vocabulary): the
+    # target then embedded it as NaN and the decode blamed the target.
+    for vocab in (8, 5000):  # one-level and two-level draws
+      for bad in (jnp.nan, jnp.inf, -jnp.inf):
+        row = jnp.full((vocab,), bad)
+        for u in (0.0, 0.3, 1.0 - 2.0 ** -24):
+          self.assertEqual(int(_sample(jnp.float32(u), row)), 0, (vocab, bad, u))
+        mixed = row.at[3].set(1.0)  # the finite entry holds all the mass
+        self.assertEqual(int(_sample(jnp.float32(0.5), mixed)), 3, (vocab, bad))
+        picks = np.asarray(categorical.sample_distinct(_uniforms(0, 1, 2)[0], mixed))
+        np.testing.assert_array_equal(picks, [3, 0])
+
   def test_shape_errors(self):
     with self.assertRaisesRegex(ValueError, 'one uniform per draw'):
       categorical.sample(jnp.zeros((3, 8)), jnp.full((3, 8), 1 / 8))

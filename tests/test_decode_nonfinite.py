@@ -17,6 +17,8 @@ from specdec_jax import decode
 from specdec_jax import logits
 from specdec_jax import metrics
 from specdec_jax import rules
+from specdec_jax.models import llamagen
+from specdec_jax.models import tiny
 from tests.decode_support import DRAFT
 from tests.decode_support import EAGLE
 from tests.decode_support import FAST
@@ -67,6 +69,24 @@ class NanDrafterTest(parameterized.TestCase):
           draft=DRAFT, draft_params=_nan(draft_params), compiler_options=FAST)
     law = TARGET.joint_law(target_params, 0, NUM_TOKENS, sampling)
     self.assertGreater(_chi_square_pvalue(np.asarray(result.tokens), law), P_THRESHOLD)
+
+
+  def test_a_transformer_target_keeps_its_law_too(self):
+    """A NaN drafter row once became token V: a real target embeds that id as NaN
+    (the toy target's table clamps it), and the decode raised, blaming the target."""
+    target = llamagen.LlamaGenGPT(llamagen.GPTConfig(
+        n_layer=2, n_head=4, dim=64, vocab_size=64, block_size=16, model_type='c2i',
+        num_classes=10, cls_token_num=1))
+    draft = tiny.TinyTransformer(tiny.TinyConfig(vocab_size=64, num_classes=10))
+    with self.assertWarnsRegex(RuntimeWarning, 'draft probabilities held NaN'):
+      result = decode.generate(
+          target, target.init_params(jax.random.key(0)), jnp.array([1, 2], jnp.int32),
+          num_tokens=8, key=jax.random.key(5), mode=decode.ChainDraft(2, 'model'),
+          rule=rules.Lossless(), draft=draft,
+          draft_params=_nan(draft.init_params(jax.random.key(1))), compiler_options=FAST)
+    self.assertLess(int(np.max(result.tokens)), 64)
+    np.testing.assert_array_equal(result.metrics.accepted_tokens, 0)
+    np.testing.assert_array_equal(result.metrics.nonfinite_target_steps, 0)
 
 
 class NanTargetTest(parameterized.TestCase):
