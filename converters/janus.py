@@ -47,6 +47,7 @@ import jax.numpy as jnp
 
 from specdec_jax import precision
 from specdec_jax.converters import chameleon as chameleon_converter
+from specdec_jax.converters import command
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.models import chameleon as chameleon_model
@@ -312,6 +313,9 @@ def main(argv):
   try:  # flag errors as a usage message, before the (slow) conversion
     common.check_output_dir(FLAGS.output, FLAGS.overwrite)
     common.check_output_dtype(FLAGS.dtype)
+    if not pathlib.Path(FLAGS.input_dir).is_dir():
+      raise ValueError(f'--input_dir {FLAGS.input_dir!r} is not a folder: give the folder '
+                       'that holds the checkpoint\'s config.json and weight files.')
     resolve_config(FLAGS.config, pathlib.Path(FLAGS.input_dir))
   except (ValueError, OSError) as e:
     raise app.UsageError(str(e)) from e
@@ -321,4 +325,4 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  command.run(main)

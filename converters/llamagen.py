@@ -54,6 +54,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from specdec_jax.converters import command
 from specdec_jax.converters import common
 from specdec_jax.models import layers
 from specdec_jax.models import llamagen
@@ -383,4 +384,4 @@ def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  command.run(main)

@@ -51,6 +51,7 @@ from absl import flags
 from absl import logging
 import numpy as np
 
+from specdec_jax.converters import command
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 # Kinds, presets, key mapping and filtering live in vq_keys; re-exported here.
@@ -326,4 +327,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == '__main__':
   define_flags()
-  app.run(main)
+  command.run(main)

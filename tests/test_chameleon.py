@@ -21,6 +21,7 @@ import numpy as np
 
 from specdec_jax import decode
 from specdec_jax.converters import chameleon as converter
+from specdec_jax.converters import command
 from specdec_jax.converters import common
 from specdec_jax.converters import hf_streaming
 from specdec_jax.models import chameleon
@@ -394,10 +395,29 @@ class CommandLineTest(parameterized.TestCase):
              f'--output={tmp}/out', *([flag] if flag else [])],
             env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True,
             timeout=300)
-        self.assertEqual(result.returncode, 1, result.stderr[-2000:])
+        self.assertEqual(result.returncode, command.EXIT_USAGE, result.stderr[-2000:])
         self.assertIn(message, result.stderr)
         self.assertNotIn('Traceback', result.stderr)
         self.assertFalse(os.path.exists(f'{tmp}/out'))
+
+  @parameterized.parameters(
+      ('chameleon', ['--input_dir={tmp}/absent'], "--input_dir '{tmp}/absent' is not a folder"),
+      ('janus', ['--input_dir={tmp}/absent'], "--input_dir '{tmp}/absent' is not a folder"),
+      ('llamagen', ['--input={tmp}/absent_384.pt'], "'{tmp}/absent_384.pt' does not exist"),
+      ('vq', ['--input={tmp}/absent.pt', '--kind=llamagen_vq16'], "'{tmp}/absent.pt' does not exist"),
+      ('lantern_drafter', ['--input={tmp}/absent'], '{tmp}/absent'),
+  )
+  def test_a_missing_input_is_a_message_not_a_traceback(self, module, flags_, message):
+    with tempfile.TemporaryDirectory() as tmp:
+      result = subprocess.run(
+          [sys.executable, '-m', f'specdec_jax.converters.{module}', f'--output={tmp}/out',
+           *[f.format(tmp=tmp) for f in flags_]],
+          env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True, timeout=300)
+      self.assertEqual(result.returncode, command.EXIT_USAGE, result.stderr[-2000:])
+      self.assertIn(message.format(tmp=tmp), result.stderr)
+      self.assertNotIn('Traceback', result.stderr)
+      self.assertLess(len(result.stderr.splitlines()), 5, result.stderr)  # not the whole --help
+      self.assertFalse(os.path.exists(f'{tmp}/out'))
 
 
 if __name__ == '__main__':
