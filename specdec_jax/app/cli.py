@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 import re
 import sys
 from typing import Any, Callable
@@ -118,10 +119,12 @@ def _load_config_file(spec: str):
 
 
 def check_overrides(argv: list[str], default_config_file: str, name: str = 'config') -> None:
-  """Raises ConfigError for a `--config.x=...` whose field the config does not have.
+  """Raises ConfigError for a `--config` file that does not exist, or a
+  `--config.x=...` whose field the config does not have.
 
-  ml_collections would fail with a bare AttributeError (or KeyError) when the
-  flag is defined; this names the flag and the fields there are instead.
+  ml_collections would fail with a traceback (OSError, AttributeError or
+  KeyError) when the flag is defined; this names the flag instead, and the
+  fields there are.
   """
   config_file, overrides = default_config_file, []
   for index, arg in enumerate(argv[1:], start=1):
@@ -131,6 +134,11 @@ def check_overrides(argv: list[str], default_config_file: str, name: str = 'conf
     override = re.match(rf'^--?(?:no)?{name}\.([^=]+)', arg)
     if override:
       overrides.append(override.group(1))
+  path = config_file.partition(':')[0]
+  if not os.path.isfile(path):
+    raise ConfigError(f'--{name} {config_file!r}: {path!r} is not a file. Give the path of a '
+                      f'config file, or leave --{name} out for the packaged default '
+                      f'({default_config_file}).')
   if not overrides:
     return
   try:
