@@ -1,7 +1,7 @@
 """Evaluation classifier on Fashion-MNIST (32x32, official train/test split).
 
   python -m specdec_jax.app.train.classifier --config configs/classifier.py \
-      --workdir runs/classifier
+      --workdir runs/family/classifier
 """
 
 import ml_collections

@@ -1,7 +1,7 @@
 """Independent draft GPT of the bundled model family (drafts for the target).
 
   python -m specdec_jax.app.train.gpt --config configs/fashion_draft_gpt.py \
-      --workdir runs/fashion_draft_gpt
+      --workdir runs/family/draft_gpt
 
 Same LlamaGen architecture and tokens as configs/fashion_target.py, at dim 64,
 2 layers, 4 heads (about 0.1 M parameters).

@@ -1,7 +1,7 @@
 """EAGLE-1 drafter of the bundled model family, trained on the target's features.
 
   python -m specdec_jax.app.train.drafter --config configs/fashion_eagle.py \
-      --workdir runs/fashion_eagle
+      --workdir runs/family/eagle
 
 Drafter shape: LANTERN's LlamaGen drafter for the target (fc 2E -> E, one
 decoder layer without input norm, the target's frozen embedding and head,
@@ -17,7 +17,7 @@ def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.target_dir = 'runs/family/target/model'  # written by specdec_jax.app.train.gpt
-  config.tokens_path = 'runs/family/tokenizer/tokens.npz'  # written by specdec_jax.app.train.vq
+  config.tokens_path = 'runs/family/tokenizer/tokens.npz'  # by train.kmeans_tokenizer
   config.data_source = 'dataset'  # 'dataset' (tokens.npz) or 'target' (target samples)
   config.num_target_samples = 20000  # data_source='target'
   config.sample_batch_size = 250

@@ -1,7 +1,7 @@
 """Target GPT of the bundled model family: LlamaGen c2i on Fashion-MNIST tokens.
 
   python -m specdec_jax.app.train.gpt --config configs/fashion_target.py \
-      --workdir runs/fashion_target
+      --workdir runs/family/target
 
 LlamaGen architecture (2D RoPE, SwiGLU, RMSNorm) at dim 64, 16 layers, 2
 heads of 32 dims: about 0.9 M parameters (3.6 MB in float32). 196 image

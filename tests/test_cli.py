@@ -7,6 +7,7 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import ml_collections
 
 from specdec_jax.app import cli
@@ -76,8 +77,17 @@ class OverridesTest(absltest.TestCase):
     with self.assertRaisesRegex(cli.ConfigError, "config.model has no field 'vae'"):
       cli.check_overrides(['prog', f'--config={other}', '--config.model.vae=v'], default)
 
+  def test_a_config_file_that_does_not_exist_is_named(self):
+    default = str(REPO / 'configs' / 'generate.py')
+    for argv in (['prog', '--config=absent.py'], ['prog', '--config', 'absent.py:arg'],
+                 ['prog', '--config=absent.py', '--config.seed=1']):
+      with self.assertRaisesRegex(cli.ConfigError, r"--config 'absent.py.*is not a file.*"
+                                  r'leave --config out for the packaged default'):
+        cli.check_overrides(argv, default)
+    cli.check_overrides(['prog', f'--config={default}:x'], default)  # an argument is allowed
 
-class EntryPointErrorsTest(absltest.TestCase):
+
+class EntryPointErrorsTest(parameterized.TestCase):
   """Configuration errors print their message alone (exit 2); no traceback."""
 
   def assert_refused(self, result: subprocess.CompletedProcess, message: str):
@@ -91,6 +101,8 @@ class EntryPointErrorsTest(absltest.TestCase):
         message='config.timing_repeats=0: must be an integer >= 1')
     self.assert_refused(run_entry_point('specdec_jax.generate', '--config.x=1'),
                         "--config.x: config has no field 'x'")
+    self.assert_refused(run_entry_point('specdec_jax.generate', '--config=absent.py'),
+                        "--config 'absent.py': 'absent.py' is not a file")
 
   def test_sampler(self):
     self.assert_refused_before_writing(
@@ -105,6 +117,32 @@ class EntryPointErrorsTest(absltest.TestCase):
         message="config.stages has unknown names ['vae']")
     self.assert_refused(run_entry_point('specdec_jax.app.train.family', '--config.target.lrr=1'),
                         "config.target has no field 'lrr'")
+
+  def test_family_trainer_workdir_that_is_a_file(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, 'a_file')
+      open(path, 'w').close()
+      self.assert_refused(run_entry_point('specdec_jax.app.train.family', f'--workdir={path}'),
+                          'is a file, not a folder')
+
+  @parameterized.parameters(
+      ('gpt', ('--config.num_stepz=3',), "--config.num_stepz: config has no field 'num_stepz'"),
+      ('kmeans_tokenizer', ('--config.iterations=-1',),
+       'config.iterations=-1: must be an integer >= 1'),
+      ('classifier', ('--config.learning_rate=0',), 'config.learning_rate=0.0: must be a finite '
+       'number > 0.0'),
+      ('gpt', ('--config.tokens_path={out}/absent.npz',), 'train a tokenizer first'),
+      ('drafter', ('--config.target_dir={out}/absent',), 'train the target first'),
+      ('vq', ('--config.data_dir={out}/absent',), 'Fashion-MNIST not found'),
+  )
+  def test_trainers(self, name, args, message):
+    self.assert_refused_before_writing(f'specdec_jax.app.train.{name}', '--workdir={out}',
+                                       *args, message=message)
+
+  def test_trainer_help_lists_its_flags(self):
+    result = run_entry_point('specdec_jax.app.train.drafter', '--help')
+    self.assertIn('--config: Training configuration', result.stdout + result.stderr)
+    self.assertIn('--workdir: Output folder', result.stdout + result.stderr)
 
   def assert_refused_before_writing(self, module: str, *args: str, message: str):
     """Refused with `message`, and the output folder ({out} in args) not created."""

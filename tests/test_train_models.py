@@ -182,7 +182,7 @@ class GPTTrainerTest(absltest.TestCase, ManifestMixin):
 
   def test_load_tokens(self):
     with tempfile.TemporaryDirectory() as workdir:
-      with self.assertRaisesRegex(FileNotFoundError, 'specdec_jax.app.train.vq'):
+      with self.assertRaisesRegex(FileNotFoundError, 'train a tokenizer first.*kmeans_tokenizer'):
         train_gpt.load_tokens(os.path.join(workdir, 'missing.npz'))
       data = token_data(8, 4)
       path = os.path.join(workdir, 'tokens.npz')

@@ -160,16 +160,6 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
   return jax.device_put(state, jax.devices()[0])
 
 
-def define_train_flags() -> None:
-  """--config and --workdir of a training entry point (defined only when run as a
-  program, so importing several trainers in one process does not clash)."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config_flags.DEFINE_config_file('config', None, 'Training configuration.')
-  flags.DEFINE_string('workdir', None, 'Output folder.')
-  flags.mark_flags_as_required(['config', 'workdir'])
-
-
 def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator], *,
         num_steps: int, workdir: str, key: jax.Array, log_every: int = 50,
         save_every: int = 500, name: str = 'train',

@@ -15,7 +15,6 @@ import functools
 import json
 import os
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -26,6 +25,8 @@ import optax
 from specdec_jax.app import evaluation
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import training
+from specdec_jax.app.train import command
+from specdec_jax.configs import classifier as classifier_config
 from specdec_jax.converters import common
 from specdec_jax.models import classifier
 
@@ -103,5 +104,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  training.define_train_flags()
-  app.run(main)
+  command.run(main, os.path.abspath(classifier_config.__file__))

@@ -45,7 +45,6 @@ import json
 import os
 from typing import Any
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -55,8 +54,10 @@ import optax
 
 from specdec_jax.app import files
 from specdec_jax.app import training
+from specdec_jax.app.train import command
 from specdec_jax.app.train import gpt as train_gpt
 from specdec_jax.app.train import vq as train_vq
+from specdec_jax.configs import fashion_eagle as fashion_eagle_config
 from specdec_jax.converters import common
 from specdec_jax.converters import llamagen as llamagen_converter
 from specdec_jax.models import eagle
@@ -378,6 +379,11 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
 def main(argv):
   del argv
   config = flags.FLAGS.config
+  if not os.path.isdir(config.target_dir):
+    raise FileNotFoundError(
+        f'config.target_dir {config.target_dir!r} is not a folder: train the target first '
+        '(`python -m specdec_jax.app.train.gpt`, which writes <workdir>/model) or give a '
+        'LlamaGen checkpoint converted by `python -m specdec_jax.converters.llamagen`.')
   target, target_params = llamagen_converter.load_llamagen(config.target_dir, dtype='float32')
   train(config, flags.FLAGS.workdir, target, target_params,
         train_gpt.load_tokens(config.tokens_path))
@@ -386,5 +392,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  training.define_train_flags()
-  app.run(main)
+  command.run(main, os.path.abspath(fashion_eagle_config.__file__))

@@ -44,6 +44,7 @@ from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import files
 from specdec_jax.app.train import classifier as train_classifier
+from specdec_jax.app.train import command
 from specdec_jax.app.train import drafter as train_drafter
 from specdec_jax.app.train import gpt as train_gpt
 from specdec_jax.app.train import kmeans_tokenizer
@@ -249,16 +250,9 @@ def check_config(config) -> None:
   if not isinstance(config.bundle_dir, str):
     raise cli.ConfigError(f'config.bundle_dir={config.bundle_dir!r}: must be a string (\'\' = '
                           'the package\'s bundle).')
-  steps = cli.integer(1)
-  probability = cli.number(minimum=0.0, maximum=1.0, note='a probability')
-  checks = dict(train_minutes=cli.number(minimum=0.0, note='0 = no time budget'),
-                num_steps=steps, log_every=steps, save_every=steps, batch_size=steps,
-                eval_batch_size=steps, class_dropout=probability, uncond_prob=probability)
   for stage in STAGES:
-    for field, check in checks.items():
-      if stage in config and field in config[stage] and not check.ok(config[stage][field]):
-        raise cli.ConfigError(f'config.{stage}.{field}={config[stage][field]!r}: must be '
-                              f'{check.accepted}.')
+    if stage in config:
+      command.check_train_config(config[stage], f'config.{stage}')
 
 
 def reads(name: str) -> tuple:
@@ -352,6 +346,9 @@ def train_family(config, workdir: str) -> str:
 
 def main(argv):
   del argv
+  problem = files.folder_problem(os.path.abspath(flags.FLAGS.workdir))
+  if problem:
+    raise cli.ConfigError(f'--workdir={flags.FLAGS.workdir!r}: {problem}.')
   train_family(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

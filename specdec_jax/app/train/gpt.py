@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -34,7 +33,9 @@ import optax
 
 from specdec_jax.app import files
 from specdec_jax.app import training
+from specdec_jax.app.train import command
 from specdec_jax.app.train import vq as train_vq
+from specdec_jax.configs import fashion_target as fashion_target_config
 from specdec_jax.converters import common
 from specdec_jax.models import llamagen
 
@@ -55,8 +56,9 @@ def load_tokens(path: str) -> dict:
   """
   if not os.path.isfile(path):
     raise FileNotFoundError(
-        f'tokens file {path!r} not found: run `python -m specdec_jax.app.train.vq` first and '
-        'point --config.tokens_path at its <workdir>/tokens.npz.')
+        f'tokens file {path!r} not found: train a tokenizer first (`python -m '
+        'specdec_jax.app.train.kmeans_tokenizer`, the bundle\'s, or `train.vq`) and point '
+        '--config.tokens_path at its <workdir>/tokens.npz.')
   with np.load(path) as f:
     data = {k: f[k] for k in f.files}
   for name in ('train_tokens', 'train_labels', 'test_tokens', 'test_labels', 'vocab_size'):
@@ -249,5 +251,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  training.define_train_flags()
-  app.run(main)
+  command.run(main, os.path.abspath(fashion_target_config.__file__))

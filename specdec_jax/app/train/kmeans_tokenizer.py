@@ -28,17 +28,18 @@ import json
 import os
 import time
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.app import files
 from specdec_jax.app import fashion_mnist
+from specdec_jax.app import files
 from specdec_jax.app import training
+from specdec_jax.app.train import command
 from specdec_jax.app.train import vq as train_vq
+from specdec_jax.configs import fashion_tokenizer as fashion_tokenizer_config
 from specdec_jax.converters import common
 from specdec_jax.models import patch_tokenizer
 
@@ -194,5 +195,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  training.define_train_flags()
-  app.run(main)
+  command.run(main, os.path.abspath(fashion_tokenizer_config.__file__))

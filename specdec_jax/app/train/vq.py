@@ -37,7 +37,6 @@ import os
 import sys
 from typing import Any
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -45,9 +44,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_jax.app import files
 from specdec_jax.app import fashion_mnist
+from specdec_jax.app import files
 from specdec_jax.app import training
+from specdec_jax.app.train import command
+from specdec_jax.configs import fashion_vq as fashion_vq_config
 from specdec_jax.converters import common
 from specdec_jax.models import vq
 
@@ -323,5 +324,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  training.define_train_flags()
-  app.run(main)
+  command.run(main, os.path.abspath(fashion_vq_config.__file__))

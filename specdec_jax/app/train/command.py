@@ -1,0 +1,70 @@
+"""How a trainer runs as a program (`python -m specdec_jax.app.train.<name>`).
+
+`run(main, default_config_file)` defines `--config` (default: the trainer's
+config file under configs/) and `--workdir` as the program's own flags, so
+`--help` lists them; checks the config's counts, rates and probabilities
+(`check_train_config`) before any work; and prints a config error, a missing
+input file or an unreadable checkpoint as one message (exit status 2), the
+way the main command does. The family trainer checks each stage's config with
+`check_train_config` too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+from absl import flags
+
+from specdec_jax.app import cli
+from specdec_jax.app import files
+from specdec_jax.converters import common as converters_common
+
+
+def _checks() -> dict:
+  steps = cli.integer(1)
+  probability = cli.number(minimum=0.0, maximum=1.0, note='a probability')
+  return dict(
+      train_minutes=cli.number(minimum=0.0, note='0 = no time budget'), num_steps=steps,
+      log_every=steps, save_every=steps, batch_size=steps, eval_batch_size=steps,
+      eval_examples=steps, sample_batch_size=steps, num_target_samples=steps,
+      class_dropout=probability, uncond_prob=probability,
+      learning_rate=cli.number(above=0.0), warmup_steps=cli.integer(0),
+      weight_decay=cli.number(minimum=0.0), clip_norm=cli.number(minimum=0.0, note='0 disables'),
+      iterations=steps, codebook_size=steps, patch_size=steps, num_patches=steps,
+      max_examples=cli.integer(0, note='0 = the full splits'))
+
+
+# The fields trainers share, checked wherever a trainer's config has them.
+TRAIN_CHECKS = _checks()
+
+
+def check_train_config(config, where: str = 'config') -> None:
+  """Raises cli.ConfigError for a field of TRAIN_CHECKS that no run can use."""
+  for field, check in TRAIN_CHECKS.items():
+    if field in config and not check.ok(config[field]):
+      raise cli.ConfigError(f'{where}.{field}={config[field]!r}: must be {check.accepted}.')
+
+
+def run(main: Callable, default_config_file: str) -> None:
+  """Runs a trainer's `main(argv)` (reading flags.FLAGS.config and .workdir)."""
+
+  def define_flags():
+    from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+    config_flags.DEFINE_config_file('config', default_config_file, 'Training configuration.')
+    flags.DEFINE_string('workdir', None, 'Output folder (checkpoints, metrics, the model).')
+    flags.mark_flag_as_required('workdir')
+    for name in ('config', 'workdir'):  # listed by --help as the program's flags
+      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+
+  def checked_main(argv):
+    check_train_config(flags.FLAGS.config)
+    problem = files.folder_problem(os.path.abspath(flags.FLAGS.workdir))
+    if problem:
+      raise cli.ConfigError(f'--workdir={flags.FLAGS.workdir!r}: {problem}.')
+    return main(argv)
+
+  cli.run_command(checked_main, define_flags, default_config_file,
+                  refusals=(FileNotFoundError, converters_common.CheckpointReadError))
+
