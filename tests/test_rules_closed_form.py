@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import resampling
 from specdec_jax import rules
 from specdec_jax import schedules
 from specdec_jax import verify
@@ -318,6 +319,61 @@ class ClosedFormTest(parameterized.TestCase):
     self.assertGreater(np.max(literal[outside]), 0.01)
     with self.assertRaisesRegex(ValueError, 'keep_target_support must be True or False'):
       rules.Grouped(keep_target_support='no')
+
+
+class BoundaryTest(absltest.TestCase):
+  """Strict and non-strict comparisons at exact ties (dyadic inputs, exact in
+  float32), and the rarely reached branches: each test fails on a one-character
+  change of the rule it names (checked by mutating the rule)."""
+
+  def test_csd_tv_filter_is_strict(self):
+    # TV(d, t) = 0.25 exactly: tv_threshold=0.25 must NOT relax (TV < threshold).
+    d, t = jnp.array([.5, .25, .25, 0], jnp.float32), jnp.array([.25] * 4, jnp.float32)
+    rule = rules.ContentAware(lam=0.1, tv_threshold=0.25)
+    np.testing.assert_allclose(rule.accept_prob(d, t), [.5, 1, 1, 1], atol=1e-7)
+    relaxed = rules.ContentAware(lam=0.1, tv_threshold=0.2500001)  # just above: relaxes
+    self.assertAlmostEqual(float(relaxed.accept_prob(d, t)[0]), .5 + .1 * np.log(4), places=6)
+
+  def test_lantern_neighbour_mass_equal_to_the_bound_is_pooled(self):
+    # LANTERN++ lam=2: bound (lam-1) t(x) = 0.25 = t(nearest): c_1 <= bound, so m* = 1.
+    t, d = jnp.full((4,), .25, jnp.float32), jnp.array([.5, .25, .125, .125], jnp.float32)
+    nb = line_neighbors(4, 3)
+    pp = rules.LanternPP(neighbors=nb, k=1, lam=2.0)
+    np.testing.assert_allclose(pp.accept_prob(d, t), [1, 1, 1, 1], atol=1e-7)
+    la = rules.Lantern(neighbors=nb, k=1, delta=0.25)  # same tie for LANTERN's delta
+    np.testing.assert_allclose(la.accept_prob(d, t), [1, 1, 1, 1], atol=1e-7)
+    self.assertAlmostEqual(float(pp.accept_prob_at(d, t, 1, 0)), 1.0, places=7)
+
+  def test_grouped_probability_filter_is_strict(self):
+    # |t(y) - t(x)| = 0.25 exactly must leave y out of x's group (< prob_threshold).
+    t, d = jnp.array([.125, .125, .25, .5], jnp.float32), jnp.array([.0625, .0625, .375, .5], jnp.float32)
+    rule = rules.Grouped(below=1, above=1, prob_threshold=0.25)
+    # x=2 (rank 2): below = token 1 (|.125-.25| < .25 kept), above = token 3 (|.5-.25| = .25
+    # dropped): f = min(1, (.125+.25)/(.0625+.375)) = 6/7.
+    self.assertAlmostEqual(float(rule.accept_prob(d, t)[2]), 6 / 7, places=6)
+    self.assertAlmostEqual(float(rule.accept_prob_at(d, t, 1, 2)), 6 / 7, places=6)
+
+  def test_published_residual_zeroes_nothing_when_no_neighbour_fits(self):
+    # Lantern delta=0.01: every token's nearest neighbour has mass > 0.01, so m* = 0
+    # for every token and the published residuals are the plain Norm([t - d]_+).
+    rng = np.random.default_rng(0)
+    d = jnp.asarray(rng.dirichlet(np.ones(8)), jnp.float32)
+    t = jnp.asarray(0.5 * rng.dirichlet(np.ones(8)) + 0.5 / 8, jnp.float32)  # every t(y) >= 1/16
+    for mode in ('published_llamagen', 'published_lumina'):
+      rule = rules.Lantern(neighbors=line_neighbors(8, 3), k=2, delta=0.01, residual_mode=mode)
+      np.testing.assert_allclose(rule.accept_prob(d, t), np.minimum(1, t / d), rtol=1e-6)
+      for x in range(8):
+        np.testing.assert_allclose(rule.residual(d, t, 1, x),
+                                   resampling.standard_residual(d, t), atol=1e-7)
+
+  def test_grouped_single_token_path_at_rank_equal_to_below(self):
+    # Dense target (no ties, no zeros): the token ranked exactly `below` must use the group.
+    rng = np.random.default_rng(3)
+    d, t = (jnp.asarray(rng.dirichlet(np.ones(10)), jnp.float32) for _ in range(2))
+    rule = rules.Grouped(below=2, above=1, prob_threshold=1.0)
+    full = np.asarray(rule.accept_prob(d, t))
+    single = [float(rule.accept_prob_at(d, t, 1, x)) for x in range(10)]
+    np.testing.assert_allclose(single, full, rtol=1e-6)
 
 
 if __name__ == '__main__':

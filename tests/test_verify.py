@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import categorical
 from specdec_jax import rules
 from specdec_jax import testing
 from specdec_jax import verify
@@ -173,6 +174,35 @@ class ValidationTest(parameterized.TestCase):
       verify.verify_chain(None, jax.random.key(0), tokens, d2, t3)
     with self.assertRaisesRegex(ValueError, 'output_law: position is the 1-based'):
       verify.output_law(rules.CoolSD(delta=2.0, window=4), draft, target, position=0)
+
+
+class ChainEdgeTest(absltest.TestCase):
+  """A uniform of exactly 0 (jax.random.uniform gives one with probability
+  2^-23 per draw) and the residual's position, which floored rules hide."""
+
+  def test_chain_never_accepts_a_zero_probability_token_at_u_zero(self):
+    # jax.random.uniform returns exactly 0.0 with probability 2^-23 per draw.
+    d = jnp.array([[.5, .5, 0, 0]], jnp.float32)
+    t = jnp.array([[0, .5, .5, 0], [.25] * 4], jnp.float32)
+    n, _ = verify.verify_chain_with_uniforms(rules.Lossless(), jnp.zeros(2), jnp.array([0]), d, t)
+    self.assertEqual(int(n), 0)  # f(0) = t(0)/d(0) = 0: u = 0 is not < 0
+
+  def test_chain_resamples_from_the_rejected_positions_residual(self):
+    # Unfloored COOL-SD over window 2: w_1 = 1.34, w_2 = 0.66, so G*_1 != G*_2.
+    rule = rules.CoolSD(delta=1.0, window=2, floor_at_one=False)
+    rng = np.random.default_rng(1)
+    d = jnp.asarray(rng.dirichlet(np.full(6, 2.0), size=2), jnp.float32)
+    t = jnp.asarray(rng.dirichlet(np.full(6, 2.0), size=3), jnp.float32)
+    x = jnp.array([0, int(jnp.argmin(rule.accept_prob(d[1], t[1], 2)))])
+    self.assertLess(float(rule.accept_prob_at(d[1], t[1], 2, x[1])), 0.999)
+    g2 = rule.residual(d[1], t[1], 2)
+    self.assertGreater(float(verify.tv_distance(g2, rule.residual(d[1], t[1], 1))), 0.05)
+    grid = (jnp.arange(1024, dtype=jnp.float32) + 0.5) / 1024  # the next-token uniform, exact law
+    run = jax.vmap(lambda u: verify.verify_chain_with_uniforms(
+        rule, jnp.array([0.0, 0.9999, u]), x, d, t))
+    n, token = run(grid)
+    np.testing.assert_array_equal(n, 1)
+    np.testing.assert_array_equal(token, categorical.sample(grid, jnp.broadcast_to(g2, (1024, 6))))
 
 
 if __name__ == '__main__':
