@@ -357,5 +357,21 @@ class DraftTreeTest(absltest.TestCase):
                                  rtol=1e-5, atol=1e-6)
 
 
+class GumbelSpatialTest(absltest.TestCase):
+  """Spatial fresh drafts under the Gumbel coupling repeat the last carried draft."""
+
+  def test_gumbel_spatial_fresh_drafts_repeat_the_last_carried_draft(self):
+    batch, window, vocab = 64, 5, 16
+    keys = jax.random.split(jax.random.key(0), 3)
+    probs = jax.nn.softmax(jax.random.normal(keys[0], (batch, window, vocab)), -1)
+    noise = jax.random.gumbel(keys[1], (batch, window - 1, vocab))
+    uniforms = jax.random.uniform(keys[2], (batch, jacobi_drafts.jacobi_uniforms(window)))
+    n = jnp.full((batch,), 1)
+    tokens, _ = jacobi_drafts.jacobi_next(uniforms, probs, n, jnp.zeros((batch,), jnp.int32),
+                                          'spatial', coupling='gumbel', noise=noise)
+    # carried j = 0, 1, 2 (window entries 2..4); fresh j = 3 repeats carried j = 2.
+    np.testing.assert_array_equal(tokens[:, 3], tokens[:, 2])
+
+
 if __name__ == '__main__':
   absltest.main()

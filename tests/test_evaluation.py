@@ -132,5 +132,23 @@ class FashionMnistTest(absltest.TestCase):
     np.testing.assert_array_equal(np.bincount(labels), [1000] * 10)
 
 
+class FrechetFormulaTest(absltest.TestCase):
+  """Closed forms the data-driven cases cannot tell apart (their covariances
+  commute, and N is large)."""
+
+  def test_frechet_of_non_commuting_covariances(self):
+    # tr sqrt(M) = sqrt(tr M + 2 sqrt(det M)) for a 2x2 M = C1 C2 with positive eigenvalues.
+    c1, c2 = np.array([[2.0, 1.0], [1.0, 2.0]]), np.diag([1.0, 4.0])
+    m = c1 @ c2
+    expected = np.trace(c1) + np.trace(c2) - 2 * np.sqrt(np.trace(m) + 2 * np.sqrt(np.linalg.det(m)))
+    self.assertAlmostEqual(evaluation.frechet_distance(np.zeros(2), c1, np.zeros(2), c2),
+                           expected, places=10)  # 0.7711; tr(C1^1/2 C2^1/2) would give 0.804
+
+  def test_feature_covariance_is_unbiased(self):
+    mean, cov = evaluation.feature_statistics([[0.0, 1.0], [2.0, 1.0], [4.0, 4.0]])
+    np.testing.assert_allclose(mean, [2.0, 2.0])
+    np.testing.assert_allclose(cov, [[4.0, 3.0], [3.0, 3.0]])  # ddof = 1, as pytorch-fid
+
+
 if __name__ == '__main__':
   absltest.main()

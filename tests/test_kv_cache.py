@@ -220,5 +220,16 @@ class KVCacheTest(absltest.TestCase):
       kv.init_cache(num_layers=1, batch_size=1, capacity=4, num_kv_heads=1, head_dim=0)
 
 
+class PositionOffsetTest(absltest.TestCase):
+  """Rotary positions of left-padded rows count from their first real token."""
+
+  def test_window_positions_subtract_the_position_offset(self):
+    cache = kv.init_cache(num_layers=1, batch_size=2, capacity=8, num_kv_heads=1, head_dim=2)
+    cache = cache.replace(lengths=jnp.array([3, 5]), position_offset=jnp.array([0, 2]))
+    np.testing.assert_array_equal(kv.window_positions(cache, 2), [[3, 4], [3, 4]])
+    np.testing.assert_array_equal(kv.window_positions(cache, 2, jnp.array([0, 0])),
+                                  [[3, 3], [3, 3]])
+
+
 if __name__ == '__main__':
   absltest.main()

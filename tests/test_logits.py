@@ -390,5 +390,25 @@ class BlockedTopKTest(parameterized.TestCase):
         logits.Sampling(topk_blocks=bad)
 
 
+class TieEdgeTest(absltest.TestCase):
+  """Exact ties the law tests never reach: top-p at a cumulative mass equal to
+  top_p, greedy decoding between equal maxima."""
+
+  def test_top_p_at_exact_cumulative_equality_keeps_the_next_token(self):
+    # 4 equal logits: masses 0.25 exactly; cumulative 0.5 == top_p is not "> top_p",
+    # so LlamaGen/HF keep the third token too. Both the sort path and the top-k path.
+    x = jnp.zeros((8,))
+    want = [True, True, True, False, False, False, False, False]
+    got = np.isfinite(np.asarray(logits.filter_logits(x[:4], top_p=0.5)))
+    np.testing.assert_array_equal(got, want[:4])
+    np.testing.assert_array_equal(got, np.isfinite(logits_reference.top_p_mask(x[:4], 0.5)))
+    got_k = np.isfinite(np.asarray(logits.filter_logits(x.at[4:].set(-1.0), top_k=4, top_p=0.5)))
+    np.testing.assert_array_equal(got_k, want)
+
+  def test_greedy_ties_take_the_first_argmax(self):
+    out = logits.process_logits(jnp.array([1.0, 3.0, 3.0, 0.0]), temperature=0)
+    np.testing.assert_array_equal(out, [0, 1, 0, 0])  # jnp/torch argmax: first maximum
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -72,5 +72,16 @@ class NonFiniteTest(absltest.TestCase):
       self.assertIs(metrics.report_nonfinite(drafts), drafts)
 
 
+class SummaryTest(absltest.TestCase):
+  """The summary's acceptance per position is a rate over verify steps."""
+
+  def test_summary_acceptance_per_position_is_a_rate(self):
+    m = metrics.DecodeMetrics.zeros(2, 3)
+    for accepted in ([2, 0], [1, 3]):
+      m = m.record(jnp.array([True, True]), jnp.array(accepted), jnp.array(accepted) + 1, 1)
+    # image 0: positions accepted (2, 1, 0) of 2 steps; image 1: (1, 1, 1) of 2 steps.
+    np.testing.assert_allclose(m.summary()['acceptance_per_position'], [0.75, 0.5, 0.25])
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -28,6 +28,7 @@ from t.
 from __future__ import annotations
 
 import contextlib
+import types
 from unittest import mock
 
 import chex
@@ -41,6 +42,7 @@ from specdec_jax import categorical
 from specdec_jax import decode
 from specdec_jax import jacobi_drafts
 from specdec_jax import logits
+from specdec_jax import mode_base
 from specdec_jax import mode_pac
 from specdec_jax import resampling
 from specdec_jax import rules
@@ -444,6 +446,48 @@ class SjdPacValidationTest(parameterized.TestCase):
     with self.assertRaisesRegex(cli.ConfigError, r'config.pac_branches=1: must be an integer '
                                 r'>= 2'):
       generate_app.check_config(config)
+
+
+class SjdPacAdvanceTest(absltest.TestCase):
+  """SJD-PAC's next drafts, read straight from `advance` (its output law
+  cannot see these: they change acceptance only)."""
+
+  def _pac_advance(self, mode, target_probs, path, num_accepted, old_tokens, old_probs, seed=0):
+    batch, vocab = target_probs.shape[0], target_probs.shape[-1]
+    plan = types.SimpleNamespace(target=types.SimpleNamespace(vocab_size=vocab))
+    verdict = mode_base.Verdict(path, num_accepted, jnp.zeros((batch,), jnp.int32))
+    step = mode_base.Step(None, None, target_probs, verdict, None, None, None)
+    drafts = mode_pac.PACDrafts(tokens=old_tokens, probs=old_probs)
+    uniforms = jax.random.uniform(jax.random.key(seed), (batch, mode.draft_uniforms))
+    return mode.advance(plan, None, drafts, step, uniforms)[0]
+
+  def test_adaptive_continuation_keeps_drafts_whose_law_did_not_move(self):
+    """p = q_old: the maximal coupling keeps every old draft (u q(x) < q(x)); independent
+    re-drafting from uniform p over 8 tokens keeps each w.p. 1/8 (all 128: 8**-128)."""
+    mode = decode.JacobiPAC(window=4, branches=2, depth=1)
+    batch, vocab, nodes = 64, 8, mode.tree.num_nodes
+    law = jnp.full((batch, nodes, vocab), 1.0 / vocab)
+    old = jax.random.randint(jax.random.key(1), (batch, nodes - 1), 0, vocab)
+    path = jnp.zeros((batch, mode.slots + 1), jnp.int32)
+    new = self._pac_advance(mode, law, path, jnp.zeros((batch,), jnp.int32), old,
+                            law[:, :mode.slots])
+    chain = mode_pac.main_chain(mode.tree)[1:] - 1
+    np.testing.assert_array_equal(new.tokens[:, chain[:2]], old[:, chain[1:3]])
+
+  def test_continuation_reads_the_accepted_branch(self):
+    """Accepted node (1,): the next first draft is drawn from the target at (1, 0), a
+    point mass here, not at the main chain's (0, 0)."""
+    mode = decode.JacobiPAC(window=5, branches=2, depth=2)
+    tree, index = mode.tree, mode.tree._index()  # pylint: disable=protected-access
+    batch, vocab = 4, tree.num_nodes
+    law = jnp.broadcast_to(jnp.eye(vocab), (batch, vocab, vocab))  # node j: point mass on j
+    path = jnp.full((batch, mode.slots + 1), -1).at[:, 0].set(0).at[:, 1].set(index[(1,)])
+    old = jnp.zeros((batch, tree.num_nodes - 1), jnp.int32)
+    old_probs = jnp.full((batch, mode.slots, vocab), 1.0 / vocab)
+    new = self._pac_advance(mode, law, path, jnp.ones((batch,), jnp.int32), old, old_probs)
+    np.testing.assert_array_equal(new.tokens[:, index[(0,)] - 1], index[(1, 0)])
+    np.testing.assert_array_equal(new.probs[:, 0], jax.nn.one_hot(
+        jnp.full((batch,), index[(1, 0)]), vocab))
 
 
 if __name__ == '__main__':
