@@ -22,22 +22,19 @@ from specdec_jax.app import files
 from specdec_jax.converters import common as converters_common
 
 
-def _checks() -> dict:
-  steps = cli.integer(1)
-  probability = cli.number(minimum=0.0, maximum=1.0, note='a probability')
-  return dict(
-      train_minutes=cli.number(minimum=0.0, note='0 = no time budget'), num_steps=steps,
-      log_every=steps, save_every=steps, batch_size=steps, eval_batch_size=steps,
-      eval_examples=steps, sample_batch_size=steps, num_target_samples=steps,
-      class_dropout=probability, uncond_prob=probability,
-      learning_rate=cli.number(above=0.0), warmup_steps=cli.integer(0),
-      weight_decay=cli.number(minimum=0.0), clip_norm=cli.number(minimum=0.0, note='0 disables'),
-      iterations=steps, codebook_size=steps, patch_size=steps, num_patches=steps,
-      max_examples=cli.integer(0, note='0 = the full splits'))
-
+_STEPS = cli.integer(1)
+_PROBABILITY = cli.number(minimum=0.0, maximum=1.0, note='a probability')
 
 # The fields trainers share, checked wherever a trainer's config has them.
-TRAIN_CHECKS = _checks()
+TRAIN_CHECKS = dict(
+    train_minutes=cli.number(minimum=0.0, note='0 = no time budget'), num_steps=_STEPS,
+    log_every=_STEPS, save_every=_STEPS, batch_size=_STEPS, eval_batch_size=_STEPS,
+    eval_examples=_STEPS, sample_batch_size=_STEPS, num_target_samples=_STEPS,
+    class_dropout=_PROBABILITY, uncond_prob=_PROBABILITY,
+    learning_rate=cli.number(above=0.0), warmup_steps=cli.integer(0),
+    weight_decay=cli.number(minimum=0.0), clip_norm=cli.number(minimum=0.0, note='0 disables'),
+    iterations=_STEPS, codebook_size=_STEPS, patch_size=_STEPS, num_patches=_STEPS,
+    max_examples=cli.integer(0, note='0 = the full splits'))
 
 
 def check_train_config(config, where: str = 'config') -> None:
