@@ -489,6 +489,22 @@ class SjdPacAdvanceTest(absltest.TestCase):
     np.testing.assert_array_equal(new.probs[:, 0], jax.nn.one_hot(
         jnp.full((batch,), index[(1, 0)]), vocab))
 
+  def test_residual_siblings_come_from_the_new_law_minus_the_old(self):
+    """sibling_law 'residual': Norm([p - q_old]_+) as released (p the new stale law,
+    q_old the old draft's); reversed, Norm([q_old - p]_+) would only lower acceptance,
+    which the law tests cannot see."""
+    mode = decode.JacobiPAC(window=4, branches=2, depth=1, sibling_law='residual')
+    batch, vocab, nodes = 2, 6, mode.tree.num_nodes
+    p = jnp.array([.4, .3, .2, .1, 0., 0.])
+    q_old = jnp.array([.1, .2, .3, .4, 0., 0.])
+    path = jnp.zeros((batch, mode.slots + 1), jnp.int32)
+    new = self._pac_advance(mode, jnp.broadcast_to(p, (batch, nodes, vocab)), path,
+                            jnp.zeros((batch,), jnp.int32),
+                            jnp.zeros((batch, nodes - 1), jnp.int32),
+                            jnp.broadcast_to(q_old, (batch, mode.slots, vocab)))
+    np.testing.assert_allclose(new.sibling_probs[:, 0], [[.75, .25, 0, 0, 0, 0]] * batch,
+                               atol=1e-6)
+
 
 if __name__ == '__main__':
   absltest.main()
