@@ -15,6 +15,7 @@ from absl.testing import absltest
 from specdec_jax import decode
 from specdec_jax import categorical
 from specdec_jax import logits
+from specdec_jax import randomness
 from specdec_jax import rules
 from specdec_jax.models import tiny
 
@@ -130,6 +131,19 @@ class TracedSamplingTest(absltest.TestCase):
     self.assertFalse(plan(logits.Sampling(cfg_scale=1.0)).cfg)
     with self.assertRaisesRegex(ValueError, 'generate: target cache'):
       plan(_sampling(*SWEEP[0]), capacity=first.target_capacity - 1)
+
+
+class PerImageKeysTest(absltest.TestCase):
+
+  def test_per_image_keys_fold_in_the_image_index(self):
+    # generate(key) must give image b the tokens generate(keys) gives with keys[b] =
+    # fold_in(key, b) (randomness.per_image_keys' contract), so an image of a batch can be
+    # regenerated alone from (key, b).
+    key = jax.random.key(7)
+    got = randomness.per_image_keys(key, 3)
+    for b in range(3):
+      np.testing.assert_array_equal(jax.random.key_data(got[b]),
+                                    jax.random.key_data(jax.random.fold_in(key, b)))
 
 
 if __name__ == '__main__':

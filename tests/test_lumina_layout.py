@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import decode
 from specdec_jax import logits as logits_lib
+from specdec_jax.models import chameleon
 from specdec_jax.models import lumina_layout as ll
 
 VOCAB = 8832  # every Lumina layout id (<= 8803 + grid) is a valid logit index
@@ -195,6 +197,28 @@ class VocabularyTableTest(absltest.TestCase):
     del vocab[ll.image_token_name(5)]
     with self.assertRaisesRegex(ValueError, r'1 of 8192 image codes.*\[5\]'):
       ll.image_token_table(vocab)
+
+
+class FirstTokenTest(absltest.TestCase):
+  """The token the prefill samples is masked as image position 0."""
+
+  def test_first_token_is_processed_as_image_position_0(self):
+    # Width-1 Lumina layout: body = code, EOL, code, EOL, ..., so the token the
+    # prefill samples must be masked for position 0 (a code), not position 1 (EOL).
+    config = chameleon.ChameleonConfig(vocab_size=8832, hidden_size=32, num_layers=1,
+                                       num_heads=4, num_kv_heads=4, head_dim=8,
+                                       intermediate_size=48)
+    model = chameleon.ChameleonModel(config)
+    params = model.init_params(jax.random.key(0))
+    layout = ll.ImageLayout(3, 1)
+    # (An odd size has no resolution header; the mask reads only the layout and the index.)
+    prompt = chameleon.build_prompt([[0, 9, 8710]], ll.ImageLayout(2, 2), cfg=False)
+    result = decode.generate(
+        model, params, prompt, num_tokens=layout.body_length, key=jax.random.key(3),
+        sampling=ll.LuminaSampling(layout=layout, top_k=2000),
+        compiler_options=decode.FAST_COMPILE)
+    for body in np.asarray(result.tokens):
+      self.assertTrue(ll.is_valid_body(body, layout), body)
 
 
 if __name__ == '__main__':

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import kv_cache as kv
 from specdec_jax.models import layers
 from tests import test_scan_layers
 
@@ -104,6 +105,31 @@ class ScannedLayersTest(parameterized.TestCase):
         model.init_params(jax.random.key(0))
       self.assertNotEmpty(seen)
       self.assertEqual(set(seen), {not scan}, f'{kind} scan_layers={scan}')
+
+
+class NormEpsTest(parameterized.TestCase):
+  """norm_eps reaches the post-attention norm (random-weight parity tests run
+  at activations near 1, where eps 1e-5 and 1e-6 agree)."""
+
+  @parameterized.parameters(False, True)  # pre-norm and Chameleon's swin-norm
+  def test_decoder_layer_threads_norm_eps_into_the_post_attention_norm(self, swin):
+    # Zero o_proj: the attention branch adds nothing, so the layer reduces to
+    # x + mlp(post_norm(x)) (pre-norm) or x + post_norm(mlp(x)) (swin-norm), where
+    # post_norm must use norm_eps. A large eps makes a mis-threaded eps visible.
+    eps, width, batch, steps = 0.5, 16, 2, 3
+    layer = layers.DecoderLayer(num_heads=2, num_kv_heads=2, head_dim=8, ffn_dim=32,
+                                norm_eps=eps, rope='half', swin_norm=swin)
+    x = jax.random.normal(jax.random.key(0), (batch, steps, width))
+    cos = sin = jnp.zeros((batch, steps, 4))
+    cache = kv.init_cache(num_layers=1, batch_size=batch, capacity=8, num_kv_heads=2, head_dim=8)
+    params = layer.init(jax.random.key(1), x, cos, sin, cache, 0)['params']
+    params['self_attn']['o_proj']['kernel'] = jnp.zeros_like(params['self_attn']['o_proj']['kernel'])
+    params['post_attention_layernorm']['weight'] = jax.random.uniform(jax.random.key(2), (width,)) + 0.5
+    got, _ = layer.apply({'params': params}, x, cos, sin, cache, 0)
+    norm = lambda y: layers.RMSNorm(eps).apply({'params': params['post_attention_layernorm']}, y)
+    mlp = lambda y: layers.SwiGLU(32).apply({'params': params['mlp']}, y)
+    want = x + (norm(mlp(x)) if swin else mlp(norm(x)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 if __name__ == '__main__':
