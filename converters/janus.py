@@ -39,8 +39,6 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from absl import app
-from absl import flags
 from absl import logging
 import jax
 import jax.numpy as jnp
@@ -293,34 +291,11 @@ def load_converted(out_dir: str | pathlib.Path, dtype: Any = None, scan_layers: 
           layers.stack_layer_params(params) if scan_layers else params)
 
 
-FLAGS = flags.FLAGS
-
-
 def define_flags() -> None:
-  flags.DEFINE_string('input_dir', None, 'Folder with the Janus-Pro checkpoint.',
-                      required=True)
-  flags.DEFINE_string('output', None, 'Output folder (created atomically).', required=True)
-  flags.DEFINE_string('config', None, 'Preset (pro-7b, pro-1b) or config.json path '
-                      '(default: config.json in --input_dir).')
-  flags.DEFINE_enum('dtype', common.STORED, list(common.OUTPUT_DTYPES), 'Param dtype: '
-                    'stored (default) keeps the checkpoint\'s own (one dtype, or float32 for '
-                    'a mix), float32 or bfloat16 casts.')
-  flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.')
+  command.define_folder_flags('Janus-Pro', 'pro-7b, pro-1b')
 
 
-def main(argv):
-  del argv
-  try:  # flag errors as a usage message, before the (slow) conversion
-    common.check_output_dir(FLAGS.output, FLAGS.overwrite)
-    common.check_output_dtype(FLAGS.dtype)
-    if not pathlib.Path(FLAGS.input_dir).is_dir():
-      raise ValueError(f'--input_dir {FLAGS.input_dir!r} is not a folder: give the folder '
-                       'that holds the checkpoint\'s config.json and weight files.')
-    resolve_config(FLAGS.config, pathlib.Path(FLAGS.input_dir))
-  except (ValueError, OSError) as e:
-    raise app.UsageError(str(e)) from e
-  convert(FLAGS.input_dir, FLAGS.output, config=FLAGS.config, dtype=FLAGS.dtype,
-          overwrite=FLAGS.overwrite)
+main = command.folder_main(resolve_config, convert)
 
 
 if __name__ == '__main__':

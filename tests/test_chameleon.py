@@ -400,6 +400,16 @@ class CommandLineTest(parameterized.TestCase):
         self.assertNotIn('Traceback', result.stderr)
         self.assertFalse(os.path.exists(f'{tmp}/out'))
 
+  @parameterized.parameters(('chameleon', 'HF'), ('janus', 'Janus-Pro'))
+  def test_help_lists_the_flags(self, module, checkpoint):
+    result = subprocess.run(
+        [sys.executable, '-m', f'specdec_jax.converters.{module}', '--help'],
+        env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True, timeout=300)
+    text = result.stdout + result.stderr
+    self.assertIn(f'--input_dir: Folder with the {checkpoint} checkpoint.', text)
+    for flag in ('--output:', '--config:', '--dtype:', '--[no]overwrite:'):
+      self.assertIn(flag, text)
+
   @parameterized.parameters(
       ('chameleon', ['--input_dir={tmp}/absent'], "--input_dir '{tmp}/absent' is not a folder"),
       ('janus', ['--input_dir={tmp}/absent'], "--input_dir '{tmp}/absent' is not a folder"),

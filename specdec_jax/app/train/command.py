@@ -12,13 +12,13 @@ way the main command does. The family trainer checks each stage's config with
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 
 from absl import flags
 
 from specdec_jax.app import cli
 from specdec_jax.app import files
+from specdec_jax.converters import command as converter_command
 from specdec_jax.converters import common as converters_common
 
 
@@ -52,8 +52,7 @@ def run(main: Callable, default_config_file: str) -> None:
     config_flags.DEFINE_config_file('config', default_config_file, 'Training configuration.')
     flags.DEFINE_string('workdir', None, 'Output folder (checkpoints, metrics, the model).')
     flags.mark_flag_as_required('workdir')
-    for name in ('config', 'workdir'):  # listed by --help as the program's flags
-      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+    converter_command.list_in_help(('config', 'workdir'))
 
   def checked_main(argv):
     check_train_config(flags.FLAGS.config)
