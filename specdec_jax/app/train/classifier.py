@@ -1,7 +1,7 @@
 """Trains the evaluation classifier and writes its test accuracy and feature statistics.
 
   python -m specdec_jax.app.train.classifier --config configs/classifier.py \
-      --workdir runs/classifier
+      --workdir runs/family/classifier
 
 Outputs in --workdir: Orbax checkpoints, `classifier_history.json`,
 `classifier_eval.json` (test accuracy), `test_features.npz` (mean and

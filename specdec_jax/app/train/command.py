@@ -44,6 +44,13 @@ def check_train_config(config, where: str = 'config') -> None:
       raise cli.ConfigError(f'{where}.{field}={config[field]!r}: must be {check.accepted}.')
 
 
+def check_workdir(workdir: str) -> None:
+  """Raises cli.ConfigError when --workdir cannot be a folder (a file is in the way)."""
+  problem = files.folder_problem(os.path.abspath(workdir))
+  if problem:
+    raise cli.ConfigError(f'--workdir={workdir!r}: {problem}.')
+
+
 def run(main: Callable, default_config_file: str) -> None:
   """Runs a trainer's `main(argv)` (reading flags.FLAGS.config and .workdir)."""
 
@@ -56,9 +63,7 @@ def run(main: Callable, default_config_file: str) -> None:
 
   def checked_main(argv):
     check_train_config(flags.FLAGS.config)
-    problem = files.folder_problem(os.path.abspath(flags.FLAGS.workdir))
-    if problem:
-      raise cli.ConfigError(f'--workdir={flags.FLAGS.workdir!r}: {problem}.')
+    check_workdir(flags.FLAGS.workdir)
     return main(argv)
 
   cli.run_command(checked_main, define_flags, default_config_file,

@@ -1,7 +1,7 @@
 """Trains an EAGLE-1 drafter head against a frozen LlamaGen c2i target.
 
   python -m specdec_jax.app.train.drafter --config configs/fashion_eagle.py \
-      --workdir runs/fashion_eagle
+      --workdir runs/family/eagle
 
 EAGLE-1 training (Li et al., ICML 2024, arXiv 2401.15077):
 a teacher-forced target pass gives the features f_i (the target's last hidden
@@ -298,9 +298,8 @@ def training_sequences(config, workdir: str, target: llamagen.LlamaGenGPT, targe
                               batch_size=config.sample_batch_size,
                               temperature=config.sample_temperature,
                               cfg_scale=config.sample_cfg_scale)
-  os.makedirs(workdir, exist_ok=True)
-  np.savez(path + '.tmp.npz', tokens=tokens, labels=labels)
-  os.replace(path + '.tmp.npz', path)
+  with files.atomic_file(path) as f:  # creates workdir
+    np.savez(f, tokens=tokens, labels=labels)
   return tokens, labels
 
 

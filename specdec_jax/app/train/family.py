@@ -337,18 +337,14 @@ def train_family(config, workdir: str) -> str:
     run_stage(name, config, workdir, bundle_dir, splits)
     run_log['stage_wall_seconds'][name] = earlier + time.time() - start
     run_log.update(command=list(sys.argv), config=config.to_dict())
-    with open(log_path + '.tmp', 'w') as f:
-      json.dump(run_log, f, indent=1, default=str)
-    os.replace(log_path + '.tmp', log_path)
+    files.write_atomic(log_path, json.dumps(run_log, indent=1, default=str).encode())
   logging.info('family: done in %.1f min; bundle in %s', (time.time() - began) / 60, bundle_dir)
   return bundle_dir
 
 
 def main(argv):
   del argv
-  problem = files.folder_problem(os.path.abspath(flags.FLAGS.workdir))
-  if problem:
-    raise cli.ConfigError(f'--workdir={flags.FLAGS.workdir!r}: {problem}.')
+  command.check_workdir(flags.FLAGS.workdir)
   train_family(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -1,9 +1,9 @@
 """Trains a class-conditional LlamaGen GPT on VQ token grids (target or draft GPT).
 
   python -m specdec_jax.app.train.gpt --config configs/fashion_target.py \
-      --workdir runs/fashion_target
+      --workdir runs/family/target
   python -m specdec_jax.app.train.gpt --config configs/fashion_draft_gpt.py \
-      --workdir runs/fashion_draft_gpt
+      --workdir runs/family/draft_gpt
 
 Reads `tokens.npz` written by `specdec_jax.app.train.vq`. Next-token cross-entropy
 with teacher forcing (`models.llamagen.forward_logits`); class dropout

@@ -68,17 +68,17 @@ def token_dtype(vocab_size: int):
 
 def write_tokens(workdir: str, vocab_size: int, grid, train_tokens, train_labels, test_tokens,
                  test_labels) -> str:
-  """Writes <workdir>/tokens.npz (under a temporary name, then renamed) and returns its
+  """Writes <workdir>/tokens.npz (`files.atomic_file`) and returns its
   path: both splits' token grids [N, L] in `token_dtype`, their int32 labels, the grid
   and vocab_size."""
   dtype = token_dtype(vocab_size)
   tokens_path = os.path.join(workdir, TOKENS_FILE)
-  np.savez(tokens_path + '.tmp.npz', train_tokens=train_tokens.astype(dtype),
-           train_labels=np.asarray(train_labels, np.int32),
-           test_tokens=test_tokens.astype(dtype),
-           test_labels=np.asarray(test_labels, np.int32),
-           grid=np.asarray(grid), vocab_size=np.asarray(vocab_size))
-  os.replace(tokens_path + '.tmp.npz', tokens_path)
+  with files.atomic_file(tokens_path) as f:
+    np.savez(f, train_tokens=train_tokens.astype(dtype),
+             train_labels=np.asarray(train_labels, np.int32),
+             test_tokens=test_tokens.astype(dtype),
+             test_labels=np.asarray(test_labels, np.int32),
+             grid=np.asarray(grid), vocab_size=np.asarray(vocab_size))
   return tokens_path
 
 
@@ -111,10 +111,7 @@ def write_manifest(workdir: str, *, config: Any, steps: int, metrics: dict,
   }
   manifest.update(extra or {})
   path = os.path.join(workdir, 'manifest.json')
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(manifest, f, indent=1, default=str)
-  os.replace(tmp, path)
+  files.write_atomic(path, json.dumps(manifest, indent=1, default=str).encode())
   return path
 
 
