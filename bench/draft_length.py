@@ -7,8 +7,9 @@ COOL-SD, with the main command's hyperparameters from configs/generate.py)
 at k = 3..6, against vanilla, as the main command's latency pass times them:
 one image with CFG per class of `latency_classes`, compiled first, then
 --rounds rounds in which every (method, k) call and vanilla run once each,
-in turn (so all of them share the machine's load drift), keeping each one's
-best. speedup = mean over classes of vanilla's best / the method's best.
+in an order rotated by one each round (so all of them share the machine's
+load drift and none always runs first), keeping each one's best. speedup =
+mean over classes of vanilla's best / the method's best.
 Prints a table and writes JSON. Speed only: the relaxed rules' quality at
 another k is not measured here (bench/pareto.py sweeps at the main
 command's k).
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/draft_length.json', 'JSON results.')
 _ROUNDS = flags.DEFINE_integer('rounds', 7, 'Timed rounds (best per call is kept).')
@@ -69,9 +71,9 @@ def main(argv):
       result, _ = call()  # compile
       tokens_per_forward.setdefault(key, []).append(
           result.metrics.summary()['tokens_per_target_forward'])
-    for _ in range(_ROUNDS.value):
-      for key, call in calls.items():
-        seconds = call()[1]
+    for index in range(_ROUNDS.value):
+      for key in timing.rotated(calls, index):
+        seconds = calls[key]()[1]
         best[key + (label,)] = min(best.get(key + (label,), np.inf), seconds)
     print(f'class {label} done', flush=True)
 

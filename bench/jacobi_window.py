@@ -6,8 +6,9 @@ On the bundled Fashion-MNIST family, as the main command runs them (its
 `build_methods` with configs/generate.py's hyperparameters and XLA options),
 for each window in --windows: one image with CFG per class of --classes,
 vanilla and each method timed in interleaved rounds (every round runs every
-(window, method, class) once; each keeps its best). speedup = vanilla / method
-from the same rounds. The main command's `jacobi_window` is chosen from this.
+(window, method, class) once, the order rotated by one each round; each
+keeps its best). speedup = vanilla / method from the same rounds. The main
+command's `jacobi_window` is chosen from this.
 --gumbel_scd adds 'scd_gumbel' (SCD with scd_coupling 'gumbel') beside 'scd';
 --inits times each fresh-draft init (configs/generate.py's jacobi_init) in the
 same rounds; --pac_trees adds SJD-PAC with other proactive trees ('sjd_pac_KxD');
@@ -36,6 +37,7 @@ from specdec_jax import mode_pac  # pylint: disable=g-import-not-at-top
 from specdec_jax import verify  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_window.json', 'JSON results.')
 _WINDOWS = flags.DEFINE_list('windows', ['4', '6', '8', '12', '16'], 'Jacobi windows W.')
@@ -129,8 +131,8 @@ def main(argv):
                         for key, call in calls.items()}  # the first call compiles
   best = dict.fromkeys(calls, np.inf)
   for index in range(_ROUNDS.value):
-    for key, call in calls.items():
-      best[key] = min(best[key], call()[1])
+    for key in timing.rotated(calls, index):
+      best[key] = min(best[key], calls[key]()[1])
     print(f'round {index + 1}/{_ROUNDS.value}', flush=True)
   def mean(table, setting, name):
     return float(np.mean([table[(*setting, name, c)] for c in classes]))

@@ -21,6 +21,14 @@ def best_ms(fn, repeats: int) -> float:
   return 1e3 * min(times)
 
 
+def rotated(items, round_index: int) -> list:
+  """items (a sequence) rotated left by round_index: the order of one timed round,
+  so that over the rounds no item always runs first or right after a given one."""
+  items = list(items)
+  shift = round_index % len(items) if items else 0
+  return items[shift:] + items[:shift]
+
+
 def best_ms_interleaved(fns: dict, rounds: int, progress: bool = False) -> dict:
   """Best wall time in ms of each fn() over `rounds` rounds that call every fn once,
   after one untimed call of each (compile): {name: ms}, fns {name: fn}.
@@ -35,8 +43,7 @@ def best_ms_interleaved(fns: dict, rounds: int, progress: bool = False) -> dict:
   names = list(fns)
   times = {name: [] for name in names}
   for index in range(rounds):
-    shift = index % len(names)
-    for name in names[shift:] + names[:shift]:
+    for name in rotated(names, index):
       start = time.perf_counter()
       jax.block_until_ready(fns[name]())
       times[name].append(time.perf_counter() - start)
