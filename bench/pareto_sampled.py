@@ -8,8 +8,9 @@ hyperparameter value) is an evaluation set of --num_images images drawn by
 `python -m specdec_jax.sample` on the bundled Fashion-MNIST family, the main
 command's sampling settings, into its own folder under --root. The sampler
 resumes an interrupted set and this script skips finished ones (after checking
-that their config.json records the point's settings and --num_images), so the
-whole sweep survives being killed and rerun. For each point it reports, from the
+that their config.json records the point's settings and --num_images; a
+finished set of fewer images is extended), so the whole sweep survives being
+killed and rerun, and a rerun with a larger --num_images keeps what it drew. For each point it reports, from the
 set's classifier features:
   * frechet_to_target: the Frechet distance to the target's own samples
     (vanilla, seed 0): the drift a relaxation causes;
@@ -98,9 +99,14 @@ def recorded_value(config: dict, name: str):
   return config
 
 
-def check_reusable(folder: str, settings: dict) -> None:
+def check_reusable(folder: str, settings: dict) -> bool:
   """Raises ValueError unless a finished folder's set was drawn with these settings
-  (its config.json, written by the sampler) and counts committed tokens per forward."""
+  (its config.json, written by the sampler) and counts committed tokens per forward.
+
+  Returns:
+    True when the set is this point's as it is; False when it holds fewer images
+    than settings['num_images'] and nothing else differs (the sampler extends it).
+  """
   try:
     with open(os.path.join(folder, 'config.json')) as f:
       recorded = json.load(f)['config']
@@ -109,8 +115,11 @@ def check_reusable(folder: str, settings: dict) -> None:
   except (OSError, ValueError, KeyError) as e:
     raise ValueError(f'{folder} holds a set whose configuration or metrics cannot be read '
                      f'({e!r}); delete the folder to draw it again.') from None
+  held = recorded_value(recorded, 'num_images')
+  grows = isinstance(held, int) and held < settings['num_images']
   changed = [f'{name}: {recorded_value(recorded, name)!r} (folder) -> {value!r} (this sweep)'
-             for name, value in settings.items() if recorded_value(recorded, name) != value]
+             for name, value in settings.items()
+             if recorded_value(recorded, name) != value and not (grows and name == 'num_images')]
   if 'committed_tokens' not in first:
     changed.append('metrics: drawn by a sampler whose tokens_per_forward counted drafts '
                    'accepted past the last token')
@@ -118,15 +127,17 @@ def check_reusable(folder: str, settings: dict) -> None:
     raise ValueError(f'{folder} holds another set than this sweep asks for:\n  '
                      + '\n  '.join(changed)
                      + '\nDelete the folder to draw it again, or pass another --root.')
+  return not grows
 
 
 def draw(point: tuple, root: str, num_images: int, batch: int) -> str:
   """Runs (or resumes) the sampler for one point; returns its folder. A finished
-  folder is reused only when its set has the point's settings (`check_reusable`)."""
+  folder is reused only when its set has the point's settings (`check_reusable`), and
+  extended by the sampler when it has fewer images than asked for."""
   folder = os.path.join(root, point[0])
   settings = sampler_settings(point, num_images)
-  if os.path.exists(os.path.join(folder, 'summary.json')):
-    check_reusable(folder, settings)
+  if (os.path.exists(os.path.join(folder, 'summary.json'))
+      and check_reusable(folder, settings)):
     return folder
   command = [sys.executable, '-m', 'specdec_jax.sample', '--config', 'configs/sample_fashion.py',
              f'--config.out_dir={folder}', '--config.write_png=False',

@@ -29,6 +29,7 @@ from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import sample
 from specdec_jax.app import sample_model
+from specdec_jax.app import sample_folder
 from specdec_jax.app import sample_output
 from specdec_jax.configs import sample_fashion
 from specdec_jax.configs import sample_llamagen_c2i
@@ -157,6 +158,21 @@ class SampleJobTest(absltest.TestCase):
     self.assert_same_set(out_dir)
 
 
+  def test_a_finished_set_extended_to_more_images_keeps_its_chunks(self):
+    out_dir = os.path.join(_TMP.name, 'extended')
+    run_job(out_dir, 1, '--config.num_images=6')  # chunks 0..3 and 4..5
+    first_chunk = pathlib.Path(out_dir, 'chunks', 'chunk_00000.npz').stat().st_mtime_ns
+    logs = run_job(out_dir, 1)  # NUM_IMAGES: chunk 1 becomes 4..7, chunk 2 is new
+    self.assertIn('extending the set (num_images: 6 -> 12)', logs[0])
+    self.assertIn('chunk 1 (images 4..7) will be redone', logs[0])
+    self.assertIn('(2 to do)', logs[0])
+    self.assertEqual(pathlib.Path(out_dir, 'chunks', 'chunk_00000.npz').stat().st_mtime_ns,
+                     first_chunk)  # kept, not decoded again
+    self.assert_same_set(out_dir)
+    stored = json.loads(pathlib.Path(out_dir, sample_output.CONFIG).read_text())
+    self.assertEqual(stored['fingerprint']['num_images'], NUM_IMAGES)
+    self.assertEqual(stored['extended'], [[f'num_images: 6 -> {NUM_IMAGES}']])
+
   def test_damaged_chunks_are_redone_and_missing_pngs_rewritten(self):
     """A committed chunk whose .npz vanished or whose manifest was cut short is
     redone (logged), a whole chunk's lost PNG is rewritten from its .npz, and the
@@ -261,9 +277,9 @@ class SampleErrorsTest(absltest.TestCase):
     out_dir = os.path.join(_TMP.name, 'upgraded')
     shutil.copytree(REFERENCE, out_dir)
     config = self.config(out_dir=out_dir, fast_compile=True)  # the reference's settings
-    upgraded = dict(sample_output.code_identity(), specdec_jax='9.9.9')
-    with mock.patch.object(sample_output, 'code_identity', return_value=upgraded):
-      with self.assertRaisesRegex(sample_output.FolderMismatchError,
+    upgraded = dict(sample_folder.code_identity(), specdec_jax='9.9.9')
+    with mock.patch.object(sample_folder, 'code_identity', return_value=upgraded):
+      with self.assertRaisesRegex(sample_folder.FolderMismatchError,
                                   rf"code.specdec_jax: '{specdec_jax.__version__}' \(folder\) "
                                   r"-> '9.9.9' \(now\)"):
         sample.run(config)
@@ -286,9 +302,9 @@ class SampleErrorsTest(absltest.TestCase):
     del stored['fingerprint']['hparams']['pac_siblings']
     path.write_text(json.dumps(stored))
     config = self.config(out_dir=out_dir, fast_compile=True)  # the reference's settings
-    upgraded = dict(sample_output.code_identity(), specdec_jax='9.9.9')
-    with mock.patch.object(sample_output, 'code_identity', return_value=upgraded):
-      with self.assertRaisesRegex(sample_output.FolderMismatchError,
+    upgraded = dict(sample_folder.code_identity(), specdec_jax='9.9.9')
+    with mock.patch.object(sample_folder, 'code_identity', return_value=upgraded):
+      with self.assertRaisesRegex(sample_folder.FolderMismatchError,
                                   r"hparams.pac_siblings: not in the folder -> 'target'"):
         sample.run(config)
       config.allow_code_change = True
@@ -322,7 +338,7 @@ class SampleErrorsTest(absltest.TestCase):
     generate.assert_not_called()
 
   def test_folder_written_by_another_configuration(self):
-    with self.assertRaises(sample_output.FolderMismatchError) as caught:
+    with self.assertRaises(sample_folder.FolderMismatchError) as caught:
       sample.run(self.config(out_dir=REFERENCE, method='sjd', seed=3))
     message = str(caught.exception)
     self.assertIn("method: 'vanilla' (folder) -> 'sjd' (now)", message)

@@ -17,6 +17,7 @@ import numpy as np
 import specdec_jax
 from specdec_jax.app import files
 from specdec_jax.app import images as images_lib
+from specdec_jax.app import sample_folder
 from specdec_jax.app import sample_output
 from specdec_jax.app import sample_plan
 
@@ -199,12 +200,12 @@ class OutputTest(absltest.TestCase):
 
   def test_folder_of_another_configuration_is_refused_with_what_differs(self):
     fingerprint = dict(method='eagle', seed=0, hparams=dict(draft_length=4), classes=(1, 2))
-    self.assertFalse(sample_output.check_folder(self.out, fingerprint))  # new folder
+    self.assertFalse(sample_folder.check_folder(self.out, fingerprint))  # new folder
     self._write_folder(fingerprint)
-    self.assertTrue(sample_output.check_folder(self.out, dict(fingerprint)))  # a restart
+    self.assertTrue(sample_folder.check_folder(self.out, dict(fingerprint)))  # a restart
     changed = dict(fingerprint, method='coolsd', hparams=dict(draft_length=6))
-    with self.assertRaises(sample_output.FolderMismatchError) as caught:
-      sample_output.check_folder(self.out, changed)
+    with self.assertRaises(sample_folder.FolderMismatchError) as caught:
+      sample_folder.check_folder(self.out, changed)
     message = str(caught.exception)
     self.assertIn("method: 'eagle' (folder) -> 'coolsd' (now)", message)
     self.assertIn('hparams.draft_length: 4 (folder) -> 6 (now)', message)
@@ -222,7 +223,7 @@ class OutputTest(absltest.TestCase):
                              dict(fingerprint=first))
     fixed = dict(first, hparams=dict(pac_branches=2))
     with self.assertLogs(level='WARNING') as logged:
-      self.assertFalse(sample_output.check_folder(self.out, fixed))
+      self.assertFalse(sample_folder.check_folder(self.out, fixed))
     self.assertIn('wrote no image', logged.output[0])
     self.assertIn('hparams.pac_branches: 40 (folder) -> 2 (now)', logged.output[0])
     for written in ('images/000000.png.tmp', 'chunks/chunk_00000.npz', 'samples.npz'):
@@ -230,21 +231,21 @@ class OutputTest(absltest.TestCase):
       sample_output.write_json(folder / sample_output.CONFIG, dict(fingerprint=first))
       (folder / written).parent.mkdir(exist_ok=True)
       (folder / written).write_bytes(b'')
-      with self.assertRaisesRegex(sample_output.FolderMismatchError, 'pac_branches'):
-        sample_output.check_folder(folder, fixed)
+      with self.assertRaisesRegex(sample_folder.FolderMismatchError, 'pac_branches'):
+        sample_folder.check_folder(folder, fixed)
 
   def test_images_without_config_json_are_refused(self):
     """Chunks or images but no config.json: an unknown configuration's set, never
     merged under this run's configuration (an empty folder is new)."""
-    self.assertFalse(sample_output.check_folder(self.out, dict(method='eagle')))
+    self.assertFalse(sample_folder.check_folder(self.out, dict(method='eagle')))
     for written in ('chunks/chunk_00000.npz', 'images/000000.png', 'summary.json'):
       folder = pathlib.Path(tempfile.mkdtemp(dir=self.out))
       (folder / written).parent.mkdir(exist_ok=True)
       (folder / written).write_bytes(b'')
-      with self.assertRaisesRegex(sample_output.FolderMismatchError,
+      with self.assertRaisesRegex(sample_folder.FolderMismatchError,
                                   'holds images but no config.json: they come from an unknown '
                                   'configuration. Remove the folder or choose another'):
-        sample_output.check_folder(folder, dict(method='eagle'))
+        sample_folder.check_folder(folder, dict(method='eagle'))
       self.assertFalse((folder / sample_output.CONFIG).exists())
 
   def _write_folder(self, fingerprint):
@@ -258,16 +259,40 @@ class OutputTest(absltest.TestCase):
     fingerprint = dict(method='eagle', code=dict(specdec_jax='0.1.0', jax='0.10.2'))
     self._write_folder(fingerprint)
     upgraded = dict(fingerprint, code=dict(specdec_jax='0.2.0', jax='0.10.2'))
-    with self.assertRaisesRegex(sample_output.FolderMismatchError,
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError,
                                 r"code.specdec_jax: '0.1.0' \(folder\) -> '0.2.0' \(now\)"):
-      sample_output.check_folder(self.out, upgraded)
-    with self.assertRaisesRegex(sample_output.FolderMismatchError, 'method'):  # only 'code'
-      sample_output.check_folder(self.out, dict(upgraded, method='sjd'), tolerated=('code',))
-    self.assertTrue(sample_output.check_folder(self.out, upgraded, ('code',), record=True))
+      sample_folder.check_folder(self.out, upgraded)
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError, 'method'):  # only 'code'
+      sample_folder.check_folder(self.out, dict(upgraded, method='sjd'), tolerated=('code',))
+    self.assertTrue(sample_folder.check_folder(self.out, upgraded, ('code',), record=True))
     stored = json.loads(pathlib.Path(self.out, sample_output.CONFIG).read_text())
     self.assertEqual(stored['fingerprint'], fingerprint)  # the folder's first code
     self.assertEqual(stored['accepted_changes'],
                      [["code.specdec_jax: '0.1.0' (folder) -> '0.2.0' (now)"]])
+
+  def test_a_larger_num_images_extends_the_set_and_a_smaller_one_is_refused(self):
+    fingerprint = dict(method='eagle', num_images=6, seed=0)
+    self._write_folder(fingerprint)
+    path = pathlib.Path(self.out, sample_output.CONFIG)
+    sample_output.write_json(path, dict(json.loads(path.read_text()),
+                                        config=dict(method='eagle', num_images=6, out_dir='x')))
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError,
+                                r'(?s)num_images: 6 \(folder\) -> 4 \(now\).*A larger num_images'):
+      sample_folder.check_folder(self.out, dict(fingerprint, num_images=4))
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError, 'seed: 0'):  # and another change
+      sample_folder.check_folder(self.out, dict(fingerprint, num_images=10, seed=1), record=True)
+    self.assertEqual(json.loads(path.read_text())['fingerprint'], fingerprint)
+    with self.assertLogs(level='INFO') as logged:
+      self.assertTrue(sample_folder.check_folder(self.out, dict(fingerprint, num_images=10),
+                                                 record=True))
+    self.assertIn('extending the set (num_images: 6 -> 10)', logged.output[0])
+    stored = json.loads(path.read_text())
+    self.assertEqual(stored['fingerprint'], dict(fingerprint, num_images=10))
+    self.assertEqual(stored['config'], dict(method='eagle', num_images=10, out_dir='x'))
+    self.assertEqual(stored['extended'], [['num_images: 6 -> 10']])
+    self.assertTrue(sample_folder.check_folder(self.out, dict(fingerprint, num_images=10)))
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError, 'num_images: 10'):
+      sample_folder.check_folder(self.out, fingerprint)  # no way back to the smaller set
 
   def test_a_setting_added_by_newer_code_is_accepted_only_at_its_default(self):
     """A folder written before a hyperparameter existed lacks it: with the code's change
@@ -278,15 +303,15 @@ class OutputTest(absltest.TestCase):
                code=dict(specdec_jax='0.2.0'))
     defaults = dict(method='eagle', hparams=dict(pac_depth=2, pac_siblings='target'))
     added = "hparams.pac_siblings: not in the folder -> 'target' (now"
-    with self.assertRaisesRegex(sample_output.FolderMismatchError, re.escape(added)):
-      sample_output.check_folder(self.out, new, defaults=defaults)  # code not tolerated
-    with self.assertRaisesRegex(sample_output.FolderMismatchError, re.escape(added)):
-      sample_output.check_folder(self.out, new, ('code',))  # no defaults to compare with
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError, re.escape(added)):
+      sample_folder.check_folder(self.out, new, defaults=defaults)  # code not tolerated
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError, re.escape(added)):
+      sample_folder.check_folder(self.out, new, ('code',))  # no defaults to compare with
     residual = dict(new, hparams=dict(pac_depth=2, pac_siblings='residual'))
-    with self.assertRaisesRegex(sample_output.FolderMismatchError, re.escape(
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError, re.escape(
         "hparams.pac_siblings: not in the folder -> 'residual' (now)")):
-      sample_output.check_folder(self.out, residual, ('code',), defaults=defaults)
-    self.assertTrue(sample_output.check_folder(self.out, new, ('code',), record=True,
+      sample_folder.check_folder(self.out, residual, ('code',), defaults=defaults)
+    self.assertTrue(sample_folder.check_folder(self.out, new, ('code',), record=True,
                                                defaults=defaults))
     stored = json.loads(pathlib.Path(self.out, sample_output.CONFIG).read_text())
     self.assertEqual(stored['fingerprint'], old)  # the folder's own settings stay
@@ -294,12 +319,12 @@ class OutputTest(absltest.TestCase):
         "code.specdec_jax: '0.1.0' (folder) -> '0.2.0' (now)",
         "hparams.pac_siblings: not in the folder -> 'target' (now, its default)"]])
     dropped = dict(old, hparams={}, code=dict(specdec_jax='0.2.0'))
-    with self.assertRaisesRegex(sample_output.FolderMismatchError,
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError,
                                 re.escape('hparams.pac_depth: 2 (folder) -> not in this run')):
-      sample_output.check_folder(self.out, dropped, ('code',), defaults=defaults)
+      sample_folder.check_folder(self.out, dropped, ('code',), defaults=defaults)
 
   def test_code_identity_names_this_package_and_jax(self):
-    identity = sample_output.code_identity()
+    identity = sample_folder.code_identity()
     self.assertEqual(identity['specdec_jax'], specdec_jax.__version__)
     self.assertEqual(identity['jax'], jax.__version__)
     if (pathlib.Path(specdec_jax.__file__).parents[1] / '.git').exists():  # a checkout
@@ -307,8 +332,8 @@ class OutputTest(absltest.TestCase):
 
   def test_unreadable_config_json_is_refused(self):
     pathlib.Path(self.out, sample_output.CONFIG).write_text('{"fingerp')
-    with self.assertRaisesRegex(sample_output.FolderMismatchError, 'config.json is unreadable'):
-      sample_output.check_folder(self.out, dict(method='eagle'))
+    with self.assertRaisesRegex(sample_folder.FolderMismatchError, 'config.json is unreadable'):
+      sample_folder.check_folder(self.out, dict(method='eagle'))
 
 
 if __name__ == '__main__':

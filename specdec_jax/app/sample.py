@@ -14,7 +14,8 @@ processes (`sample_plan`); each process decodes, writes and commits its own
 chunks (`sample_output`), process 0 logs progress, and after a barrier
 process 0 merges every chunk into samples.npz, metrics.jsonl and
 summary.json. A restarted job, with any number of processes, skips the
-committed chunks. Launch lines: docs/sampling.md.
+committed chunks, also when it asks for more images (`sample_folder`: the
+set is extended). Launch lines: docs/sampling.md.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from specdec_jax.app import config_checks
 from specdec_jax.app import files
 from specdec_jax.app import generate
 from specdec_jax.app import sample_model
+from specdec_jax.app import sample_folder
 from specdec_jax.app import sample_output
 from specdec_jax.app import sample_plan
 from specdec_jax.configs import sample_fashion
@@ -58,10 +60,9 @@ CONFIG_CHECKS = dict(
     sampling=config_checks.SAMPLING, classes=cli.integers(0), prompts=cli.STRING,
     num_images=cli.integer(1), batch_per_device=cli.integer(1), attention_phases=cli.integer(1),
     model_parallel=cli.integer(1), seed=cli.integer(0, config_checks.MAX_KEY_SEED),
-    out_dir=cli.NONEMPTY_STRING,
-    chunk_size=cli.integer(1), write_png=cli.BOOL, xla_cpu_single_thread=cli.BOOL,
-    fast_compile=cli.BOOL, stop_after_chunks=cli.integer(0), break_lock=cli.BOOL,
-    allow_code_change=cli.BOOL, compilation_cache=cli.STRING)
+    out_dir=cli.NONEMPTY_STRING, chunk_size=cli.integer(1), write_png=cli.BOOL,
+    xla_cpu_single_thread=cli.BOOL, fast_compile=cli.BOOL, stop_after_chunks=cli.integer(0),
+    break_lock=cli.BOOL, allow_code_change=cli.BOOL, compilation_cache=cli.STRING)
 
 
 def check_config(config) -> None:
@@ -83,7 +84,7 @@ def fingerprint(config, identity: dict, conditions: sample_model.Conditions) -> 
   fields['model'] = identity  # checkpoint metadata hashes, not paths
   fields['conditions'] = conditions.identity  # the classes, or the prompt file's hash
   fields['platform'] = jax.default_backend()  # float results differ across backends
-  fields['code'] = sample_output.code_identity()  # another version may give other images
+  fields['code'] = sample_folder.code_identity()  # another version may give other images
   return json.loads(json.dumps(fields, default=str))
 
 
@@ -187,8 +188,7 @@ class Sampler:
         self.family.target, self.family.target_params, rows, mesh=self.mesh,
         key=global_keys(step.key_indices(), self.config.seed, self.row_sharding),
         attention_phases=self.config.attention_phases, **kwargs)
-    metrics = result.metrics.replace(counts=rows_of(result.metrics.counts, self.my_rows))
-    metrics = metrics.by_name()
+    metrics = result.metrics.replace(counts=rows_of(result.metrics.counts, self.my_rows)).by_name()
     return rows_of(result.tokens, self.my_rows), metrics, result.compile_seconds
 
   def run_round(self, chunks: list) -> float:
@@ -224,15 +224,15 @@ def prepare_folder(config, fingerprint_: dict) -> list[int]:
   still to do (all processes get process 0's list).
 
   Process 0 verifies every committed chunk (`sample_output.chunk_problem`):
-  one whose manifest or files are damaged or missing is logged and redone;
-  with write_png, a whole chunk's missing or damaged PNGs are written from
-  its .npz.
+  one whose manifest or files are damaged or missing, or whose images do not
+  fill its range now, is logged and redone; with write_png, a whole chunk's
+  missing or damaged PNGs are written from its .npz.
   """
   out_dir, first = config.out_dir, jax.process_index() == 0
   tolerated = ('code',) if config.allow_code_change else ()
   # With another version's folder, a setting added since is accepted at its default.
-  restart = sample_output.check_folder(out_dir, fingerprint_, tolerated, record=first,
-                                       defaults=settings(sample_fashion.get_config()))
+  restart = sample_folder.check_folder(out_dir, fingerprint_, tolerated, record=first,
+                                        defaults=settings(sample_fashion.get_config()))
   multihost_utils.sync_global_devices('sample: folder checked')
   ranges = chunk_ranges(config)
   done = np.zeros((len(ranges),), bool)
