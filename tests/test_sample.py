@@ -81,17 +81,21 @@ def job_command(out_dir: str, *extra: str) -> list[str]:
           f'--config.out_dir={out_dir}', *extra]
 
 
-def run_job(out_dir: str, num_processes: int, *extra: str) -> list[str]:
-  """Runs the job as `num_processes` local processes of 2 CPU devices each; returns
-  their logs (fails the test on a nonzero exit)."""
-  env = job_env()
+def start_job(out_dir: str, num_processes: int, *extra: str) -> list[subprocess.Popen]:
+  """Starts the job as `num_processes` local processes of 2 CPU devices each."""
   command = job_command(out_dir, *extra)
   if num_processes > 1:
     command += [f'--coordinator_address=127.0.0.1:{free_port()}',
                 f'--num_processes={num_processes}']
-  jobs = [subprocess.Popen(command + ([f'--process_id={p}'] if num_processes > 1 else []),
-                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True) for p in range(num_processes)]
+  return [subprocess.Popen(command + ([f'--process_id={p}'] if num_processes > 1 else []),
+                           cwd=REPO, env=job_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True) for p in range(num_processes)]
+
+
+def run_job(out_dir: str, num_processes: int, *extra: str) -> list[str]:
+  """Runs the job (`start_job`); returns the processes' logs (fails the test on a
+  nonzero exit)."""
+  jobs = start_job(out_dir, num_processes, *extra)
   logs = [job.communicate(timeout=300)[0] for job in jobs]
   for job, log in zip(jobs, logs):
     if job.returncode != 0:
@@ -172,6 +176,25 @@ class SampleJobTest(absltest.TestCase):
     stored = json.loads(pathlib.Path(out_dir, sample_output.CONFIG).read_text())
     self.assertEqual(stored['fingerprint']['num_images'], NUM_IMAGES)
     self.assertEqual(stored['extended'], [[f'num_images: 6 -> {NUM_IMAGES}']])
+
+  def test_a_step_that_fails_on_process_0_stops_every_process_at_once(self):
+    """Process 0's merge fails: process 1 leaves with a message at once, instead of
+    waiting at the next barrier until the runtime's heartbeat aborts the job (about
+    5 minutes here, and a core dump instead of either message)."""
+    out_dir = os.path.join(_TMP.name, 'merge_fails')
+    run_job(out_dir, 2, '--config.stop_after_chunks=1')
+    os.mkdir(os.path.join(out_dir, sample_output.SAMPLES))  # the merge cannot write it
+    jobs = start_job(out_dir, 2)
+    try:
+      logs = [job.communicate(timeout=150)[0] for job in jobs]
+    finally:
+      for job in jobs:
+        job.kill()
+    self.assertEqual(jobs[0].returncode, 1, logs[0][-2000:])
+    self.assertIn('IsADirectoryError', logs[0])
+    self.assertEqual(jobs[1].returncode, 2, logs[1][-2000:])
+    self.assertIn('error: process 0 could not merge the chunks (its log holds the error); '
+                  'process 1 stops too.', logs[1])
 
   def test_damaged_chunks_are_redone_and_missing_pngs_rewritten(self):
     """A committed chunk whose .npz vanished or whose manifest was cut short is

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from unittest import mock
 
+from absl import logging as absl_logging
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -282,9 +283,14 @@ class OutputTest(absltest.TestCase):
     with self.assertRaisesRegex(sample_folder.FolderMismatchError, 'seed: 0'):  # and another change
       sample_folder.check_folder(self.out, dict(fingerprint, num_images=10, seed=1), record=True)
     self.assertEqual(json.loads(path.read_text())['fingerprint'], fingerprint)
-    with self.assertLogs(level='INFO') as logged:
-      self.assertTrue(sample_folder.check_folder(self.out, dict(fingerprint, num_images=10),
-                                                 record=True))
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.INFO)  # another test may have raised it
+    try:
+      with self.assertLogs(level='INFO') as logged:
+        self.assertTrue(sample_folder.check_folder(self.out, dict(fingerprint, num_images=10),
+                                                   record=True))
+    finally:
+      absl_logging.set_verbosity(verbosity)
     self.assertIn('extending the set (num_images: 6 -> 10)', logged.output[0])
     stored = json.loads(path.read_text())
     self.assertEqual(stored['fingerprint'], dict(fingerprint, num_images=10))

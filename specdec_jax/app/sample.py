@@ -45,6 +45,7 @@ from specdec_jax.app import sample_model
 from specdec_jax.app import sample_folder
 from specdec_jax.app import sample_output
 from specdec_jax.app import sample_plan
+from specdec_jax.app import sample_processes
 from specdec_jax.configs import sample_fashion
 
 # Fields that never change an image: they stay out of the folder's fingerprint.
@@ -86,22 +87,6 @@ def fingerprint(config, identity: dict, conditions: sample_model.Conditions) -> 
   fields['platform'] = jax.default_backend()  # float results differ across backends
   fields['code'] = sample_folder.code_identity()  # another version may give other images
   return json.loads(json.dumps(fields, default=str))
-
-
-def initialize_distributed(mode: str, coordinator_address, num_processes, process_id) -> None:
-  """jax.distributed.initialize(), unless this is a single process.
-
-  mode 'auto' initializes when any of the three is given (or
-  JAX_COORDINATOR_ADDRESS) or SLURM runs several tasks; 'true' always (JAX
-  then detects Cloud TPU pods and SLURM itself); 'false' never.
-  """
-  explicit = (coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
-              or num_processes is not None or process_id is not None)
-  slurm = int(os.environ.get('SLURM_NTASKS', '1')) > 1
-  if mode == 'false' or (mode == 'auto' and not (explicit or slurm)):
-    return
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
 
 
 def global_keys(indices: np.ndarray, seed: int, row_sharding: NamedSharding) -> jax.Array:
@@ -209,13 +194,17 @@ class Sampler:
       metrics.append({k: v[real] for k, v in step_metrics.items()})
       index.append(step.index[self.my_rows][real])
     chunk = chunks[jax.process_index()]
-    if chunk is not None:
-      index = np.concatenate(index)
-      metrics = {k: np.concatenate([m[k] for m in metrics]) for k in metrics[0]}
-      sample_output.commit_chunk(config.out_dir, chunk, index,
-                                 self.decode_images(np.concatenate(tokens)),
-                                 image_records(index, self.conditions, metrics),
-                                 jax.process_index(), config.write_png)
+
+    def commit():
+      if chunk is not None:
+        index_ = np.concatenate(index)
+        metrics_ = {k: np.concatenate([m[k] for m in metrics]) for k in metrics[0]}
+        sample_output.commit_chunk(config.out_dir, chunk, index_,
+                                   self.decode_images(np.concatenate(tokens)),
+                                   image_records(index_, self.conditions, metrics_),
+                                   jax.process_index(), config.write_png)
+
+    sample_processes.agreed('commit its chunk', commit)
     return compile_s
 
 
@@ -231,19 +220,19 @@ def prepare_folder(config, fingerprint_: dict) -> list[int]:
   out_dir, first = config.out_dir, jax.process_index() == 0
   tolerated = ('code',) if config.allow_code_change else ()
   # With another version's folder, a setting added since is accepted at its default.
-  restart = sample_folder.check_folder(out_dir, fingerprint_, tolerated, record=first,
-                                        defaults=settings(sample_fashion.get_config()))
-  multihost_utils.sync_global_devices('sample: folder checked')
+  restart = sample_processes.agreed('check the output folder', lambda: sample_folder.check_folder(
+      out_dir, fingerprint_, tolerated, record=first,
+      defaults=settings(sample_fashion.get_config())))
   ranges = chunk_ranges(config)
-  done = np.zeros((len(ranges),), bool)
-  if first:
+
+  def committed_chunks() -> np.ndarray:
     removed = sample_output.remove_temporaries(out_dir)
     if removed:
       logging.info('removed %d temporary files of an interrupted run', removed)
     if not restart:
       sample_output.write_json(os.path.join(out_dir, sample_output.CONFIG), dict(
           fingerprint=fingerprint_, config=config.to_dict(), jax_version=jax.__version__))
-    pngs = 0
+    done, pngs = np.zeros((len(ranges),), bool), 0
     for chunk, expected in enumerate(ranges):
       problem = sample_output.chunk_problem(out_dir, chunk, expected)
       if problem not in (None, sample_output.NOT_WRITTEN):
@@ -255,29 +244,13 @@ def prepare_folder(config, fingerprint_: dict) -> list[int]:
         pngs += sample_output.repair_pngs(out_dir, chunk)
     if pngs:
       logging.info('wrote %d missing or damaged PNGs of committed chunks', pngs)
-  done = np.asarray(multihost_utils.broadcast_one_to_all(done))
+    return done
+
+  done = sample_processes.agreed('check the committed chunks', committed_chunks,
+                                 process_0_only=True)
+  done = np.asarray(multihost_utils.broadcast_one_to_all(
+      done if first else np.zeros((len(ranges),), bool)))
   return [c for c in range(len(ranges)) if not done[c]]
-
-
-def lock_folder(config) -> files.FolderLock | None:
-  """Process 0 takes the output folder's lock for the whole job (every process
-  raises FolderLockedError if it is held); returns it on process 0."""
-  lock, error = None, None
-  if jax.process_index() == 0:
-    lock = files.FolderLock(config.out_dir)
-    try:
-      taken_over = lock.acquire(config.break_lock)
-      if taken_over:
-        logging.warning('took over the lock %s: %s', lock.path, taken_over)
-    except files.FolderLockedError as e:
-      error = e
-  held = multihost_utils.broadcast_one_to_all(np.int32(error is None))
-  if error is not None:
-    raise error
-  if not held:
-    raise files.FolderLockedError(f'{config.out_dir} is in use by another job: process 0 '
-                                  'could not take its lock (its log names the holder).')
-  return lock
 
 
 def chunk_ranges(config) -> list[range]:
@@ -291,7 +264,7 @@ def run(config) -> dict | None:
   started = time.perf_counter()
   check_config(config)
   created = files.missing_folders(config.out_dir)
-  lock = lock_folder(config)  # before the model loads: a second job stops at once
+  lock = sample_processes.lock_folder(config.out_dir, config.break_lock)  # a second job stops
   try:
     return _run_locked(config, started)
   finally:
@@ -301,7 +274,7 @@ def run(config) -> dict | None:
 
 
 def _run_locked(config, started: float) -> dict | None:
-  sampler = Sampler(config)
+  sampler = sample_processes.agreed('load the model and the method', lambda: Sampler(config))
   pending = prepare_folder(config, sampler.fingerprint)
   ranges, process_count = chunk_ranges(config), jax.process_count()
   schedule = sample_plan.rounds(pending, sampler.writers, process_count)
@@ -329,8 +302,8 @@ def _run_locked(config, started: float) -> dict | None:
       return None
   loop_s = time.perf_counter() - loop_start
   multihost_utils.sync_global_devices('sample: every chunk committed')
-  summary = None
-  if jax.process_index() == 0:
+
+  def merged() -> dict:
     records = sample_output.merge(config.out_dir, ranges)
     summary = dict(
         num_images=config.num_images, images_this_run=done_now,
@@ -347,8 +320,9 @@ def _run_locked(config, started: float) -> dict | None:
     logging.info('wrote %s: %d images, %.2f images/s, %.2f tokens per target forward',
                  config.out_dir, config.num_images, summary['images_per_s'],
                  summary['mean_tokens_per_forward'])
-  multihost_utils.sync_global_devices('sample: merged')
-  return summary
+    return summary
+
+  return sample_processes.agreed('merge the chunks', merged, process_0_only=True)
 
 
 # The summary's fields measured by the run that decoded the images.
@@ -390,11 +364,11 @@ def main(argv):
   if config.xla_cpu_single_thread and not generate.use_single_thread_xla():
     logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
   compile_cache.enable(config.compilation_cache)
-  initialize_distributed(values.distributed, values.coordinator_address, values.num_processes,
-                         values.process_id)
+  sample_processes.initialize_distributed(values.distributed, values.coordinator_address,
+                                          values.num_processes, values.process_id)
   run(config)
 
 
 if __name__ == '__main__':
   cli.run_command(main, define_flags, os.path.abspath(sample_fashion.__file__),
-                  refusals=(files.FolderLockedError,))
+                  refusals=(files.FolderLockedError, sample_processes.ProcessFailedError))

@@ -1,0 +1,103 @@
+"""How the sampler's processes act together (JAX's multi-controller runtime).
+
+Every process of a job runs the same program, and the collectives of a
+decode, a barrier or a broadcast wait for all of them. A step that fails on
+some processes only (process 0's merge on a full disk, one host's model
+file missing) must therefore stop every process, with the error, instead of
+leaving the others waiting at the next collective until the runtime's
+heartbeat times out and aborts the job (minutes, and a core dump instead of
+the message). `agreed` runs such a step and makes its outcome every
+process's; `lock_folder` takes the output folder's lock on process 0 for the
+whole job.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, TypeVar
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from specdec_jax.app import files
+
+T = TypeVar('T')
+
+
+class ProcessFailedError(RuntimeError):
+  """Another process of the job failed a step that every process must complete."""
+
+
+def agreed(what: str, step: Callable[[], T], *, process_0_only: bool = False) -> T | None:
+  """Runs step() on every process (or on process 0 only) and stops every process
+  if it failed on any.
+
+  Args:
+    what: the step, for the message ('merge the chunks').
+    step: the work; its exception (an Exception) is re-raised on its own process.
+    process_0_only: run it on process 0; the others return None.
+  Returns:
+    step()'s result (None where it did not run).
+  Raises:
+    ProcessFailedError on the processes where it succeeded, when it failed on
+    another: naming the processes whose logs hold the error.
+  """
+  result, error = None, None
+  if not process_0_only or jax.process_index() == 0:
+    try:
+      result = step()
+    except Exception as e:  # pylint: disable=broad-except  (re-raised below)
+      error = e
+  failed = np.asarray(multihost_utils.process_allgather(np.int32(error is not None)))
+  if error is not None:
+    raise error
+  failed = np.flatnonzero(failed.reshape(-1))
+  if failed.size:
+    raise ProcessFailedError(
+        f'process {", ".join(map(str, failed))} could not {what} (its log holds the error); '
+        f'process {jax.process_index()} stops too.')
+  return result
+
+
+def initialize_distributed(mode: str, coordinator_address, num_processes, process_id) -> None:
+  """jax.distributed.initialize(), unless this is a single process.
+
+  mode 'auto' initializes when any of the three is given (or
+  JAX_COORDINATOR_ADDRESS) or SLURM runs several tasks; 'true' always (JAX
+  then detects Cloud TPU pods and SLURM itself); 'false' never.
+  """
+  explicit = (coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
+              or num_processes is not None or process_id is not None)
+  slurm = int(os.environ.get('SLURM_NTASKS', '1')) > 1
+  if mode == 'false' or (mode == 'auto' and not (explicit or slurm)):
+    return
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+
+
+def lock_folder(out_dir: str, break_lock: bool) -> files.FolderLock | None:
+  """Process 0 takes the output folder's lock for the whole job (every process
+  raises FolderLockedError if it is held); returns it on process 0."""
+  lock, error = None, None
+  if jax.process_index() == 0:
+    lock = files.FolderLock(out_dir)
+    try:
+      taken_over = lock.acquire(break_lock)
+      if taken_over:
+        logging.warning('took over the lock %s: %s', lock.path, taken_over)
+    except Exception as e:  # pylint: disable=broad-except  (re-raised below)
+      error = e
+  # 0: held; 1: held by another job; 2: another error (an unwritable folder).
+  outcome = (0 if error is None else 1 if isinstance(error, files.FolderLockedError) else 2)
+  outcome = int(multihost_utils.broadcast_one_to_all(np.int32(outcome)))
+  if error is not None:
+    raise error
+  if outcome == 1:
+    raise files.FolderLockedError(f'{out_dir} is in use by another job: process 0 '
+                                  'could not take its lock (its log names the holder).')
+  if outcome == 2:
+    raise ProcessFailedError(f'process 0 could not take the lock of {out_dir} (its log holds '
+                             f'the error); process {jax.process_index()} stops too.')
+  return lock
