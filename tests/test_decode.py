@@ -33,6 +33,7 @@ from specdec_jax import rules
 from specdec_jax import testing
 from specdec_jax import verify
 from specdec_jax.app import toy
+from tests import doc_snippets
 from tests.decode_support import VOCAB
 from tests.decode_support import CLASSES
 from tests.decode_support import NUM_SAMPLES
@@ -54,30 +55,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import scd_recording  # pylint: disable=g-import-not-at-top,wrong-import-position  (bench/)
 
 
-@dataclasses.dataclass(frozen=True)
-class _RepeatLeft(modes.Mode):
-  """A mode defined outside the library, to show a new mode is one class: k drafts
-  that repeat the last committed token (point masses, so lossless chain
-  verification accepts draft x with probability t(x))."""
-
-  k: int
-
-  rule_mode = rules.CHAIN
-
-  @property
-  def width(self) -> int:
-    return self.k + 1
-
-  def _repeat(self, token, vocab):
-    tokens = jnp.repeat(token[:, None], self.k, axis=1)
-    return mode_base.Drafts(tokens=tokens, probs=jax.nn.one_hot(tokens, vocab))
-
-  def start(self, plan, draft_params, draft_cond, prefill, first, first_index, keys):
-    return self._repeat(first, plan.target.vocab_size), 0
-
-  def advance(self, plan, draft_params, drafts, step, keys):
-    last = jnp.take_along_axis(step.commit, step.verdict.num_accepted[:, None], axis=1)[:, 0]
-    return self._repeat(last, plan.target.vocab_size), 0
+# A mode defined outside the library, to show a new mode is one class: k drafts
+# that repeat the last committed token (point masses, so lossless chain
+# verification accepts draft x with probability t(x)). It is docs/engine.md's
+# example, executed from there, so the joint-law test below keeps that example true.
+_RepeatLeft = doc_snippets.class_from(
+    'docs/engine.md', 'RepeatLeft',
+    dict(dataclasses=dataclasses, modes=modes, mode_base=mode_base, rules=rules, jax=jax,
+         jnp=jnp))
 
 
 LOSSLESS_CASES = (

@@ -1,0 +1,188 @@
+"""The Python examples of README.md and docs/*.md name the API as it is.
+
+Each ```python block (tests/doc_snippets.py) must parse; its imports must
+import; every attribute it reads off a library module, class or function
+(`verify.StaticTree.from_paths`, `rules.CoolSD(...).for_window`, `sampling.probs`
+after `sampling = logits.Sampling(...)`) must exist;
+and every call it makes to one must bind: its keywords are parameters of the
+callee, and it passes no more positional arguments than the callee takes (a
+`...` argument stands for the rest). A block without imports reads the names
+of the block before it in the same document (README's sharding line), or the
+usual ones (`IMPLICIT`). Negative controls: a misspelt keyword, attribute or
+import in a real block is reported.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from tests import doc_snippets
+
+# Names the examples use without importing them.
+IMPLICIT = dict(jax=jax, jnp=jnp, dataclasses=dataclasses, P=PartitionSpec,
+                **{name: importlib.import_module(f'specdec_jax.{name}') for name in (
+                    'decode', 'logits', 'rules', 'verify', 'sharding', 'modes', 'mode_base')})
+_UNKNOWN = object()
+
+
+def _imports(tree: ast.Module) -> tuple[dict, list[str]]:
+  """The block's imported names {name: object} and the imports that fail."""
+  names, problems = {}, []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        try:
+          names[alias.asname or alias.name.split('.')[0]] = importlib.import_module(
+              alias.name if alias.asname else alias.name.split('.')[0])
+        except ImportError as e:
+          problems.append(f'import {alias.name}: {e}')
+    elif isinstance(node, ast.ImportFrom):
+      for alias in node.names:
+        try:
+          module = importlib.import_module(node.module)
+          value = (getattr(module, alias.name) if hasattr(module, alias.name)
+                   else importlib.import_module(f'{node.module}.{alias.name}'))
+          names[alias.asname or alias.name] = value
+        except ImportError as e:
+          problems.append(f'from {node.module} import {alias.name}: {e}')
+  return names, problems
+
+
+def _resolve(node, namespace: dict):
+  """The object an expression names, _UNKNOWN where it depends on the reader's data."""
+  if isinstance(node, ast.Name):
+    return namespace.get(node.id, _UNKNOWN)
+  if isinstance(node, ast.Attribute):
+    owner = _resolve(node.value, namespace)
+    if owner is _UNKNOWN:
+      return _UNKNOWN
+    if not hasattr(owner, node.attr):
+      raise AttributeError(f'{ast.unparse(node.value)} has no attribute {node.attr!r}')
+    return getattr(owner, node.attr)
+  if isinstance(node, ast.Call):
+    callee = _resolve(node.func, namespace)
+    return callee if inspect.isclass(callee) else _UNKNOWN  # an instance: its class's methods
+  return _UNKNOWN
+
+
+def _call_problem(node: ast.Call, callee) -> str | None:
+  try:
+    signature = inspect.signature(callee)
+  except (TypeError, ValueError):
+    return None  # a builtin without a signature
+  params = signature.parameters.values()
+  if any(p.kind == p.VAR_KEYWORD for p in params):
+    keywords_ok = True
+  else:
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = [k.arg for k in node.keywords if k.arg is not None and k.arg not in names]
+    keywords_ok = not unknown
+    if unknown:
+      return f'{ast.unparse(node.func)}() has no parameter {", ".join(unknown)}'
+  ellipsis = any(isinstance(a, ast.Constant) and a.value is Ellipsis for a in node.args)
+  if keywords_ok and not ellipsis and not any(p.kind == p.VAR_POSITIONAL for p in params):
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(node.args) > len(positional):
+      return (f'{ast.unparse(node.func)}() takes {len(positional)} positional arguments, '
+              f'the example passes {len(node.args)}')
+  return None
+
+
+def problems(source: str, namespace: dict) -> list[str]:
+  """What in the example does not match the API (empty: it names the API as it is)."""
+  tree = ast.parse(source)
+  imported, found = _imports(tree)
+  namespace = dict(namespace, **imported)
+  for statement in tree.body:  # `sampling = logits.Sampling(...)`: sampling.probs is checked
+    if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+        and isinstance(statement.targets[0], ast.Name)
+        and isinstance(statement.value, ast.Call)):
+      try:
+        made = _resolve(statement.value, namespace)
+      except AttributeError:
+        continue  # reported below
+      if made is not _UNKNOWN:
+        namespace[statement.targets[0].id] = made
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+      namespace.pop(node.name, None)  # defined by the example itself
+    if not isinstance(node, (ast.Attribute, ast.Call)):
+      continue
+    try:
+      target = _resolve(node.func if isinstance(node, ast.Call) else node, namespace)
+    except AttributeError as e:
+      found.append(str(e))
+      continue
+    if isinstance(node, ast.Call) and target is not _UNKNOWN and callable(target):
+      problem = _call_problem(node, target)
+      if problem:
+        found.append(problem)
+  return sorted(set(found))
+
+
+def _namespaces() -> list[tuple[doc_snippets.Snippet, dict]]:
+  """Every example with the names it may use: IMPLICIT, and a block without imports
+  also those of the blocks before it in its document."""
+  out, previous = [], {}
+  for snippet in doc_snippets.snippets():
+    imported, _ = _imports(ast.parse(snippet.source))
+    namespace = dict(IMPLICIT, **previous.get(snippet.document, {}))
+    out.append((snippet, namespace))
+    previous[snippet.document] = dict(previous.get(snippet.document, {}), **imported)
+  return out
+
+
+class DocSnippetsTest(parameterized.TestCase):
+
+  def test_the_documents_hold_examples(self):
+    names = [snippet.name for snippet in doc_snippets.snippets()]
+    self.assertGreaterEqual(len(names), 6, names)
+    self.assertTrue(any(name.startswith('README.md') for name in names), names)
+
+  def test_every_example_names_the_api_as_it_is(self):
+    for snippet, namespace in _namespaces():
+      with self.subTest(snippet.name):
+        self.assertEqual(problems(snippet.source, namespace), [], snippet.source)
+
+  @parameterized.named_parameters(
+      ('keyword', 'num_tokens=576', 'num_token=576', 'has no parameter num_token'),
+      ('attribute', 'decode.ChainDraft(', 'decode.ChainDrafts(', "no attribute 'ChainDrafts'"),
+      ('nested_attribute', 'rules.CoolSD(delta=1.1)', 'rules.CoolSD(delta=1.1).missing',
+       "no attribute 'missing'"),
+      ('instance_attribute', 'rule=rules.CoolSD(delta=1.1),',
+       'rule=rules.CoolSD(delta=1.1),\n    other=logits.Sampling().probz(1),',
+       "no attribute 'probz'"),
+      ('import', 'from specdec_jax import decode, logits, rules',
+       'from specdec_jax import decode, logits, rulez', 'import rulez'),
+      ('positional', 'mode=decode.ChainDraft(k=4, drafter=\'eagle\')',
+       'mode=decode.ChainDraft(4, \'eagle\', 1, 2, 3, 4, 5, 6, 7, 8, 9)',
+       'ChainDraft() takes'),
+  )
+  def test_a_broken_example_is_reported(self, old, new, message):
+    """Negative controls on README's first example (README "Using the API")."""
+    snippet, namespace = _namespaces()[0]
+    self.assertEqual(snippet.document, 'README.md')
+    self.assertIn(old, snippet.source)
+    found = problems(snippet.source.replace(old, new, 1), namespace)
+    self.assertTrue(any(message in problem for problem in found), found)
+
+  def test_a_method_of_an_assigned_instance_is_checked(self):
+    """Negative control on README's lower-level example: `sampling = logits.Sampling(...)`
+    then a misspelt `sampling.probz(...)`."""
+    snippet, namespace = next((s, n) for s, n in _namespaces() if 'sampling.probs(' in s.source)
+    self.assertEqual(problems(snippet.source, namespace), [])
+    found = problems(snippet.source.replace('sampling.probs(', 'sampling.probz('), namespace)
+    self.assertIn("sampling has no attribute 'probz'", found)
+
+
+if __name__ == '__main__':
+  absltest.main()
