@@ -10,6 +10,12 @@ callee, and it passes no more positional arguments than the callee takes (a
 of the block before it in the same document (README's sharding line), or the
 usual ones (`IMPLICIT`). Negative controls: a misspelt keyword, attribute or
 import in a real block is reported.
+
+The command lines of the ```bash blocks are checked the same way: a
+`python -m specdec_jax...` module or a `bench/` script exists, a `--config`
+file exists and every `--config.a.b=...` is a field of it, and every other
+`--flag` is defined by the program (its module or a library module it
+imports; absl's own flags aside).
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import importlib.util
 import inspect
+import pathlib
+import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -139,6 +148,118 @@ def _namespaces() -> list[tuple[doc_snippets.Snippet, dict]]:
     out.append((snippet, namespace))
     previous[snippet.document] = dict(previous.get(snippet.document, {}), **imported)
   return out
+
+ABSL_FLAGS = ('help', 'helpfull', 'helpshort', 'flagfile', 'verbosity', 'v', 'logtostderr',
+              'alsologtostderr')
+
+
+def _program_sources(command: list[str]) -> list[pathlib.Path] | None:
+  """The source files that define a command's flags (None: not this project's
+  program, e.g. `-m pytest`); raises LookupError when the program does not exist."""
+  if command[0] == '-m':
+    if not command[1].startswith('specdec_jax'):
+      return None
+    spec = importlib.util.find_spec(command[1])
+    if spec is None:
+      raise LookupError(f'no module {command[1]}')
+    sources = [pathlib.Path(spec.origin)]
+    run = re.search(r"run_module\('([\w.]+)'", sources[0].read_text())
+    if run:  # a documented command name that runs an application module
+      sources.append(pathlib.Path(importlib.util.find_spec(run.group(1)).origin))
+  else:
+    script = doc_snippets.REPO / command[0]
+    if not script.is_file():
+      raise LookupError(f'no script {command[0]}')
+    sources = [script]
+  for source in list(sources):  # and the library modules they import
+    for node in ast.walk(ast.parse(source.read_text())):
+      if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('specdec_jax'):
+        for alias in node.names:
+          spec = (importlib.util.find_spec(f'{node.module}.{alias.name}')
+                  if importlib.util.find_spec(node.module).submodule_search_locations
+                  else importlib.util.find_spec(node.module))
+          if spec is not None and spec.origin:
+            sources.append(pathlib.Path(spec.origin))
+  return sources
+
+
+def _config_of(path: str):
+  """The ml_collections config of a configs/ file (as `--config` loads it)."""
+  file = doc_snippets.REPO / path
+  if not file.is_file():
+    raise LookupError(f'no config file {path}')
+  return importlib.import_module(f'specdec_jax.configs.{file.stem}').get_config()
+
+
+def command_problems(command: list[str]) -> list[str]:
+  """What in a command line (arguments after `python`) the program does not accept."""
+  try:
+    sources = _program_sources(command)
+  except LookupError as e:
+    return [str(e)]
+  if sources is None:
+    return []
+  texts = '\n'.join(source.read_text() for source in sources)
+  found, config, args = [], None, command[2:] if command[0] == '-m' else command[1:]
+  for i, arg in enumerate(args):
+    if not arg.startswith('--'):
+      continue
+    name, has_value, value = arg[2:].partition('=')
+    if name == 'config':
+      try:
+        config = _config_of(value if has_value else args[i + 1])
+      except LookupError as e:
+        found.append(str(e))
+    elif name.startswith('config.'):
+      node = config
+      for key in name.split('.')[1:]:
+        if node is None:
+          break
+        if key not in node:
+          found.append(f'--{name}: the config has no field {key!r}')
+          break
+        node = node[key]
+    elif name not in ABSL_FLAGS and not re.search(
+        rf"DEFINE_\w+\(\s*'{name}'|add_argument\(\s*'--{name}'", texts):
+      found.append(f'--{name}: not a flag of {" ".join(command[:2])}')
+  return found
+
+
+def _commands() -> list[tuple[str, list[str]]]:
+  return [(snippet.name, command) for snippet in doc_snippets.shell_snippets()
+          for command in doc_snippets.python_commands(snippet.source)]
+
+
+class DocCommandsTest(parameterized.TestCase):
+
+  def test_the_documents_hold_commands(self):
+    programs = {' '.join(command[:2]) for _, command in _commands()}
+    self.assertContainsSubset({'-m specdec_jax.generate', '-m specdec_jax.sample',
+                               '-m specdec_jax.app.train.family'}, programs)
+
+  def test_every_command_line_names_what_its_program_takes(self):
+    for name, command in _commands():
+      with self.subTest(name, command=' '.join(command[:2])):
+        self.assertEqual(command_problems(command), [], command)
+
+  @parameterized.named_parameters(
+      ('config_field', '--config.num_images=10000', '--config.num_imagez=10000',
+       "the config has no field 'num_imagez'"),
+      ('nested_config_field', '--config.method=coolsd', '--config.hparams.deltaa=2',
+       "the config has no field 'deltaa'"),
+      ('config_file', 'configs/sample_fashion.py', 'configs/sample_fashon.py',
+       'no config file configs/sample_fashon.py'),
+      ('flag', '--config.method=coolsd', '--coordinator_adress=x', '--coordinator_adress: not a'),
+      ('module', 'specdec_jax.sample', 'specdec_jax.sampler', 'no module specdec_jax.sampler'),
+  )
+  def test_a_broken_command_is_reported(self, old, new, message):
+    """Negative controls on docs/sampling.md's first command line."""
+    name, command = next((n, c) for n, c in _commands() if '--config.num_images=10000' in c)
+    self.assertEqual(command_problems(command), [], name)
+    broken = [new if word == old else word for word in command]
+    self.assertNotEqual(broken, command)
+    found = command_problems(broken)
+    self.assertTrue(any(message in problem for problem in found), found)
 
 
 class DocSnippetsTest(parameterized.TestCase):
