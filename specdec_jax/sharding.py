@@ -36,11 +36,12 @@ DATA, MODEL = 'data', 'model'
 LLAMA_RULES: tuple = (
     (r'(q_proj|k_proj|v_proj|gate|up|w1|w3|wq|wk|wv)/kernel$', P(None, MODEL)),
     (r'(o_proj|down|w2|wo)/kernel$', P(MODEL, None)),
-    (r'(lm_head|output)/kernel$', P(None, MODEL)),
+    (r'(lm_head|output|vision_head)/kernel$', P(None, MODEL)),  # vision_head: Janus-Pro's
     # Vocabulary-parallel (rows over 'model'): split along the width, the lookup of a
     # window of tokens fails to compile for TPU when images are also split over 'data'
     # (docs/sharding.md).
-    (r'(embed_tokens|tok_embeddings|embedding|embed_classes)/embedding$', P(MODEL, None)),
+    (r'(embed_tokens|tok_embeddings|embedding|embed_classes|gen_embed)/embedding$',
+     P(MODEL, None)),
     (r'.*', P()),
 )
 

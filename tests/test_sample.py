@@ -27,6 +27,7 @@ from specdec_jax import decode
 from specdec_jax import logits
 from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
+from specdec_jax.app import methods as methods_lib
 from specdec_jax.app import sample
 from specdec_jax.app import sample_model
 from specdec_jax.app import sample_folder
@@ -387,6 +388,18 @@ class SampleErrorsTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "'coolsd' drafts with 'eagle'.*--config.model.eagle"):
       sample_model.build_method(config, family)
     self.assertEqual(sample_model.build_method(self.config(method='csd'), family).name, 'csd')
+    # The same refusal before JAX starts or any model loads, naming every method without one.
+    with self.assertRaisesRegex(cli.ConfigError, r"'coolsd' drafts with 'eagle'.*--config\.model"
+                                r"\.eagle.*\('vanilla', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd'\)"):
+      sample.check_config(config)
+    config.model.eagle = os.path.join(BUNDLE, 'eagle')
+    sample_model.check_method_drafter(config)
+
+  def test_the_early_drafter_table_is_the_methods_own(self):
+    family = family_lib.load(BUNDLE)
+    for name in sample_model.METHODS:
+      built = sample_model.build_method(self.config(method=name), family)
+      self.assertEqual(built.drafter, methods_lib.DRAFTERS.get(name), name)
 
   def test_llamagen_preset_without_converted_checkpoints(self):
     config = sample_llamagen_c2i.get_config()

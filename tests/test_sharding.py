@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from specdec_jax import kv_cache as kv
 from specdec_jax import sharding
+from specdec_jax.models import janus
 from specdec_jax.models import layers
 from specdec_jax.models import tiny
 from tests import fresh_process
@@ -76,6 +77,26 @@ _SHARDED_RUN = textwrap.dedent("""
       np.testing.assert_array_equal(np.asarray(one.metrics.accepted_tokens),
                                     np.asarray(many.metrics.accepted_tokens),
                                     err_msg=f'{mode} {rule}: accepted_tokens')
+    # Janus-Pro's generation path: its image head column-parallel and its image
+    # embedding vocabulary-parallel, as the LM heads and embeddings of the others.
+    from specdec_jax.models import janus
+    janus_model = janus.JanusModel(janus.JanusConfig(
+        text_vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=4,
+        head_dim=8, intermediate_size=48, image_vocab_size=40, gen_head_dim=24))
+    janus_params = janus_model.init_params(jax.random.key(2))
+    placed = sharding.shard_params(janus_params, mesh)
+    assert placed['gen_head']['vision_head']['kernel'].sharding.spec == (
+        jax.sharding.PartitionSpec(None, 'model'))
+    assert placed['gen_embed']['embedding'].sharding.spec == (
+        jax.sharding.PartitionSpec('model', None))
+    prompt = janus.build_prompt([[0, 11, 12, 9], [0, 21, 9]] * 2, pad_id=5, cfg=True)
+    janus_kwargs = dict(num_tokens=6, key=jax.random.key(3), mode=decode.Jacobi(3),
+                        rule=rules.Lossless(), sampling=logits.Sampling(cfg_scale=3.0),
+                        compiler_options=decode.FAST_COMPILE)
+    one, many = (decode.generate(janus_model, janus_params, prompt, **janus_kwargs, **where)
+                 for where in ({}, dict(mesh=mesh)))
+    np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(many.tokens),
+                                  err_msg='janus: tokens')
     print('SHARDED_EQUAL')
 """)
 
@@ -93,6 +114,17 @@ class PartitionRulesTest(absltest.TestCase):
     self.assertEqual(specs['lm_head']['kernel'], P(None, 'model'))
     # Vocabulary-parallel token embeddings (rows over 'model'; see docs/sharding.md).
     self.assertEqual(specs['embed_tokens']['embedding'], P('model', None))
+
+  def test_janus_image_head_and_embedding_follow_the_llama_rules(self):
+    janus_model = janus.JanusModel(janus.JanusConfig(
+        text_vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=4,
+        head_dim=8, intermediate_size=48, image_vocab_size=40, gen_head_dim=24))
+    specs = sharding.param_specs(janus_model.init_params(jax.random.key(0)))
+    self.assertEqual(specs['gen_head']['vision_head']['kernel'], P(None, 'model'))
+    self.assertEqual(specs['gen_embed']['embedding'], P('model', None))
+    self.assertEqual(specs['embed_tokens']['embedding'], P('model', None))
+    # The projector before the head stays replicated (a small square matrix).
+    self.assertEqual(specs['gen_head']['output_mlp_projector']['kernel'], P())
 
   def test_stacked_layer_params_keep_the_per_layer_spec_on_trailing_dims(self):
     """A scanned model's [N, in, out] kernels: 'model' stays on the same dim as unscanned."""

@@ -29,6 +29,10 @@ class Method:
 
 METHOD_NAMES = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model', 'lantern_pp', 'uniform',
                 'coolsd', 'eagle2', 'sjd', 'scd', 'sjd_pac', 'gsd', 'csd')
+# The drafter each drafting method's `Method.drafter` names (the others draft without one),
+# known before any model loads.
+DRAFTERS = {'eagle': 'eagle', 'draft_model': 'draft_model', 'lantern_pp': 'eagle',
+            'uniform': 'eagle', 'coolsd': 'eagle', 'eagle2': 'eagle'}
 
 # The rules a method's `*_rule` hyperparameter may name (configs/generate.py:
 # eagle2_rule, scd_rule, sjd_pac_rule), each built by `build_rule` with the

@@ -71,6 +71,7 @@ def check_config(config) -> None:
   cli.check_fields(config, CONFIG_CHECKS)
   config_checks.check_output_folder(config.out_dir, 'config.out_dir')
   sample_model.check_model_config(config.model)
+  sample_model.check_method_drafter(config)
 
 
 def settings(config) -> dict:

@@ -125,12 +125,25 @@ def build_method(config: ml_collections.ConfigDict,
                           "(e.g. 'eagle', 'sjd').")
   if method.drafter is not None and getattr(
       family, 'eagle' if method.drafter == 'eagle' else 'draft_gpt') is None:
-    field = DRAFTER_FIELDS[method.drafter]
-    raise cli.ConfigError(
-        f'config.method={config.method!r} drafts with {method.drafter!r}, which this model '
-        f'has none of: set --config.model.{field} to a converted drafter, or choose a method '
-        "without a drafter ('vanilla', 'sjd', 'gsd', 'csd').")
+    raise _missing_drafter(config.method, method.drafter)
   return method
+
+
+def _missing_drafter(method: str, drafter: str) -> cli.ConfigError:
+  without = tuple(m for m in METHODS if m not in methods_lib.DRAFTERS)
+  return cli.ConfigError(
+      f'config.method={method!r} drafts with {drafter!r}, which this model has none of: set '
+      f'--config.model.{DRAFTER_FIELDS[drafter]} to a converted drafter, or choose a method '
+      f'without a drafter {without}.')
+
+
+def check_method_drafter(config: ml_collections.ConfigDict) -> None:
+  """Raises cli.ConfigError before JAX starts when config.method drafts with a model
+  that config.model does not name (a converted checkpoint's family; the bundle has both)."""
+  drafter = methods_lib.DRAFTERS.get(config.method)
+  if drafter is not None and config.model.kind != 'fashion' and not config.model[
+      DRAFTER_FIELDS[drafter]]:
+    raise _missing_drafter(config.method, drafter)
 
 
 @dataclasses.dataclass(frozen=True)
