@@ -72,6 +72,9 @@ _SCAN = flags.DEFINE_bool('scan_layers', False, "Build the targets with scan_lay
 _TOPK_BLOCKS = flags.DEFINE_integer(
     'topk_blocks', None, "Sampling.topk_blocks (1: one sort of V). Default: generate's own "
     "choice, the mesh's 'model' size when it divides the vocabulary.")
+_PHASES = flags.DEFINE_integer(
+    'attention_phases', 1, "decode.generate's attention_phases (the sampler's default is 3: "
+    'P loops on a growing cache).')
 _HLO_DIR = flags.DEFINE_string('hlo_dir', None, 'Write each compiled program\'s optimized HLO '
                                 'text here (one file per configuration).')
 _PER_ROW_WRITES = flags.DEFINE_bool(
@@ -206,7 +209,8 @@ def measure(config: Config) -> dict:
     shared = lib.per_device_bytes((draft_params['embed_tokens'], draft_params['lm_head']))
   program = lib.build_program(target, target_params, cond, num_tokens=num_tokens, mode=mode,
                               sampling=sampling, rule=rules.Lossless(), draft=draft,
-                              draft_params=draft_params, mesh=mesh)
+                              draft_params=draft_params, mesh=mesh,
+                              attention_phases=_PHASES.value)
   compiled, lower_s, compile_s = lib.compile_decode(program, loop=True)
   memory = lib.memory(compiled)
   full = lib.cost(compiled)
@@ -233,6 +237,7 @@ def measure(config: Config) -> dict:
   roofline = lambda num_bytes: 1e3 * max(flops / chip.peak_flops, num_bytes / chip.hbm_bandwidth)
   return {
       'name': config.name, **dataclasses.asdict(config), 'scan_layers': _SCAN.value,
+      'attention_phases': _PHASES.value,
       'mesh': f'{data}x{width}', 'topk_blocks': sampling.topk_blocks,
       'num_tokens': num_tokens, 'rows': 2 * config.images, 'window': mode.width,
       'lower_s': lower_s, 'compile_s': compile_s, 'compile_without_loop_s': prefill_compile_s,

@@ -116,15 +116,17 @@ class Program:
 
 
 def build_program(target, target_params, cond, *, num_tokens: int, mode, sampling, rule=None,
-                  draft=None, draft_params=None, mesh) -> Program:
+                  draft=None, draft_params=None, mesh, attention_phases: int = 1) -> Program:
   """The plan (`decode.plan_for`, as `decode.generate` builds it) and abstract arguments.
 
   target_params / draft_params are abstract and already sharded; cond is a
   concrete (small) array tree so the models' own checks run on it.
+  attention_phases: as `decode.generate`'s (the sampler's default is 3); the
+  abstract target cache is the last phase's, the whole capacity.
   """
   key = jax.random.key(0)
   plan = decode.plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule,
-                         draft, draft_params, None, None, mesh)
+                         draft, draft_params, None, None, mesh, attention_phases)
   rule = None if mode.rule_mode is None or rule is None else rule.for_window(mode.slots)
   # Rows over 'data' in whole images (an image's CFG rows are adjacent).
   pairs = plan.rows_per_image

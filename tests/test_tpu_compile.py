@@ -199,7 +199,7 @@ class TpuCompileTest(parameterized.TestCase):
     return {'one layer of KV cache': lib.layer_kv_bytes(program.target_cache),
             'the full logits': rows * window * vocab * 4}
 
-  def _compile(self, mesh, mode, rule, images: int = 1):
+  def _compile(self, mesh, mode, rule, images: int = 1, attention_phases: int = 1):
     """(program, compiled) of the tiny decode (CFG 4, top-k 20) of `images` images on
     mesh, with the EAGLE drafter for the drafted modes."""
     target, drafter = _tiny()
@@ -212,9 +212,22 @@ class TpuCompileTest(parameterized.TestCase):
     cond = jnp.concatenate([classes, jnp.full_like(classes, 10)])  # [cond; uncond]
     program = lib.build_program(target, params, cond, num_tokens=64, mode=mode,
                                 sampling=logits.Sampling(cfg_scale=4.0, top_k=20), rule=rule,
-                                draft=draft, draft_params=draft_params, mesh=mesh)
+                                draft=draft, draft_params=draft_params, mesh=mesh,
+                                attention_phases=attention_phases)
     compiled, _, _ = lib.compile_decode(program, compiler_options=None)
     return program, compiled
+
+  def test_the_samplers_attention_phases_compile_and_stay_on_device(self):
+    """The sampler's default, 3 phases (3 loops on a growing cache): one while loop
+    per phase, no host transfer anywhere."""
+    _, compiled = self._compile(self.mesh, MODES['chain_eagle'], rules.Lossless(),
+                                attention_phases=3)
+    text = compiled.as_text()
+    report = hlo.loop_report(text)
+    self.assertTrue(report.found_loop, 'no decode while loop in the compiled program')
+    self.assertEqual(report.host_transfers_anywhere, [])
+    _, one_loop = self._compile(self.mesh, MODES['chain_eagle'], rules.Lossless())
+    self.assertGreater(text.count(' while('), one_loop.as_text().count(' while('))
 
   @parameterized.named_parameters(*MODES.items())
   def test_compiles_and_the_loop_stays_on_device(self, mode):
