@@ -353,7 +353,7 @@ def main(argv):
     configs = [c for c in configs if not re.search(_EXCLUDE.value, c.name)]
   header = {'label': _LABEL.value, 'scan_layers': _SCAN.value,
             'per_row_cache_writes': _PER_ROW_WRITES.value, 'bench_commit': _commit(),
-            'jax': jax.__version__,
+            'jax': jax.__version__, 'libtpu': lib.libtpu_version(),
             'decode_module': decode.__file__, 'started': time.strftime('%Y-%m-%d %H:%M:%S UTC',
                                                                       time.gmtime())}
   results = []
