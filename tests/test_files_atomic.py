@@ -1,0 +1,48 @@
+"""app.files (pinned by a mutation audit): where an atomic write's temporary file
+lives, and json_lines' key order."""
+
+import json
+import os
+import pathlib
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+
+from specdec_jax.app import files
+
+
+class FilesAtomicTest(absltest.TestCase):
+
+  def test_the_temporary_file_is_a_hidden_tmp_file_beside_the_target(self):
+    """os.replace is atomic only within one file system, and remove_temporaries
+    finds a killed writer's leftovers only in the set's folders: the temporary
+    must be `.<name>.<random>.tmp` in the target's own folder."""
+    renames = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+      renames.append((pathlib.Path(src), pathlib.Path(dst)))
+      real_replace(src, dst)
+
+    with tempfile.TemporaryDirectory() as tmp, mock.patch('os.replace', replace):
+      target = pathlib.Path(tmp, 'sub', 'out.bin')
+      files.write_atomic(target, b'data')
+      self.assertEqual(target.read_bytes(), b'data')
+    (src, dst), = renames
+    self.assertEqual(dst, target)
+    self.assertEqual(src.parent, target.parent)
+    self.assertTrue(src.name.startswith('.out.bin.'), src.name)
+    self.assertTrue(src.name.endswith(files.TEMP_SUFFIX), src.name)
+
+  def test_json_lines_sorts_each_records_keys(self):
+    """One record per line with sorted keys: the same metrics give the same bytes (and
+    SHA-256 in a chunk's manifest) whatever order the code built the dict in."""
+    lines = files.json_lines([{'b': 1, 'a': 2, 'c': {'z': 0, 'y': 1}}, {'x': None}])
+    self.assertEqual(lines, b'{"a": 2, "b": 1, "c": {"y": 1, "z": 0}}\n{"x": null}\n')
+    self.assertEqual(files.json_lines([{'a': 2, 'b': 1}]), files.json_lines([{'b': 1, 'a': 2}]))
+    self.assertEqual(json.loads(lines.splitlines()[0]), {'a': 2, 'b': 1, 'c': {'y': 1, 'z': 0}})
+
+
+if __name__ == '__main__':
+  absltest.main()
