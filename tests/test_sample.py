@@ -29,8 +29,8 @@ from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.app import sample
-from specdec_jax.app import sample_model
 from specdec_jax.app import sample_folder
+from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
 from specdec_jax.configs import sample_fashion
 from specdec_jax.configs import sample_llamagen_c2i

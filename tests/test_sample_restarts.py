@@ -14,8 +14,8 @@ import jax
 import numpy as np
 
 from specdec_jax.app import sample
-from specdec_jax.app import sample_model
 from specdec_jax.app import sample_folder
+from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
 from specdec_jax.configs import sample_fashion
 

@@ -41,8 +41,8 @@ from specdec_jax.app import compile_cache
 from specdec_jax.app import config_checks
 from specdec_jax.app import files
 from specdec_jax.app import generate
-from specdec_jax.app import sample_model
 from specdec_jax.app import sample_folder
+from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
 from specdec_jax.app import sample_plan
 from specdec_jax.app import sample_processes
