@@ -1,13 +1,10 @@
 """bench/pareto_sampled.py's sweep points: each one a method of the sampler with
-hyperparameters it takes, so no point of a long background sweep fails late; and
-which finished sets it reuses, extends or refuses."""
+hyperparameters it takes, so no point of a long background sweep fails late."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
 
 from absl.testing import absltest
 
@@ -45,36 +42,6 @@ class SweepPointsTest(absltest.TestCase):
       config.methods = tuple(dict.fromkeys(('vanilla', method)))
       built = methods_lib.build_methods(config, family)
       self.assertEqual(built[-1].name, method, name)
-
-
-class ReuseTest(absltest.TestCase):
-
-  def _folder(self, settings: dict) -> str:
-    """A finished set's config.json (the sampler's nested config) and metrics."""
-    folder = tempfile.mkdtemp()
-    config = {'method': settings['method'], 'num_images': settings['num_images'],
-              'seed': settings['seed'], 'hparams': {
-                  name.split('.', 1)[1]: value for name, value in settings.items()
-                  if name.startswith('hparams.')}}
-    with open(os.path.join(folder, 'config.json'), 'w') as f:
-      json.dump({'config': config}, f)
-    with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
-      f.write(json.dumps({'index': 0, 'committed_tokens': 196}) + '\n')
-    return folder
-
-  def test_a_finished_set_is_reused_extended_or_refused(self):
-    point = pareto_sampled.sweep_points()[2]
-    folder = self._folder(pareto_sampled.sampler_settings(point, 200))
-    self.assertTrue(pareto_sampled.check_reusable(
-        folder, pareto_sampled.sampler_settings(point, 200)))
-    self.assertFalse(pareto_sampled.check_reusable(  # more images: the sampler extends it
-        folder, pareto_sampled.sampler_settings(point, 2000)))
-    with self.assertRaisesRegex(ValueError, r'num_images: 200 \(folder\) -> 100'):
-      pareto_sampled.check_reusable(folder, pareto_sampled.sampler_settings(point, 100))
-    other = pareto_sampled.sampler_settings(point, 2000)
-    other['seed'] = 7
-    with self.assertRaisesRegex(ValueError, 'seed: 0 \\(folder\\) -> 7'):
-      pareto_sampled.check_reusable(folder, other)
 
 
 if __name__ == '__main__':

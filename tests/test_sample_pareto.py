@@ -1,5 +1,6 @@
 """bench/pareto_sampled.py reuses a finished point folder only when the sampler drew
-it with the point's settings (no JAX runs: the folders are written by hand)."""
+it with the point's settings, and has the sampler extend one of fewer images (no JAX
+runs: the folders are written by hand)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class ReuseTest(absltest.TestCase):
 
   def test_a_set_of_another_size_or_setting_is_refused_naming_the_field(self):
     for name, value, words in (
-        ('num_images', 14, 'num_images: 14 (folder) -> 200 (this sweep)'),
+        ('num_images', 300, 'num_images: 300 (folder) -> 200 (this sweep)'),
         ('seed', 3, 'seed: 3 (folder) -> 0 (this sweep)'),
         ('method', 'uniform', "method: 'uniform' (folder) -> 'coolsd' (this sweep)"),
         ('hparams.coolsd_delta', 4.0, 'hparams.coolsd_delta: 4.0 (folder) -> 2.0'),
@@ -79,6 +80,22 @@ class ReuseTest(absltest.TestCase):
         self.assertIn('holds another set than this sweep asks for', message)
         self.assertIn(words, message)
         self.assertLen(message.splitlines(), 3)  # that field alone
+
+  def test_a_smaller_set_with_the_point_settings_is_extended_by_the_sampler(self):
+    """A finished set of 14 images, the sweep asking for 200: the sampler runs into the
+    same folder (it keeps the 14 and draws the rest, docs/sampling.md "Extending a
+    set"); with another setting as well it is refused."""
+    folder = os.path.join(self.root, 'coolsd_2')
+    write_finished_set(folder, num_images=14)
+    drawn, run = self.draw()
+    self.assertEqual(drawn, folder)
+    command = run.call_args.args[0]
+    self.assertIn(f'--config.out_dir={folder}', command)
+    self.assertIn('--config.num_images=200', command)
+    shutil.rmtree(folder)
+    write_finished_set(folder, num_images=14, seed=3)
+    with self.assertRaisesRegex(ValueError, r'seed: 3 \(folder\) -> 0'):
+      self.draw()
 
   def test_a_set_counted_before_committed_tokens_or_without_config_is_refused(self):
     folder = os.path.join(self.root, 'coolsd_2')
