@@ -10,8 +10,8 @@ command's sampling settings, into its own folder under --root. The sampler
 resumes an interrupted set and this script skips finished ones (after checking
 that their config.json records the point's settings and --num_images; a
 finished set of fewer images is extended), so the whole sweep survives being
-killed and rerun, and a rerun with a larger --num_images keeps what it drew. For each point it reports, from the
-set's classifier features:
+killed and rerun, and a rerun with a larger --num_images keeps what it drew.
+For each point it reports, from the set's classifier features:
   * frechet_to_target: the Frechet distance to the target's own samples
     (vanilla, seed 0): the drift a relaxation causes;
   * frechet_to_data: the Frechet distance to the test split (which rewards
