@@ -1,5 +1,5 @@
 """app.files (pinned by a mutation audit): where an atomic write's temporary file
-lives, and json_lines' key order."""
+lives, and json_lines' key order; the permissions of what it writes."""
 
 import json
 import os
@@ -34,6 +34,22 @@ class FilesAtomicTest(absltest.TestCase):
     self.assertEqual(src.parent, target.parent)
     self.assertTrue(src.name.startswith('.out.bin.'), src.name)
     self.assertTrue(src.name.endswith(files.TEMP_SUFFIX), src.name)
+
+  def test_written_files_get_the_umask_permissions_like_open(self):
+    """tempfile.mkstemp makes 0600 files and os.replace keeps the mode, so a sample
+    set in a shared folder was unreadable to every other user. Both the atomic
+    writes and the folder lock get what open() would give: 0666 less the umask."""
+    with tempfile.TemporaryDirectory() as tmp:
+      reference = pathlib.Path(tmp, 'plain')
+      reference.write_bytes(b'')
+      written = pathlib.Path(tmp, 'written')
+      files.write_atomic(written, b'data')
+      lock = files.FolderLock(tmp)
+      lock.acquire()
+      for path in (written, lock.path):
+        self.assertEqual(oct(path.stat().st_mode & 0o777),
+                         oct(reference.stat().st_mode & 0o777), str(path))
+      self.assertEqual(written.stat().st_mode & 0o777, files.NEW_FILE_MODE)
 
   def test_json_lines_sorts_each_records_keys(self):
     """One record per line with sorted keys: the same metrics give the same bytes (and

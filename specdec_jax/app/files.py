@@ -24,6 +24,17 @@ import numpy as np
 TEMP_SUFFIX = '.tmp'
 
 
+def _umask() -> int:
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+# The permissions `open()` would give a new file: `tempfile.mkstemp` makes 0600
+# files, which would keep a shared output folder's files from its other readers.
+NEW_FILE_MODE = 0o666 & ~_umask()
+
+
 def fsync_folder(folder: str | os.PathLike) -> None:
   """Makes a folder's entries (a rename, a new file) durable."""
   fd = os.open(folder, os.O_RDONLY)
@@ -79,11 +90,13 @@ def remove_empty(folders: list[pathlib.Path]) -> None:
 def atomic_file(path: str | os.PathLike):
   """A binary file object for `path`; written to a temporary file in the same
   folder (`.<name>.<random>.tmp`), fsynced and renamed when the block ends
-  (removed if it raises). Creates the folder."""
+  (removed if it raises). Creates the folder. The file gets the permissions
+  a plain `open()` would give it (0666 less the umask at import)."""
   path = pathlib.Path(path)
   make_folder(path.parent)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix=TEMP_SUFFIX)
   try:
+    os.fchmod(fd, NEW_FILE_MODE)
     with os.fdopen(fd, 'wb') as f:
       yield f
       f.flush()
@@ -192,6 +205,7 @@ class FolderLock:
       fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f'.{self.path.name}.',
                                  suffix=TEMP_SUFFIX)
       try:
+        os.fchmod(fd, NEW_FILE_MODE)  # other users' jobs can read who holds it
         with os.fdopen(fd, 'w') as f:
           json.dump(self.holder, f)
           f.flush()
