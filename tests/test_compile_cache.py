@@ -56,6 +56,27 @@ class FolderTest(absltest.TestCase):
       with self.assertRaisesRegex(cli.ConfigError, f'{path}, a folder above it, is a file'):
         compile_cache.enable(os.path.join(path, 'cache'))
 
+  def test_a_read_only_default_folder_turns_the_cache_off_a_named_one_is_refused(self):
+    """A read-only home (containers, clusters) stopped every command with a
+    traceback at the default cache's mkdir; now the default cache is turned off
+    with a warning. A folder the user named is still a usage error."""
+    unwritable = '/sys/specdec_jax_cache'  # no folder can be made in /sys, even as root
+    if not os.path.isdir('/sys'):
+      self.skipTest('needs Linux /sys')
+    enabled = jax.config.jax_enable_compilation_cache
+    try:
+      with mock.patch.dict(os.environ, {'XDG_CACHE_HOME': unwritable}), jax_cache_dir(None):
+        with self.assertLogs(level='WARNING') as logs:
+          self.assertIsNone(compile_cache.enable(''))
+        self.assertFalse(jax.config.jax_enable_compilation_cache)
+        self.assertIn('persistent compilation cache off: no folder can be made in /sys',
+                      logs.output[0])
+      with self.assertRaisesRegex(cli.ConfigError, f"config.compilation_cache='{unwritable}': "
+                                  'no folder can be made in /sys'):
+        compile_cache.enable(unwritable)
+    finally:
+      jax.config.update('jax_enable_compilation_cache', enabled)
+
 
 if __name__ == '__main__':
   absltest.main()

@@ -51,6 +51,19 @@ class FilesAtomicTest(absltest.TestCase):
                          oct(reference.stat().st_mode & 0o777), str(path))
       self.assertEqual(written.stat().st_mode & 0o777, files.NEW_FILE_MODE)
 
+  def test_folder_problem_names_a_folder_that_refuses_new_entries(self):
+    """A read-only output folder (or one above a new one) is named before a
+    command starts, not found by a PermissionError traceback at its first write."""
+    denied = OSError(13, 'Permission denied')
+    with tempfile.TemporaryDirectory() as tmp:
+      self.assertIsNone(files.folder_problem(tmp))
+      self.assertIsNone(files.folder_problem(os.path.join(tmp, 'new', 'deeper')))
+      self.assertEqual(os.listdir(tmp), [])  # the probe leaves nothing
+      with mock.patch('tempfile.mkdtemp', side_effect=denied):
+        self.assertEqual(files.folder_problem(tmp), f'{tmp} cannot be written (Permission denied)')
+        self.assertEqual(files.folder_problem(os.path.join(tmp, 'new', 'deeper')),
+                         f'no folder can be made in {tmp} (Permission denied)')
+
   def test_json_lines_sorts_each_records_keys(self):
     """One record per line with sorted keys: the same metrics give the same bytes (and
     SHA-256 in a chunk's manifest) whatever order the code built the dict in."""

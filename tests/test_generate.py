@@ -407,17 +407,19 @@ class MainCommandConfigTest(parameterized.TestCase):
           seed_1, family, family.num_classes - 1, logits.Sampling(), limit)
     self.assertEqual(seeds, [2**32 - 1])  # the largest key seed the command makes
 
-  def test_out_that_is_a_file_is_a_usage_error(self):
+  def test_out_that_is_a_file_or_read_only_is_a_usage_error(self):
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, 'a_file')
       pathlib.Path(path).write_text('')
-      result = subprocess.run(
-          [sys.executable, '-m', 'specdec_jax.generate', f'--out={path}'],
-          env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True,
-          timeout=300)
-      self.assertEqual(result.returncode, 2, result.stderr[-3000:])
-      self.assertIn(f'--out={path!r}: {path} is a file, not a folder', result.stderr)
-      self.assertNotIn('Traceback', result.stderr)
+      for out, problem in ((path, f'{path} is a file, not a folder'),
+                           ('/sys/specdec_out', 'no folder can be made in /sys')):
+        result = subprocess.run(
+            [sys.executable, '-m', 'specdec_jax.generate', f'--out={out}'],
+            env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+            timeout=300)
+        self.assertEqual(result.returncode, 2, result.stderr[-3000:])
+        self.assertIn(f'--out={out!r}: {problem}', result.stderr)
+        self.assertNotIn('Traceback', result.stderr)
 
   def test_unguided_main_command_runs_with_the_cache_off(self):
     """cfg_scale = 1.0 runs (one row per image, the draft model's too) and

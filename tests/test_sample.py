@@ -456,11 +456,12 @@ class SampleReviewFixesTest(absltest.TestCase):
                                 '>= 0 and <= 4294967295'):
       sample.check_config(self.config(seed=2**32))
 
-  def test_out_dir_that_is_a_file_is_a_config_error(self):
+  def test_out_dir_that_is_a_file_or_read_only_is_a_config_error(self):
     path = os.path.join(_TMP.name, 'a_file')
     pathlib.Path(path).write_text('')
     for out_dir, problem in ((path, f'{path} is a file, not a folder'),
-                             (os.path.join(path, 'set'), f'{path}, a folder above it, is a file')):
+                             (os.path.join(path, 'set'), f'{path}, a folder above it, is a file'),
+                             ('/sys/specdec_set', r'no folder can be made in /sys \(.+\)')):
       with self.assertRaisesRegex(cli.ConfigError,
                                   f'config.out_dir={out_dir!r}: {problem}. Name a folder'):
         sample.run(self.config(out_dir=out_dir))

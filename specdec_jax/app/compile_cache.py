@@ -52,15 +52,21 @@ def enable(setting: str = '') -> pathlib.Path | None:
   """Points JAX's persistent compilation cache at the setting's folder (or turns it
   off) and logs it; returns the folder (None when off). Call before compiling.
 
-  Raises cli.ConfigError when the folder cannot be made (it, or a folder above
-  it, is a file).
+  Raises cli.ConfigError when a named folder cannot be made or written (it, or
+  a folder above it, is a file; read-only). The default folder (the setting
+  '') in a read-only home, common in containers, turns the cache off with a
+  warning instead: the cache only saves time.
   """
   folder = folder_for(setting)
+  problem = folder and files.folder_problem(folder)
+  if problem and not setting:
+    logging.warning('persistent compilation cache off: %s (name a writable folder with '
+                    'compilation_cache, or set JAX_COMPILATION_CACHE_DIR)', problem)
+    folder = None
   if folder is None:
     jax.config.update('jax_enable_compilation_cache', False)
     logging.info('persistent compilation cache: off')
     return None
-  problem = files.folder_problem(folder)
   if problem:
     raise cli.ConfigError(f'config.compilation_cache={setting!r}: {problem}. Name a folder '
                           f'for the cache, \'\' for the default, or {OFF!r}.')

@@ -55,15 +55,22 @@ def make_folder(folder: str | os.PathLike) -> pathlib.Path:
 
 
 def folder_problem(folder: str | os.PathLike) -> str | None:
-  """Why `make_folder(folder)` cannot work: the path, or a folder above it, is a
-  file (None when it is a folder or can be created)."""
+  """Why `make_folder(folder)` and writing in it cannot work: the path, or a
+  folder above it, is a file, or the nearest folder that exists refuses new
+  entries (read-only, not ours; probed with a temporary folder, removed again).
+  None when it can."""
   folder = pathlib.Path(folder)
   for path in (folder, *folder.parents):
     if path.exists():
-      if path.is_dir():
-        return None
-      return (f'{path} is a file, not a folder' if path == folder
-              else f'{path}, a folder above it, is a file')
+      if not path.is_dir():
+        return (f'{path} is a file, not a folder' if path == folder
+                else f'{path}, a folder above it, is a file')
+      try:
+        os.rmdir(tempfile.mkdtemp(prefix='.specdec-write-probe-', dir=path))
+      except OSError as e:
+        return (f'{path} cannot be written ({e.strerror})' if path == folder
+                else f'no folder can be made in {path} ({e.strerror})')
+      return None
   return None
 
 
