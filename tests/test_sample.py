@@ -381,7 +381,7 @@ class SampleErrorsTest(absltest.TestCase):
   def test_drafting_method_without_its_drafter(self):
     config = self.config(method='coolsd')
     config.model.update(kind='llamagen', checkpoint=os.path.join(BUNDLE, 'target'),
-                        vq=os.path.join(BUNDLE, 'tokenizer'))
+                        vq=os.path.join(BUNDLE, 'tokenizer'), bundle_dir='')
     family, identity = sample_model.load(config.model)
     self.assertEqual(set(identity), {'kind', 'checkpoint', 'vq', 'dtype', 'scan_layers'})
     self.assertEqual((identity['dtype'], identity['scan_layers']), ('float32', False))
@@ -400,6 +400,22 @@ class SampleErrorsTest(absltest.TestCase):
     for name in sample_model.METHODS:
       built = sample_model.build_method(self.config(method=name), family)
       self.assertEqual(built.drafter, methods_lib.DRAFTERS.get(name), name)
+
+  def test_paths_the_model_kind_does_not_read_are_refused(self):
+    """The bundle decoded with its own EAGLE head when config.model.eagle named
+    another drafter (even a missing one), silently; a llamagen model ignored
+    bundle_dir the same way."""
+    for field in ('checkpoint', 'vq', 'eagle', 'draft_model'):
+      config = self.config(method='eagle')
+      config.model[field] = os.path.join(_TMP.name, 'mine')
+      with self.assertRaisesRegex(cli.ConfigError, rf"config.model.{field}='.*mine' is not read "
+                                  "by kind 'fashion'.*kind=llamagen"):
+        sample.check_config(config)
+    config = sample_llamagen_c2i.get_config()
+    config.model.bundle_dir = BUNDLE
+    with self.assertRaisesRegex(cli.ConfigError, "config.model.bundle_dir=.* is not read by "
+                                "kind 'llamagen'"):
+      sample.check_config(config)
 
   def test_llamagen_preset_without_converted_checkpoints(self):
     config = sample_llamagen_c2i.get_config()

@@ -60,10 +60,20 @@ def _require_checkpoint(field: str, path: str) -> pathlib.Path:
 
 
 def check_model_config(model: ml_collections.ConfigDict) -> None:
-  """Raises cli.ConfigError early (before JAX starts) on an unknown kind or missing
-  checkpoint paths."""
+  """Raises cli.ConfigError early (before JAX starts) on an unknown kind, missing
+  checkpoint paths, or paths the kind would ignore (a drafter given to the
+  bundle would silently decode with the bundle's own)."""
   if model.kind not in KINDS:
     raise cli.ConfigError(f'config.model.kind={model.kind!r} is unknown; known: {KINDS}.')
+  ignored = ('checkpoint', 'vq', *DRAFTER_FIELDS.values()) if model.kind == 'fashion' else (
+      'bundle_dir',)
+  for field in ignored:
+    if model[field]:
+      raise cli.ConfigError(
+          f'config.model.{field}={model[field]!r} is not read by kind {model.kind!r}: '
+          + ('the bundle brings its own checkpoints; set config.model.kind=llamagen to '
+             'sample converted ones.' if model.kind == 'fashion' else
+             'it names the bundle (kind fashion); leave it empty.'))
   if model.kind == 'fashion':
     config_checks.check_bundle_dir(model.bundle_dir, 'config.model.bundle_dir', required=True)
     return
