@@ -3,10 +3,15 @@ its own error, and the folder lock refuses a second holder. (Two processes, wher
 step fails on one of them only: tests/test_sample.py.)"""
 
 import os
+import subprocess
+import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
+import jax
 
+from specdec_jax.app import cli
 from specdec_jax.app import files
 from specdec_jax.app import sample_processes
 
@@ -22,6 +27,40 @@ class AgreedTest(absltest.TestCase):
       raise OSError('disk full')
     with self.assertRaisesRegex(OSError, 'disk full'):
       sample_processes.agreed('merge the chunks', fail, process_0_only=True)
+
+
+class InitializeDistributedTest(absltest.TestCase):
+  """Bad --num_processes / --process_id / coordinator settings are one-line usage
+  errors (jax.distributed raised a ValueError traceback for each)."""
+
+  def test_out_of_range_counts_are_refused_before_jax_distributed(self):
+    with mock.patch.object(jax.distributed, 'initialize') as initialize:
+      for num_processes, process_id, message in (
+          (0, 0, r'--num_processes=0: must be at least 1'),
+          (2, 5, r'--process_id=5: must be in \[0, 2\)'),
+          (2, -1, r'--process_id=-1: must be in \[0, 2\)'),
+          (None, -1, r'--process_id=-1: must be at least 0')):
+        with self.assertRaisesRegex(cli.ConfigError, message):
+          sample_processes.initialize_distributed('auto', 'localhost:1', num_processes,
+                                                  process_id)
+      initialize.assert_not_called()
+      sample_processes.initialize_distributed('auto', 'localhost:1', 2, 1)
+      initialize.assert_called_once_with(coordinator_address='localhost:1', num_processes=2,
+                                         process_id=1)
+
+  def test_jax_distributed_refusing_is_a_usage_error_of_the_command(self):
+    """No coordinator and no cluster to detect one: jax.distributed's own ValueError,
+    through the sampler's command line."""
+    with tempfile.TemporaryDirectory() as tmp:
+      result = subprocess.run(
+          [sys.executable, '-m', 'specdec_jax.sample', '--num_processes=2', '--process_id=0',
+           f'--config.out_dir={tmp}/set'],
+          env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+          timeout=300)
+      self.assertEqual(result.returncode, 2, result.stderr[-3000:])
+      self.assertIn('jax.distributed.initialize refused the settings: ', result.stderr)
+      self.assertNotIn('Traceback', result.stderr)
+      self.assertFalse(os.path.exists(f'{tmp}/set'))
 
 
 class LockFolderTest(absltest.TestCase):

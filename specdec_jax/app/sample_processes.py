@@ -21,6 +21,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from specdec_jax.app import cli
 from specdec_jax.app import files
 
 T = TypeVar('T')
@@ -67,14 +68,29 @@ def initialize_distributed(mode: str, coordinator_address, num_processes, proces
   mode 'auto' initializes when any of the three is given (or
   JAX_COORDINATOR_ADDRESS) or SLURM runs several tasks; 'true' always (JAX
   then detects Cloud TPU pods and SLURM itself); 'false' never.
+
+  Raises cli.ConfigError for settings jax.distributed refuses (it raised a
+  ValueError traceback): num_processes < 1, process_id outside [0,
+  num_processes), no coordinator address where no cluster is detected.
   """
+  if num_processes is not None and num_processes < 1:
+    raise cli.ConfigError(f'--num_processes={num_processes}: must be at least 1.')
+  if process_id is not None and not 0 <= process_id < (num_processes or process_id + 1):
+    raise cli.ConfigError(f'--process_id={process_id}: must be in [0, {num_processes}) '
+                          '(--num_processes).' if num_processes else
+                          f'--process_id={process_id}: must be at least 0.')
   explicit = (coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
               or num_processes is not None or process_id is not None)
   slurm = int(os.environ.get('SLURM_NTASKS', '1')) > 1
   if mode == 'false' or (mode == 'auto' and not (explicit or slurm)):
     return
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  try:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+  except ValueError as e:  # e.g. no coordinator and no cluster to detect it from
+    raise cli.ConfigError(f'jax.distributed.initialize refused the settings: {e} '
+                          '(--coordinator_address, --num_processes, --process_id; '
+                          'docs/sampling.md, "Multi-host launch").') from e
 
 
 def lock_folder(out_dir: str, break_lock: bool) -> files.FolderLock | None:
