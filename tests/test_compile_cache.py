@@ -17,6 +17,11 @@ from specdec_jax.app import cli
 from specdec_jax.app import compile_cache
 
 
+_KEYS = ('jax_enable_compilation_cache', 'jax_compilation_cache_dir',
+         'jax_persistent_cache_min_compile_time_secs',
+         'jax_persistent_cache_min_entry_size_bytes')
+
+
 @contextlib.contextmanager
 def jax_cache_dir(value):
   """JAX's own cache folder setting (JAX_COMPILATION_CACHE_DIR) set to `value`."""
@@ -56,6 +61,39 @@ class FolderTest(absltest.TestCase):
       with self.assertRaisesRegex(cli.ConfigError, f'{path}, a folder above it, is a file'):
         compile_cache.enable(os.path.join(path, 'cache'))
 
+
+class EnableTest(absltest.TestCase):
+  """What enable() switches (pinned by a mutation audit)."""
+
+  def setUp(self):
+    super().setUp()
+    before = {key: getattr(jax.config, key) for key in _KEYS}
+    self.addCleanup(lambda: [jax.config.update(k, v) for k, v in before.items()])
+
+  def test_off_turns_the_cache_off_even_with_a_jax_folder_set(self):
+    """compilation_cache=off wins over JAX_COMPILATION_CACHE_DIR: nothing is written."""
+    with tempfile.TemporaryDirectory() as tmp:
+      jax.config.update('jax_compilation_cache_dir', tmp)
+      jax.config.update('jax_enable_compilation_cache', True)
+      self.assertIsNone(compile_cache.enable('off'))
+      self.assertFalse(jax.config.jax_enable_compilation_cache)
+
+  def test_a_named_folder_is_made_with_its_parents_and_switched_on(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      folder = pathlib.Path(tmp) / 'not' / 'yet' / 'there'
+      self.assertEqual(compile_cache.enable(str(folder)), folder)
+      self.assertTrue(folder.is_dir())
+      self.assertTrue(jax.config.jax_enable_compilation_cache)
+      self.assertEqual(jax.config.jax_compilation_cache_dir, str(folder))
+
+  def test_the_default_folder_is_made_under_a_missing_xdg_cache_home(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      xdg = os.path.join(tmp, 'fresh', 'cache')
+      with mock.patch.dict(os.environ, {'XDG_CACHE_HOME': xdg}), jax_cache_dir(None):
+        folder = compile_cache.enable('')
+      self.assertEqual(folder, pathlib.Path(xdg) / 'specdec_jax')
+      self.assertTrue(folder.is_dir())
+
   def test_a_read_only_default_folder_turns_the_cache_off_a_named_one_is_refused(self):
     """A read-only home (containers, clusters) stopped every command with a
     traceback at the default cache's mkdir; now the default cache is turned off
@@ -63,19 +101,16 @@ class FolderTest(absltest.TestCase):
     unwritable = '/sys/specdec_jax_cache'  # no folder can be made in /sys, even as root
     if not os.path.isdir('/sys'):
       self.skipTest('needs Linux /sys')
-    enabled = jax.config.jax_enable_compilation_cache
-    try:
-      with mock.patch.dict(os.environ, {'XDG_CACHE_HOME': unwritable}), jax_cache_dir(None):
-        with self.assertLogs(level='WARNING') as logs:
-          self.assertIsNone(compile_cache.enable(''))
-        self.assertFalse(jax.config.jax_enable_compilation_cache)
-        self.assertIn('persistent compilation cache off: no folder can be made in /sys',
-                      logs.output[0])
-      with self.assertRaisesRegex(cli.ConfigError, f"config.compilation_cache='{unwritable}': "
-                                  'no folder can be made in /sys'):
-        compile_cache.enable(unwritable)
-    finally:
-      jax.config.update('jax_enable_compilation_cache', enabled)
+    jax.config.update('jax_enable_compilation_cache', True)
+    with mock.patch.dict(os.environ, {'XDG_CACHE_HOME': unwritable}), jax_cache_dir(None):
+      with self.assertLogs(level='WARNING') as logs:
+        self.assertIsNone(compile_cache.enable(''))
+      self.assertFalse(jax.config.jax_enable_compilation_cache)
+      self.assertIn('persistent compilation cache off: no folder can be made in /sys',
+                    logs.output[0])
+    with self.assertRaisesRegex(cli.ConfigError, f"config.compilation_cache='{unwritable}': "
+                                'no folder can be made in /sys'):
+      compile_cache.enable(unwritable)
 
 
 if __name__ == '__main__':

@@ -203,12 +203,13 @@ class Eagle2DynamicTreeVerifyTest(absltest.TestCase):
 
 class Eagle2DraftingTest(absltest.TestCase):
 
-  def _tree(self, num_images=3, cfg=False, sampled=False):
+  def _tree(self, num_images=3, cfg=False, sampled=False, cfg_interval=-1):
     target, eagle = toy.MarkovToy(VOCAB, CLASSES), toy.ToyEagle(VOCAB, CLASSES)
     target_params, params = target.init_params(jax.random.key(0)), eagle.init_params(
         jax.random.key(1))
     drafter = drafting.Drafter(eagle, drafting.EAGLE)
-    sampling = logits.Sampling(cfg_scale=1.5) if cfg else logits.Sampling()
+    sampling = (logits.Sampling(cfg_scale=1.5, cfg_interval=cfg_interval) if cfg
+                else logits.Sampling())
     rows = 2 * num_images if cfg else num_images
     cond = jnp.arange(rows, dtype=jnp.int32) % CLASSES
     pending = jnp.arange(num_images, dtype=jnp.int32) % VOCAB
@@ -230,9 +231,11 @@ class Eagle2DraftingTest(absltest.TestCase):
     return eagle, params, sampling, grow()
 
   def test_eagle2_scores_are_path_log_probs_of_the_drafter_chain(self):
-    for cfg in (False, True):
+    # cfg_interval 0 guides token 1 only (first_index 1): depth-1 nodes are guided and
+    # deeper ones not, so a node's law must be processed at its own token index.
+    for cfg, cfg_interval in ((False, -1), (True, -1), (True, 0)):
       eagle, params, sampling, (cache, root_logits, root_hidden, tree, after) = self._tree(
-          cfg=cfg)
+          cfg=cfg, cfg_interval=cfg_interval)
       np.testing.assert_array_equal(np.asarray(after.lengths), np.asarray(cache.lengths))
       tokens, parents = np.asarray(tree.tokens), np.asarray(tree.parents)
       rows = lambda x: drafting.as_rows(x, cfg)
