@@ -29,17 +29,30 @@ from specdec_jax.converters.checkpoint_write import STORED
 EXIT_USAGE = 2
 
 
+def _refuse(error: Exception) -> None:
+  print(f'error: {error}\n(--help lists the flags)', file=sys.stderr, flush=True)
+  sys.exit(EXIT_USAGE)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """A bad flag (unknown, a mistyped value, a required one missing) is refused as
+  one message too; absl's own parser exits with 1 after a usage hint."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as error:
+    _refuse(error)
+
+
 def run(main: Callable) -> None:
-  """`app.run(main)`, with the refusals above printed as one message."""
+  """`app.run(main)`, with bad flags and the refusals above printed as one message."""
 
   def checked_main(argv):
     try:
       return main(argv)
     except (app.UsageError, CheckpointReadError, CheckpointMismatchError) as error:
-      print(f'error: {error}\n(--help lists the flags)', file=sys.stderr, flush=True)
-      sys.exit(EXIT_USAGE)
+      _refuse(error)
 
-  app.run(checked_main)
+  app.run(checked_main, flags_parser=_parse_flags)
 
 
 def list_in_help(names) -> None:

@@ -139,6 +139,20 @@ class EntryPointErrorsTest(parameterized.TestCase):
     self.assert_refused_before_writing(f'specdec_jax.app.train.{name}', '--workdir={out}',
                                        *args, message=message)
 
+  @parameterized.parameters(
+      ('specdec_jax.generate', ('--outt=x',), "Unknown command line flag 'outt'"),
+      ('specdec_jax.generate', ('--config.images_per_class=abc',),
+       'flag --config.images_per_class=abc: invalid literal'),
+      ('specdec_jax.sample', ('--distributed=maybe',), 'flag --distributed=maybe'),
+      ('specdec_jax.app.train.gpt', (), 'Flag --workdir must have a value other than None'),
+      ('specdec_jax.converters.vq', ('--input=x.pt', '--output=out'),
+       'Flag --kind must have a value other than None'),
+  )
+  def test_bad_flags_are_usage_errors(self, module, args, message):
+    """absl printed these with a usage hint and exit status 1; every command says
+    exit status 2 for a bad flag."""
+    self.assert_refused(run_entry_point(module, *args), message)
+
   def test_trainer_help_lists_its_flags(self):
     result = run_entry_point('specdec_jax.app.train.drafter', '--help')
     self.assertIn('--config: Training configuration', result.stdout + result.stderr)

@@ -23,6 +23,7 @@ import sys
 from typing import Any, Callable
 
 from absl import app
+from absl import flags
 import ml_collections
 
 EXIT_CONFIG_ERROR = 2
@@ -161,13 +162,23 @@ def exit_with(error: BaseException) -> None:
   sys.exit(EXIT_CONFIG_ERROR)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing for `app.run`, with a bad flag (unknown, mistyped value,
+  a required one missing) printed as one line with exit status 2; absl's own
+  parser exits with 1 after a usage hint. `--help` still lists the flags."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as error:
+    exit_with(ConfigError(f'{error} (--help lists the flags)'))
+
+
 def run_command(main: Callable, define_flags: Callable, default_config_file: str,
                 refusals: tuple = ()) -> None:
   """`app.run(main)` for an entry point with a `--config` flag.
 
-  Unknown `--config.x`, and ConfigError or any of `refusals` raised by main,
-  print their message alone and exit with status 2; other errors are crashes
-  and keep their traceback.
+  Unknown `--config.x` or other bad flags (`parse_flags`), and ConfigError or
+  any of `refusals` raised by main, print their message alone and exit with
+  status 2; other errors are crashes and keep their traceback.
   """
   try:
     check_overrides(sys.argv, default_config_file)
@@ -181,4 +192,4 @@ def run_command(main: Callable, define_flags: Callable, default_config_file: str
     except (ConfigError, *refusals) as error:
       exit_with(error)
 
-  app.run(checked_main)
+  app.run(checked_main, flags_parser=parse_flags)
