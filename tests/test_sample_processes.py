@@ -3,9 +3,11 @@ its own error, and the folder lock refuses a second holder. (Two processes, wher
 step fails on one of them only: tests/test_sample.py.)"""
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from unittest import mock
 
 from absl.testing import absltest
@@ -64,6 +66,30 @@ class InitializeDistributedTest(absltest.TestCase):
 
 
 class LockFolderTest(absltest.TestCase):
+
+  def test_a_job_stopped_by_sigterm_releases_its_lock(self):
+    """scancel, preemption and `timeout` send SIGTERM: the lock went with the
+    process before, and refused a requeued job on another host."""
+    with tempfile.TemporaryDirectory() as tmp:
+      out_dir = os.path.join(tmp, 'set')
+      job = subprocess.Popen(
+          [sys.executable, '-m', 'specdec_jax.sample', '--config.method=vanilla',
+           '--config.num_images=1000', '--config.compilation_cache=off',
+           f'--config.out_dir={out_dir}'],
+          env=dict(os.environ, JAX_PLATFORMS='cpu'), stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, text=True)
+      try:
+        lock = os.path.join(out_dir, 'job.lock')
+        deadline = time.monotonic() + 240
+        while not os.path.exists(lock) and job.poll() is None and time.monotonic() < deadline:
+          time.sleep(0.2)
+        self.assertTrue(os.path.exists(lock), 'the job never took its lock')
+        job.send_signal(signal.SIGTERM)
+        log = job.communicate(timeout=240)[0]
+      finally:
+        job.kill()
+      self.assertEqual(job.returncode, 128 + signal.SIGTERM, log[-2000:])
+      self.assertFalse(os.path.exists(lock), log[-2000:])
 
   def test_a_held_folder_is_refused(self):
     folder = tempfile.mkdtemp()

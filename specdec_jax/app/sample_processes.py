@@ -14,6 +14,7 @@ whole job.
 from __future__ import annotations
 
 import os
+import signal
 from typing import Callable, TypeVar
 
 from absl import logging
@@ -91,6 +92,20 @@ def initialize_distributed(mode: str, coordinator_address, num_processes, proces
     raise cli.ConfigError(f'jax.distributed.initialize refused the settings: {e} '
                           '(--coordinator_address, --num_processes, --process_id; '
                           'docs/sampling.md, "Multi-host launch").') from e
+
+
+def exit_on_sigterm() -> None:
+  """Makes SIGTERM (scancel, preemption, `timeout`) raise SystemExit(143) in the
+  main thread, so `finally` blocks run: the folder's lock is released and
+  temporary files removed (Python's default ends the process at once, leaving the
+  lock to refuse a requeued job on another host). The handler runs between Python
+  steps, so a decode inside XLA finishes first; SIGKILL still leaves the lock."""
+
+  def handler(signum, frame):
+    del frame
+    raise SystemExit(128 + signum)
+
+  signal.signal(signal.SIGTERM, handler)
 
 
 def lock_folder(out_dir: str, break_lock: bool) -> files.FolderLock | None:
