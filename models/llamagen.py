@@ -102,6 +102,21 @@ class LlamaGenGPT:
           f'{self.config.num_classes}; pass model.cfg_cond(params, labels) as cond.',
           RuntimeWarning, stacklevel=3)
 
+  def check_unguided_cond(self, cond: Any) -> None:
+    """Warns when unguided c2i labels look like `cfg_cond`'s rows: only the null
+    class in the second half and none in the first (then half of the images are
+    unconditional and the batch is twice the one meant)."""
+    if self.config.model_type != 'c2i':
+      return
+    labels, null = np.asarray(cond), self.config.num_classes
+    half = labels.shape[0] // 2
+    if half and np.all(labels[half:] == null) and not np.any(labels[:half] == null):
+      warnings.warn(
+          f'generate: CFG is off (cfg_scale 1) but cond looks like cfg_cond rows: its '
+          f'second half is all the null class {null}, so {labels.shape[0] - half} of the '
+          f'{labels.shape[0]} images are unconditional. Pass the labels themselves as cond, '
+          'or set Sampling(cfg_scale > 1) to guide.', RuntimeWarning, stacklevel=3)
+
   def prefix_length(self, cond: Any) -> int:
     del cond
     return self.config.cls_token_num

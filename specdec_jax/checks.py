@@ -218,10 +218,11 @@ def _concrete(tree) -> bool:
 
 
 def check_values(target, draft, mode, cond, draft_cond, guided: bool = False) -> None:
-  """The value checks of the conditioning (`check_cond` hooks, and `check_cfg_cond`
-  when sampling guides), run on every call."""
+  """The value checks of the conditioning (`check_cond` hooks, then
+  `check_cfg_cond` when sampling guides, `check_unguided_cond` when it does
+  not), run on every call."""
   if _concrete(cond):
-    for hook in ('check_cond', 'check_cfg_cond') if guided else ('check_cond',):
+    for hook in ('check_cond', 'check_cfg_cond' if guided else 'check_unguided_cond'):
       check = getattr(target, hook, None)
       if check is not None:
         check(cond)

@@ -79,6 +79,15 @@ class DecodeMetrics:
     named['accepted_per_position'] = self.accepted_per_position
     return named
 
+  def __repr__(self) -> str:
+    """The counters by name (long batches summarised), not the packed array."""
+    if isinstance(self.counts, jax.core.Tracer) or not hasattr(self.counts, 'shape'):
+      return f'DecodeMetrics(counts={self.counts!r})'
+    text = lambda value: np.array2string(np.asarray(value), separator=', ',
+                                         threshold=16).replace('\n', '')
+    return 'DecodeMetrics(\n' + ''.join(f'  {name}={text(value)},\n'
+                                        for name, value in self.by_name().items()) + ')'
+
   @classmethod
   def zeros(cls, num_images: int, draft_slots: int) -> 'DecodeMetrics':
     """Zero counters, but target_forwards = 1 (the prefill)."""

@@ -125,6 +125,18 @@ class EnginePathTest(parameterized.TestCase):
     with warnings.catch_warnings():
       warnings.simplefilter('error')
       guided(model.cfg_cond(params, jnp.array([1], jnp.int32)))
+    # The mirror mistake: cfg_cond rows with guidance off (Sampling()'s default)
+    # decode the null-class rows as images of their own.
+    unguided = lambda cond: decode.generate(
+        model, params, cond, num_tokens=2, key=jax.random.key(0),
+        compiler_options=decode.FAST_COMPILE)
+    with self.assertWarnsRegex(RuntimeWarning, r'CFG is off \(cfg_scale 1\) but cond looks like '
+                               r'cfg_cond rows: .* so 2 of the 4 images are unconditional'):
+      unguided(model.cfg_cond(params, jnp.array([1, 2], jnp.int32)))
+    with warnings.catch_warnings():
+      warnings.simplefilter('error')
+      unguided(jnp.array([1, 2], jnp.int32))
+      unguided(jnp.array([10, 10], jnp.int32))  # unconditional images on purpose
     t2i = llamagen.LlamaGenGPT(tiny_config('t2i'))
     bad_mask = llamagen.CaptionCond(jnp.zeros((2, 8, 24)), jnp.array([[1] * 7 + [0]] * 2, bool))
     with self.assertRaisesRegex(ValueError, 'left padded'):

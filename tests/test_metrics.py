@@ -1,10 +1,12 @@
-"""Tests of specdec_jax.metrics: the non-finite counters and how generate reports them."""
+"""Tests of specdec_jax.metrics: the non-finite counters and how generate reports them,
+and how the counters print."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
@@ -81,6 +83,24 @@ class SummaryTest(absltest.TestCase):
       m = m.record(jnp.array([True, True]), jnp.array(accepted), jnp.array(accepted) + 1, 1)
     # image 0: positions accepted (2, 1, 0) of 2 steps; image 1: (1, 1, 1) of 2 steps.
     np.testing.assert_allclose(m.summary()['acceptance_per_position'], [0.75, 0.5, 0.25])
+
+
+
+class ReprTest(absltest.TestCase):
+
+  def test_prints_each_counter_by_name(self):
+    """print(result.metrics) showed the packed counts array with no column names."""
+    counters = metrics.DecodeMetrics.zeros(2, 3).record(
+        jnp.array([True, False]), jnp.array([2, 0]), jnp.array([3, 0]), 1)
+    text = repr(counters)
+    for name, value in counters.by_name().items():
+      self.assertIn(f'  {name}={np.asarray(value).tolist()},', text)
+    self.assertIn('verify_steps=[1, 0],', text)
+    self.assertIn('accepted_per_position=[[1, 1, 0], [0, 0, 0]],', text)
+    self.assertIn('..., ', repr(metrics.DecodeMetrics.zeros(100, 1)))  # long batches summarised
+    seen = []
+    jax.jit(lambda m: seen.append(repr(m)) or m)(counters)  # a tracer inside jit
+    self.assertStartsWith(seen[0], 'DecodeMetrics(counts=')
 
 
 if __name__ == '__main__':
