@@ -112,7 +112,10 @@ class FamilyTrainerTest(absltest.TestCase):
       log_path = os.path.join(workdir, train_family.MANIFEST)
       with open(log_path, 'w') as f:
         json.dump({'stage_wall_seconds': {'tokenizer': 1e6}}, f)  # an earlier, removed run
-      train_family.train_family(config, workdir)
+      with self.assertLogs(level='INFO') as logs:
+        # Not the bundle folder: the tokenizer-only run did not write one.
+        self.assertIsNone(train_family.train_family(config, workdir))
+      self.assertIn(f"stages in {workdir} (no bundle written: add 'bundle'", logs.output[-1])
       with open(log_path) as f:
         self.assertLess(json.load(f)['stage_wall_seconds']['tokenizer'], 1e5)
 

@@ -319,6 +319,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
                ', '.join(f'{name} {row["speedup"]:.2f}x' for name, row in results.items()))
   images_lib.write_figures(out_dir, pictures, fashion_mnist.CLASS_NAMES[:family.num_classes],
                            config.side_by_side_per_class, config.grid_scale)
+  images_lib.remove_figures(out_dir, [m for m in methods_lib.METHOD_NAMES if m not in results])
   output = dict(
       methods=results,
       method_order=list(results),

@@ -14,6 +14,7 @@ import struct
 from typing import Sequence
 import zlib
 
+from absl import logging
 import numpy as np
 
 from specdec_jax.app import files
@@ -120,6 +121,16 @@ def write_figures(out_dir: str, images_by_method: dict[str, np.ndarray],
   paths.append(save_png(os.path.join(out_dir, 'side_by_side.png'),
                         labeled_figure(first, row_labels), scale=scale))
   return paths
+
+
+def remove_figures(out_dir: str, names: Sequence[str]) -> None:
+  """Removes the `<name>.png` grids that exist in out_dir (an earlier run's methods
+  that this run does not have, so the folder shows what its results list)."""
+  for name in names:
+    path = os.path.join(out_dir, f'{name}.png')
+    if os.path.isfile(path):
+      os.remove(path)
+      logging.info('removed %s: an earlier run\'s method, not in this run', path)
 
 
 def upscale(image: np.ndarray, scale: int) -> np.ndarray:

@@ -307,9 +307,9 @@ def remove_if_stale(name: str, workdir: str) -> None:
     shutil.rmtree(folder)
 
 
-def train_family(config, workdir: str) -> str:
+def train_family(config, workdir: str) -> str | None:
   """Runs the selected stages in pipeline order, skipping finished ones whose inputs are
-  unchanged; returns the bundle folder."""
+  unchanged; returns the bundle folder (None when config.stages has no 'bundle')."""
   check_config(config)
   bundle_dir = config.bundle_dir or str(family_lib.BUNDLE_DIR)
   os.makedirs(workdir, exist_ok=True)
@@ -338,7 +338,12 @@ def train_family(config, workdir: str) -> str:
     run_log['stage_wall_seconds'][name] = earlier + time.time() - start
     run_log.update(command=list(sys.argv), config=config.to_dict())
     files.write_atomic(log_path, json.dumps(run_log, indent=1, default=str).encode())
-  logging.info('family: done in %.1f min; bundle in %s', (time.time() - began) / 60, bundle_dir)
+  minutes = (time.time() - began) / 60
+  if 'bundle' not in config.stages:
+    logging.info('family: done in %.1f min; stages in %s (no bundle written: add \'bundle\' '
+                 'to config.stages)', minutes, workdir)
+    return None
+  logging.info('family: done in %.1f min; bundle in %s', minutes, bundle_dir)
   return bundle_dir
 
 
