@@ -105,6 +105,9 @@ def main(argv):
   config = generate_config.get_config()
   config.methods = ('vanilla',)
   family = family_lib.load()
+  if _MAX_OFFSET.value < family.grid[1]:  # the JSON's 'below' fields read offset G
+    raise app.UsageError(f'--max_offset must be at least the grid width {family.grid[1]} '
+                         f'(the token below), got {_MAX_OFFSET.value}.')
   sampling = logits.Sampling(**config.sampling.to_dict())
   vanilla = methods_lib.build_methods(config, family)[0]
   labels = (np.arange(_IMAGES.value) % family.num_classes).astype(np.int32)
