@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import AxisType, Mesh, PartitionSpec
 
 from specdec_jax import drafting
 from specdec_jax import rule_base
@@ -169,6 +169,13 @@ def check_mesh(mesh, target_rules=None, draft_rules=None) -> None:
     raise ValueError(f'generate: mesh axes {tuple(mesh.axis_names)} lack {missing}; the engine '
                      "splits images over 'data' and heads over 'model': build the mesh with "
                      'sharding.make_mesh(data, model) (size 1 for an unused axis).')
+  not_auto = {axis: kind.name for axis, kind in zip(mesh.axis_names, mesh.axis_types)
+              if axis in ('data', 'model') and kind != AxisType.Auto}
+  if not_auto:
+    raise ValueError(f'generate: mesh axes {not_auto} must be AxisType.Auto (jax.make_mesh '
+                     'makes Explicit axes by default): build the mesh with '
+                     'sharding.make_mesh(data, model), or pass axis_types=(AxisType.Auto,) * '
+                     '2 to jax.make_mesh (docs/sharding.md).')
   for name, rules in (('target_rules', target_rules), ('draft_rules', draft_rules)):
     if rules is not None:
       check_partition_rules(name, rules, mesh)

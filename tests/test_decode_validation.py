@@ -109,6 +109,15 @@ class BoundaryTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r"mesh axes \('data',\) lack \['model'\]"):
       self._generate(mesh=mesh)
 
+  def test_mesh_with_explicit_axes(self):
+    """jax.make_mesh's default axis types are Explicit, which failed deep in the first
+    sharding constraint ('can only refer to Auto axes ... reshard API?')."""
+    mesh = jax.make_mesh((1, 1), ('data', 'model'),
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    with self.assertRaisesRegex(ValueError, r"mesh axes \{'data': 'Explicit', 'model': "
+                                r"'Explicit'\} must be AxisType.Auto.*sharding.make_mesh"):
+      self._generate(mesh=mesh)
+
   def test_mesh_of_the_wrong_type_and_bad_partition_rules(self):
     with self.assertRaisesRegex(ValueError, 'mesh must be a jax.sharding.Mesh'):
       self._generate(mesh='data')
