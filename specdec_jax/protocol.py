@@ -3,9 +3,13 @@
 Toy models, LlamaGen, Lumina-mGPT (Chameleon), Janus-Pro and drafters all
 implement it, so every decoding mode runs on every model.
 
-Legend: B batch rows (with CFG: 2 x images, conditional rows first), T new
-tokens, P prefix (condition) length, V vocabulary, E hidden width, S cache
-capacity.
+Legend: B batch rows, T new tokens, P prefix (condition) length, V
+vocabulary, E hidden width, S cache capacity. With CFG, B = 2 x images and
+the rows are interleaved: rows 2b and 2b + 1 are image b's conditional and
+unconditional rows. `generate` takes `[cond; uncond]` halves (what the
+models' `cfg_cond` returns) and interleaves them once (docs/engine.md, "CFG
+rows"), so `prefill` and `forward` see interleaved rows; the optional
+`check_cond` hook sees the halves as passed.
 
 A model object is a frozen, hashable description (its config); parameters
 are a separate pytree passed to every call, so the object can be a static jit
@@ -72,7 +76,11 @@ class DecodeModel(Protocol):
     """Runs the condition (class ids, caption features, prompt tokens).
 
     Returns logits [B, P, V]; the last position predicts the first generated
-    token. Conditioning shapes are model-specific and validated here.
+    token. The returned cache holds the P prefix slots with `lengths`
+    advanced to P (`kv.advance`): the loop writes the first image token at
+    that length, so a prefill that leaves it at 0 overwrites the prefix and
+    gives wrong tokens without an error. Conditioning shapes are
+    model-specific and validated here.
     """
 
   def forward(
@@ -88,8 +96,12 @@ class DecodeModel(Protocol):
     window_mask bool[T, T] and depths int32[T] describe a token tree (default:
     a causal chain with depths arange(T)); positions are row length + depth.
     A tree per row passes bool[B, T, T] and int32[B, T] (EAGLE-2's dynamic
-    trees); models that build positions and masks with
-    `kv.window_positions` / `kv.attention_mask` accept both.
+    trees). The mask may also be wider than the new tokens, bool[T, W] or
+    [B, T, W] with W > T: its first W - T columns are the slots just before
+    the row length (a tree's earlier levels, already written), and a [B, T, W]
+    mask can come with shared int32[T] depths (EAGLE-2's drafter grows its
+    tree a level at a time). Build positions and masks with
+    `kv.window_positions` / `kv.attention_mask`, which accept every form.
     """
 
 

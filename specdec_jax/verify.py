@@ -41,6 +41,11 @@ def check_probs(name: str, probs, vocab_size: int | None = None) -> None:
                      'expected: draft and target must share one vocabulary.')
   if not _is_concrete(probs):
     return
+  dtype = np.dtype(getattr(probs, 'dtype', np.float32))
+  # Row sums of rounded probabilities are off by up to eps / 2 of their dtype
+  # (bfloat16 softmax rows sum to 1 +- 0.004): allow twice the dtype's eps.
+  tolerance = max(_PROB_SUM_TOLERANCE, 2 * float(jnp.finfo(dtype).eps)
+                  if jnp.issubdtype(dtype, jnp.floating) else 0.0)
   values = np.asarray(probs, dtype=np.float64)
   if not np.all(np.isfinite(values)):
     raise ValueError(f'{name} contains NaN or inf; check the logits that produced it.')
@@ -48,7 +53,7 @@ def check_probs(name: str, probs, vocab_size: int | None = None) -> None:
     raise ValueError(f'{name} has negative entries (min {values.min():.3g}); pass '
                      'probabilities, not logits.')
   sums = values.sum(-1)
-  if np.any(np.abs(sums - 1) > _PROB_SUM_TOLERANCE):
+  if np.any(np.abs(sums - 1) > tolerance):
     worst = float(sums.reshape(-1)[np.argmax(np.abs(sums - 1))])
     raise ValueError(f'{name} rows must sum to 1 (found a row summing to {worst:.6g}); '
                      'pass probabilities, e.g. from logits.process_logits.')
@@ -60,7 +65,8 @@ def _check_rank(name: str, x, rank: int, what: str) -> None:
 
 
 def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
-  """The exact law of the token one verification step emits, f32[V].
+  """The exact law of the token one verification step emits, f32[V] (f64 for f64
+  inputs), computed in that precision whatever the inputs' dtype.
 
   out(y) = d(y) f(y) + sum_x d(x) (1 - f(x)) G_x(y); for rules whose residual
   does not depend on the rejected token x this is d f + (1 - beta) G.
@@ -72,6 +78,9 @@ def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
   if _is_concrete(position) and not np.all(np.asarray(position) >= 1):
     raise ValueError(f'output_law: position is the 1-based draft position (>= 1), got '
                      f'{position}.')
+  # The law in float32 at least, whatever the rule computes in (bfloat16 inputs).
+  dtype = jnp.promote_types(jnp.result_type(draft_probs, target_probs), jnp.float32)
+  draft_probs, target_probs = draft_probs.astype(dtype), target_probs.astype(dtype)
   accept = rule.accept_prob(draft_probs, target_probs, position)
   accepted = draft_probs * accept
   if not rule.residual_depends_on_token:

@@ -176,6 +176,34 @@ class ValidationTest(parameterized.TestCase):
       verify.output_law(rules.CoolSD(delta=2.0, window=4), draft, target, position=0)
 
 
+class BFloat16Test(absltest.TestCase):
+  """bfloat16 probabilities (what a bf16 model's softmax gives) pass the value checks
+  outside jit as they do inside, and output_law is float32 for every rule."""
+
+  def test_bf16_rows_pass_the_checks_and_the_law_is_float32(self):
+    logits = jax.random.normal(jax.random.key(0), (5, 64)).astype(jnp.bfloat16) * 2
+    target = jax.nn.softmax(logits)  # computed in bf16: rows sum to 1 +- a few 1e-3
+    draft = jax.nn.softmax(logits[:4] * 0.5)
+    sums = np.asarray(target, np.float64).sum(-1)
+    self.assertGreater(np.abs(sums - 1).max(), 1e-3)  # what the f32 tolerance refused
+    tokens = jnp.argmax(draft, -1).astype(jnp.int32)
+    eager = verify.verify_chain(rules.Lossless(), jax.random.key(1), tokens, draft, target)
+    jitted = jax.jit(verify.verify_chain, static_argnums=0)(
+        rules.Lossless(), jax.random.key(1), tokens, draft, target)
+    self.assertEqual([int(x) for x in eager], [int(x) for x in jitted])
+    for rule in (rules.Lossless(), rules.UniformRelaxed(2.0), rules.CoolSD(2.0, window=4)):
+      law = verify.output_law(rule, draft[0], target[0])
+      self.assertEqual(law.dtype, jnp.float32, type(rule).__name__)
+      np.testing.assert_allclose(float(law.sum()), 1.0, atol=1e-2)
+    # Rows off by more than rounding are still refused, in bf16 as in f32.
+    with self.assertRaisesRegex(ValueError, 'target_probs rows must sum to 1'):
+      verify.output_law(rules.Lossless(), draft[0], target[0] * 1.05)
+    draft32, target32 = jax.nn.softmax(logits[:2].astype(jnp.float32))
+    verify.output_law(rules.Lossless(), draft32, target32)
+    with self.assertRaisesRegex(ValueError, 'target_probs rows must sum to 1'):
+      verify.output_law(rules.Lossless(), draft32, target32 * 1.005)
+
+
 class ChainEdgeTest(absltest.TestCase):
   """A uniform of exactly 0 (jax.random.uniform gives one with probability
   2^-23 per draw) and the residual's position, which floored rules hide."""
