@@ -78,8 +78,9 @@ class DynamicTree(NamedTuple):
   children: int32[B, N, k] child ids in test order (best-scored first), -1 padded.
   scores: f32[B, N] each node's ranking score (root 0): the cumulative draft
     log-probability of its path ('top_k'), or its rank value ('sampled').
-  probs: f32[B, N, V] the law each node's children were drawn from (uniform at
-    nodes without children), or None ('top_k': no draft is random).
+  probs: f32[B, N, V] the law each node's children were drawn from (an expanded
+    node whose children were all cut by the node budget keeps its law; a node
+    never expanded has the uniform law), or None ('top_k': no draft is random).
   """
 
   tokens: jax.Array

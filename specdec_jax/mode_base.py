@@ -239,7 +239,9 @@ class DrafterMode(Mode):
 
   @property
   def draft_forwards(self) -> int:
-    """Drafter forwards `draft` runs after the catch-up."""
+    """Drafter forwards per iteration, the catch-up included (chain k: the catch-up
+    gives the first draft's law, then k - 1 forwards; a static tree one per level;
+    EAGLE-2 the catch-up, then one per expansion)."""
     raise NotImplementedError
 
   def draft(self, drafter: drafting.Drafter, plan: Plan, draft_params, cache, root_logits,

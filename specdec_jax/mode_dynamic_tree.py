@@ -79,7 +79,7 @@ class DynamicTreeDraft(mode_tree.NodeWindowMode):
 
   @property
   def draft_forwards(self) -> int:
-    return self.depth
+    return 1 + self.depth  # the catch-up (the root's children), then one per expansion
 
   @property
   def verify_uniforms(self) -> int:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import decode
+from specdec_jax import drafting
 from specdec_jax import logits
 from specdec_jax import rules
 from specdec_jax import testing
@@ -31,6 +32,30 @@ EAGLE = toy.ToyEagle(VOCAB, CLASSES)
 def _params():
   return (TARGET.init_params(jax.random.key(0)), DRAFT.init_params(jax.random.key(1)),
           EAGLE.init_params(jax.random.key(2)))
+
+
+def eagle_roots(target, target_params, eagle, params, cond, pending, cfg: bool = False):
+  """The first drafting step's start as the decode makes it: the target's prefill of
+  cond (rows), the EAGLE head's prefill on its features, and the catch-up over each
+  image's pending token int32[B]. Returns (drafter, cache, root_logits, root_hidden)."""
+  drafter = drafting.Drafter(eagle, drafting.EAGLE)
+  rows = cond.shape[0]
+  prefix = target.prefill(target_params, target.init_cache(rows, 8), cond)
+  cache = drafter.prefill(params, eagle.init_cache(rows, 32), cond, prefix.hidden)
+  root_logits, root_hidden, cache = drafting.catch_up(
+      drafter, params, cache, drafting.image_rows(cache.lengths, cfg), pending[:, None],
+      prefix.hidden[:, -1:], jnp.zeros(pending.shape, jnp.int32), cfg=cfg)
+  return drafter, cache, root_logits, root_hidden
+
+
+def chain_law(eagle, params, cache, root_hidden, sampling, path_tokens):
+  """The EAGLE head's processed law after path_tokens int32[B, d] run as a plain
+  chain from the root (no CFG): what a tree node at the path's end must carry."""
+  run_cache, hidden = cache, root_hidden[:, None]
+  for step in range(path_tokens.shape[1]):
+    out = eagle.forward(params, run_cache, path_tokens[:, step:step + 1], hidden)
+    run_cache, hidden = out.cache, out.hidden
+  return sampling.probs(out.logits[:, 0])
 
 
 def _cond(num_images: int, sampling: logits.Sampling, class_id: int = 0):

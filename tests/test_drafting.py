@@ -270,6 +270,26 @@ class CatchUpTest(absltest.TestCase):
     np.testing.assert_allclose(np.asarray(logits_a[1]),
                                np.asarray(params['table'][VOCAB + 1, 1]))
 
+  def test_root_hidden_is_the_output_at_the_pending_token(self):
+    """The catch-up's root hidden state is the drafter's output at the new pending
+    token (index num_accepted of its window): another one keeps the decode exact but
+    drafts from the wrong feature, accepting less, silently."""
+    model = toy.MarkovToy(VOCAB, CLASSES)
+    params = model.init_params(jax.random.key(0))
+    drafter = drafting.Drafter(model, drafting.MODEL)
+    cond = jnp.array([0, 1], jnp.int32)
+    num_accepted = jnp.array([2, 0])
+    tokens = jnp.array([[2, 1, 3], [1, 0, 0]])  # row 0: drafts 2, 1 accepted, next 3
+    cache = _prefilled(model, params, cond)
+    root_logits, root_hidden, _ = drafting.catch_up(drafter, params, cache, cache.lengths,
+                                                    tokens, None, num_accepted, cfg=False)
+    # MarkovToy's hidden state at a token is [one_hot(previous), one_hot(token)].
+    alphabet = np.eye(model.alphabet)
+    expected = np.stack([np.concatenate([alphabet[1], alphabet[3]]),  # 3 after 1
+                         np.concatenate([alphabet[VOCAB + 1], alphabet[1]])])  # 1 after class 1
+    np.testing.assert_array_equal(np.asarray(root_hidden), expected)
+    np.testing.assert_allclose(np.asarray(root_logits[0]), np.asarray(params['table'][1, 3]))
+
 
 class DraftTreeTest(absltest.TestCase):
 

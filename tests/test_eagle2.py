@@ -36,6 +36,8 @@ from tests.decode_support import TARGET
 from tests.decode_support import VOCAB
 from tests.decode_support import _chi_square_pvalue
 from tests.decode_support import assert_joint_law
+from tests.decode_support import chain_law
+from tests.decode_support import eagle_roots
 from tests.decode_support import _cond
 from tests.decode_support import _params
 
@@ -207,7 +209,6 @@ class Eagle2DraftingTest(absltest.TestCase):
     target, eagle = toy.MarkovToy(VOCAB, CLASSES), toy.ToyEagle(VOCAB, CLASSES)
     target_params, params = target.init_params(jax.random.key(0)), eagle.init_params(
         jax.random.key(1))
-    drafter = drafting.Drafter(eagle, drafting.EAGLE)
     sampling = (logits.Sampling(cfg_scale=1.5, cfg_interval=cfg_interval) if cfg
                 else logits.Sampling())
     rows = 2 * num_images if cfg else num_images
@@ -216,11 +217,8 @@ class Eagle2DraftingTest(absltest.TestCase):
 
     @jax.jit
     def grow():
-      prefix = target.prefill(target_params, target.init_cache(rows, 8), cond)
-      cache = drafter.prefill(params, eagle.init_cache(rows, 32), cond, prefix.hidden)
-      root_logits, root_hidden, cache = drafting.catch_up(
-          drafter, params, cache, drafting.image_rows(cache.lengths, cfg), pending[:, None],
-          prefix.hidden[:, -1:], jnp.zeros((num_images,), jnp.int32), cfg=cfg)
+      drafter, cache, root_logits, root_hidden = eagle_roots(
+          target, target_params, eagle, params, cond, pending, cfg)
       tree, after = dynamic_tree.draft_dynamic_tree(
           drafter, params, cache, root_logits, root_hidden, num_nodes=8, expansions=3,
           top_k=2, sampling=sampling, cfg=cfg, first_index=jnp.ones(num_images, jnp.int32),
@@ -266,6 +264,27 @@ class Eagle2DraftingTest(absltest.TestCase):
           np.testing.assert_allclose(float(tree.scores[image, node]), float(expected),
                                      rtol=1e-4, atol=1e-4)
 
+  def test_eagle2_sampled_tree_laws_are_distributions_verify_accepts(self):
+    """drafts 'sampled': every node's law (`DynamicTree.probs`) is a distribution,
+    uniform at nodes never expanded, so the public tree passes straight into
+    verify_dynamic_tree_with_uniforms, whose input check refuses rows that do not
+    sum to 1 (a zero filler row did)."""
+    _, _, _, (_, _, _, tree, _) = self._tree(num_images=2, sampled=True)
+    expansions, top_k = 3, 2  # the fixture's
+    probs, children = np.asarray(tree.probs), np.asarray(tree.children)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+    never_expanded = np.asarray(tree.depths) == expansions + 1
+    self.assertTrue(never_expanded.any())
+    self.assertFalse((children[never_expanded] >= 0).any())
+    np.testing.assert_allclose(probs[never_expanded], 1.0 / VOCAB)
+    target_law = jnp.full((VOCAB,), 1.0 / VOCAB)
+    for image in range(2):
+      _, num_accepted, _ = verify.verify_dynamic_tree_with_uniforms(
+          rules.Lossless(), jnp.full(((expansions + 1) * top_k + 1,), 0.5),
+          tree.children[image], expansions + 1, tree.tokens[image], lambda node: target_law,
+          tree.probs[image])
+      self.assertGreaterEqual(int(num_accepted), 0)
+
   def test_eagle2_sampled_laws_and_rank_values(self):
     """drafts 'sampled': a node with children carries the drafter law of its path (as a
     plain chain gives it), its children are distinct, and each child's score is its
@@ -276,13 +295,8 @@ class Eagle2DraftingTest(absltest.TestCase):
     children, probs = np.asarray(tree.children), np.asarray(tree.probs)
     scores = np.asarray(tree.scores)
 
-    @jax.jit
-    def chain_probs(path_tokens):
-      run_cache, hidden = cache, root_hidden[:, None]
-      for step in range(path_tokens.shape[1]):
-        out = eagle.forward(params, run_cache, path_tokens[:, step:step + 1], hidden)
-        run_cache, hidden = out.cache, out.hidden
-      return sampling.probs(out.logits[:, 0])
+    chain_probs = jax.jit(lambda path_tokens: chain_law(eagle, params, cache, root_hidden,
+                                                        sampling, path_tokens))
 
     for image in range(tokens.shape[0]):
       for node in range(tokens.shape[1]):

@@ -2,7 +2,8 @@
 tests/test_train_models.py only checks that training improves them): EAGLE-1's
 loss pairs the drafter's output at position i with the target's feature and law
 at i + 1, its clip-by-value runs before AdamW, and the GPT's teacher-forced NLL
-of token i reads tokens < i only."""
+of token i reads tokens < i only, and its held-out metrics per token with the
+null class for 'uncond'."""
 
 import types
 
@@ -77,14 +78,20 @@ class EagleLossTest(absltest.TestCase):
     self.assertGreater(float(metrics['reg']), 0.1)
 
 
+def _tiny_gpt():
+  """A 1-layer LlamaGen GPT (vocabulary 8, 4 tokens, 3 classes) initialised as the
+  trainer does: (config, params)."""
+  gpt = llamagen.GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=8, block_size=4,
+                           num_classes=3, multiple_of=32)
+  model = llamagen.LlamaGenGPT(gpt)
+  return gpt, train_gpt.init_like_llamagen(
+      jax.eval_shape(model.init_params, jax.random.key(0)), 0, zero_init=())
+
+
 class TokenNllTest(absltest.TestCase):
 
   def test_nll_of_token_i_reads_only_earlier_tokens(self):
-    gpt = llamagen.GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=8, block_size=4,
-                             num_classes=3, multiple_of=32)
-    model = llamagen.LlamaGenGPT(gpt)
-    params = train_gpt.init_like_llamagen(jax.eval_shape(model.init_params, jax.random.key(0)),
-                                          0, zero_init=())
+    gpt, params = _tiny_gpt()
     labels = jnp.asarray([0, 2], jnp.int32)
     tokens = jnp.asarray([[1, 2, 3, 4], [7, 6, 5, 4]], jnp.int32)
     nll = np.asarray(train_gpt.token_nll(params, gpt, labels, tokens))
@@ -126,6 +133,35 @@ class OptimizerTest(absltest.TestCase):
     np.testing.assert_allclose(with_clip, updates_after(_optimizer_config(0.0), clipped),
                                rtol=1e-5)
     self.assertFalse(np.allclose(without_clip, with_clip, rtol=1e-3))
+
+
+
+class EvaluateNllTest(absltest.TestCase):
+
+  def test_matches_token_nll_per_token_with_the_null_class(self):
+    """The GPT trainer's held-out metrics (`evaluate_nll`): mean NLL per token (not
+    per image), conditional on each image's class, and 'uncond' with the null class
+    (id num_classes, the row class dropout trains)."""
+    gpt, params = _tiny_gpt()
+    params = jax.tree_util.tree_map(lambda x: x * 25.0 if x.ndim == 2 else x, params)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 8, (5, 4)).astype(np.int32)
+    labels = np.array([0, 1, 2, 0, 1], np.int32)
+    # batch 2 over 5 images: a ragged last chunk, to check the per-token mean too
+    metrics = train_gpt.evaluate_nll(params, gpt, tokens, labels, batch_size=2)
+
+    def mean_nll(labels):
+      return float(np.mean(train_gpt.token_nll(params, gpt, jnp.asarray(labels),
+                                               jnp.asarray(tokens))))
+
+    np.testing.assert_allclose(metrics['test_nll'], mean_nll(labels), rtol=1e-5)
+    null = np.full_like(labels, gpt.num_classes)
+    np.testing.assert_allclose(metrics['test_nll_uncond'], mean_nll(null), rtol=1e-5)
+    # The null class is its own row: a real class (the last) gives another number.
+    self.assertGreater(abs(mean_nll(null) - mean_nll(np.full_like(labels, 2))), 1e-3)
+    np.testing.assert_allclose(metrics['test_bits_per_token'],
+                               metrics['test_nll'] / np.log(2.0), rtol=1e-6)
+    self.assertAlmostEqual(metrics['uniform_nll'], np.log(8), places=6)
 
 
 
