@@ -66,6 +66,37 @@ class HFStreamingTest(absltest.TestCase):
     self.assertEqual(seen_shards, sorted(seen_shards))
     self.assertEqual(len(seen_shards), len(self.tensors))
 
+  def test_files_list_every_shard_and_the_index(self):
+    """Converters hash `ckpt.files` into their provenance: the index is one of them
+    (pinned by a mutation audit, as the next two)."""
+    self._write()
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    self.assertIsNotNone(ckpt.index_file)
+    self.assertGreater(len(ckpt.shards), 1)
+    self.assertEqual(sorted(ckpt.files),
+                     sorted([self.dir / s for s in ckpt.shards] + [ckpt.index_file]))
+
+  def test_dtype_casts_floating_tensors_only(self):
+    self.tensors['e.ids'] = np.arange(5, dtype=np.int32) * 100003
+    self._write()
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    rules = {'a.weight': (('dense', 'kernel'), hf_streaming.identity),
+             'e.ids': (('buffers', 'ids'), hf_streaming.identity)}
+    params = hf_streaming.assemble_params(ckpt, rules, dtype='bfloat16')
+    self.assertEqual(params['dense']['kernel'].dtype.name, 'bfloat16')
+    self.assertEqual(params['buffers']['ids'].dtype, np.int32)
+    np.testing.assert_array_equal(np.asarray(params['buffers']['ids']), self.tensors['e.ids'])
+
+  def test_safetensors_win_over_a_bin_checkpoint_beside_them(self):
+    """Hub folders often ship both formats; the safetensors index is read (no torch,
+    no pickle), whatever else lies there."""
+    self._write()
+    (self.dir / hf_streaming.TORCH_SINGLE).write_bytes(b'not a torch file')
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    self.assertEqual(ckpt.kind, 'safetensors')
+    self.assertEqual(ckpt.index_file, self.dir / hf_streaming.SAFETENSORS_INDEX)
+    self.assertEqual(set(ckpt.tensors), set(self.tensors))
+
   def test_single_file_and_keep_filter(self):
     hf_streaming.write_safetensors(self.dir / 'model.safetensors', self.tensors)
     ckpt = hf_streaming.open_checkpoint(self.dir)
@@ -242,52 +273,6 @@ class HFStreamingTest(absltest.TestCase):
     with self.assertRaises(hf_streaming.ShardIndexError):
       chameleon_converter.convert(self.dir, out_parent / 'out', config='7b')
     self.assertEqual(list(out_parent.iterdir()), [])
-
-
-def _small_tensors():
-  rng = np.random.default_rng(0)
-  return {'a.weight': rng.standard_normal((6, 4)).astype(np.float32),
-          'd.bias': rng.standard_normal(8).astype(np.float32),
-          'e.ids': np.arange(5, dtype=np.int32) * 100003}
-
-
-class ProvenanceDtypeAndFormatTest(absltest.TestCase):
-  """What the converters record, cast and prefer (pinned by a mutation audit)."""
-
-  def setUp(self):
-    super().setUp()
-    tmp = tempfile.TemporaryDirectory()
-    self.addCleanup(tmp.cleanup)
-    self.dir = pathlib.Path(tmp.name)
-    self.tensors = _small_tensors()
-    hf_streaming.write_sharded_safetensors(self.tensors.items(), self.dir, max_shard_bytes=64)
-
-  def test_files_list_every_shard_and_the_index(self):
-    """Converters hash `ckpt.files` into their provenance: the index is one of them."""
-    ckpt = hf_streaming.open_checkpoint(self.dir)
-    self.assertIsNotNone(ckpt.index_file)
-    self.assertGreater(len(ckpt.shards), 1)
-    self.assertEqual(sorted(ckpt.files),
-                     sorted([self.dir / s for s in ckpt.shards] + [ckpt.index_file]))
-
-  def test_dtype_casts_floating_tensors_only(self):
-    ckpt = hf_streaming.open_checkpoint(self.dir)
-    rules = {'a.weight': (('dense', 'kernel'), hf_streaming.identity),
-             'e.ids': (('buffers', 'ids'), hf_streaming.identity)}
-    params = hf_streaming.assemble_params(ckpt, rules, dtype='bfloat16')
-    self.assertEqual(params['dense']['kernel'].dtype.name, 'bfloat16')
-    self.assertEqual(params['buffers']['ids'].dtype, np.int32)
-    np.testing.assert_array_equal(np.asarray(params['buffers']['ids']), self.tensors['e.ids'])
-
-  def test_safetensors_win_over_a_bin_checkpoint_beside_them(self):
-    """Hub folders often ship both formats; the safetensors index is read (no torch,
-    no pickle), whatever else lies there."""
-    (self.dir / hf_streaming.TORCH_SINGLE).write_bytes(b'not a torch file')
-    ckpt = hf_streaming.open_checkpoint(self.dir)
-    self.assertEqual(ckpt.kind, 'safetensors')
-    self.assertEqual(ckpt.index_file, self.dir / hf_streaming.SAFETENSORS_INDEX)
-    self.assertEqual(set(ckpt.tensors), set(self.tensors))
-
 
 
 if __name__ == '__main__':
