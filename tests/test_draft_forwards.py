@@ -41,23 +41,26 @@ class CountingToy(toy.MarkovToy):
 
 class DraftForwardCountTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(('k1', 1), ('k2', 2), ('k3', 3))
-  def test_metric_equals_executed_forwards(self, k):
-    draft = CountingToy(VOCAB, CLASSES)
+  def _metric_and_executed(self, mode, seed: int = 0) -> tuple[int, list[str]]:
+    """One image decoded with `mode` and a counting drafter: (the draft_forwards
+    metric, the drafter calls that ran)."""
     target_params, draft_params, _ = _params()
     sampling = logits.Sampling()
+    CALLS.clear()
+    decode.clear_compile_cache()
+    result = decode.generate(TARGET, target_params, _cond(1, sampling), num_tokens=6,
+                             key=jax.random.key(seed), mode=mode, sampling=sampling,
+                             rule=rules.Lossless(), draft=CountingToy(VOCAB, CLASSES),
+                             draft_params=draft_params, compiler_options=FAST)
+    jax.effects_barrier()
+    return int(np.asarray(result.metrics.draft_forwards)[0]), list(CALLS)
+
+  @parameterized.named_parameters(('k1', 1), ('k2', 2), ('k3', 3))
+  def test_metric_equals_executed_forwards(self, k):
     for seed in range(2):
-      CALLS.clear()
-      decode.clear_compile_cache()
-      result = decode.generate(TARGET, target_params, _cond(1, sampling), num_tokens=6,
-                               key=jax.random.key(seed), mode=decode.ChainDraft(k=k,
-                                                                               drafter='model'),
-                               sampling=sampling, rule=rules.Lossless(), draft=draft,
-                               draft_params=draft_params, compiler_options=FAST)
-      jax.effects_barrier()
-      counted = int(np.asarray(result.metrics.draft_forwards)[0])
-      self.assertEqual(CALLS.count('prefill'), 1)
-      self.assertEqual(counted, len(CALLS), f'k={k} seed={seed}: {CALLS}')
+      counted, calls = self._metric_and_executed(decode.ChainDraft(k=k, drafter='model'), seed)
+      self.assertEqual(calls.count('prefill'), 1)
+      self.assertEqual(counted, len(calls), f'k={k} seed={seed}: {calls}')
 
   @parameterized.named_parameters(
       ('static_tree', decode.TreeDraft(TREE, drafter='model')),
@@ -67,18 +70,8 @@ class DraftForwardCountTest(parameterized.TestCase):
                                                drafter='model')),
   )
   def test_tree_modes_metric_equals_executed_forwards(self, mode):
-    draft = CountingToy(VOCAB, CLASSES)
-    target_params, draft_params, _ = _params()
-    sampling = logits.Sampling()
-    CALLS.clear()
-    decode.clear_compile_cache()
-    result = decode.generate(TARGET, target_params, _cond(1, sampling), num_tokens=6,
-                             key=jax.random.key(0), mode=mode, sampling=sampling,
-                             rule=rules.Lossless(), draft=draft, draft_params=draft_params,
-                             compiler_options=FAST)
-    jax.effects_barrier()
-    self.assertEqual(int(np.asarray(result.metrics.draft_forwards)[0]), len(CALLS))
-
+    counted, calls = self._metric_and_executed(mode)
+    self.assertEqual(counted, len(calls), calls)
 
 if __name__ == '__main__':
   absltest.main()
