@@ -80,7 +80,7 @@ def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
                      f'{position}.')
   # The law in float32 at least, whatever the rule computes in (bfloat16 inputs).
   dtype = jnp.promote_types(jnp.result_type(draft_probs, target_probs), jnp.float32)
-  draft_probs, target_probs = draft_probs.astype(dtype), target_probs.astype(dtype)
+  draft_probs, target_probs = jnp.asarray(draft_probs, dtype), jnp.asarray(target_probs, dtype)
   accept = rule.accept_prob(draft_probs, target_probs, position)
   accepted = draft_probs * accept
   if not rule.residual_depends_on_token:
