@@ -36,11 +36,14 @@ def _refuse(error: Exception) -> None:
 
 def _parse_flags(argv: list[str]) -> list[str]:
   """A bad flag (unknown, a mistyped value, a required one missing) is refused as
-  one message too; absl's own parser exits with 1 after a usage hint."""
+  one message too; absl's own parser exits with 1 after a usage hint. `--help`
+  exits with status 0, where absl exits with 1."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as error:
     _refuse(error)
+  except SystemExit as exit_:  # absl's help flags print the help, then exit with 1
+    raise SystemExit(0 if exit_.code == 1 else exit_.code) from None
 
 
 def run(main: Callable) -> None:

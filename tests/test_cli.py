@@ -157,6 +157,16 @@ class EntryPointErrorsTest(parameterized.TestCase):
     result = run_entry_point('specdec_jax.app.train.drafter', '--help')
     self.assertIn('--config: Training configuration', result.stdout + result.stderr)
     self.assertIn('--workdir: Output folder', result.stdout + result.stderr)
+    self.assertEqual(result.returncode, 0)
+
+  @parameterized.parameters(('specdec_jax.generate', '--help', '--out: '),
+                            ('specdec_jax.sample', '--helpfull', '--config: '),
+                            ('specdec_jax.converters.vq', '--help', '--kind: '))
+  def test_help_exits_with_status_0(self, module, flag, listed):
+    """absl's help flags exit with status 1, which scripts read as a failure."""
+    result = run_entry_point(module, flag)
+    self.assertIn(listed, result.stdout)
+    self.assertEqual(result.returncode, 0, result.stderr[-2000:])
 
   def assert_refused_before_writing(self, module: str, *args: str, message: str):
     """Refused with `message`, and the output folder ({out} in args) not created."""

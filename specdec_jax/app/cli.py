@@ -165,11 +165,20 @@ def exit_with(error: BaseException) -> None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing for `app.run`, with a bad flag (unknown, mistyped value,
   a required one missing) printed as one line with exit status 2; absl's own
-  parser exits with 1 after a usage hint. `--help` still lists the flags."""
+  parser exits with 1 after a usage hint. `--help` (and `--helpfull`) list the
+  flags and exit with status 0, where absl exits with 1."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as error:
     exit_with(ConfigError(f'{error} (--help lists the flags)'))
+  except SystemExit as exit_:
+    raise SystemExit(help_exit_status(exit_)) from None
+
+
+def help_exit_status(exit_: SystemExit) -> int:
+  """0 for absl's help flags, which print the help and exit with 1 while the
+  flags are parsed (a bad flag raises `flags.Error` instead); else the status."""
+  return 0 if exit_.code == 1 else exit_.code
 
 
 def run_command(main: Callable, define_flags: Callable, default_config_file: str,
