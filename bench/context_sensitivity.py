@@ -95,6 +95,9 @@ def plot(path: str, offsets, mean, stderr, grid_width: int) -> None:
 
 def main(argv):
   del argv
+  if _IMAGES.value * _POSITIONS.value < 2:
+    raise app.UsageError('--images x --positions must be at least 2 (a standard error needs '
+                         f'two perturbations), got {_IMAGES.value} x {_POSITIONS.value}.')
   generate_app.use_single_thread_xla()
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import logits  # pylint: disable=g-import-not-at-top

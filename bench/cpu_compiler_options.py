@@ -86,7 +86,7 @@ def main(argv):
         generate_app.quality_pass(method, family, labels, sampling, config.seed, options)
         runs.append(time.perf_counter() - started)
       batch_best[(variant, method.name)] = min(runs[1:]) if runs else float('nan')
-    print(f'batch 100: {variant} done', flush=True)
+    print(f'batch 100: {variant} ' + ('done' if _BATCH_ROUNDS.value else 'skipped'), flush=True)
 
   rows = []
   print('| XLA options | method | batch 1 (ms, mean of best per class) | speedup '

@@ -102,6 +102,9 @@ def plot(path: str, rows: list[dict], methods: list[str]) -> None:
 
 def main(argv):
   del argv
+  if _IMAGES.value < 2:
+    raise app.UsageError(f'--images must be at least 2 (a standard error needs two), '
+                         f'got {_IMAGES.value}.')
   generate_app.use_single_thread_xla()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
