@@ -3,7 +3,7 @@
 Exactness: on a second-order Markov toy target that reads its context back
 through the KV cache (specdec_jax/app/toy.py), the joint law of the generated tokens
 under every lossless mode must equal the exact joint law. Chi-square test
-over the V**n = 64 sequences (bins with expected count < 5 pooled), N = 2**14
+over the V**n = 64 sequences (rare ones merged into groups of expected count >= 5), N = 2**14
 images, p-value threshold 1e-4, fixed seeds. Power: with 63 degrees of
 freedom, any law whose chi-square divergence sum (q - p)^2 / p from the exact
 law is >= 0.0061 (e.g. any TV distance >= 0.04) is rejected with probability

@@ -9,10 +9,11 @@ Modes: SJD, SCD and SJD-PAC (Jacobi), EAGLE-2's per-image trees, a static
 tree and a chain, the trees three drafts deep.
 
 Chi-square of 2**14 images over the V**n = 3**6 = 729 sequences of a 2 x 3
-grid (bins with expected count under 5 pooled, `testing.chi_square_pvalue`),
-p > 1e-4, as tests/decode_support.py: a law whose chi-square divergence from
-the target is >= 0.012 (noncentrality 2**14 x 0.012 = 197 over the ~120-190
-degrees of freedom left after pooling) is rejected with probability >= 0.99.
+grid (sequences with expected count under 5 merged into groups of similar
+probability, `testing.chi_square_pvalue`), p > 1e-4, as tests/decode_support.py:
+a law whose chi-square divergence from the target over those bins is >= 0.012
+(noncentrality 2**14 x 0.012 = 197 over the 173-275 degrees of freedom) is
+rejected with probability >= 0.99 (0.998 at 275).
 Negative controls that must fail: the same tokens against the law with the
 upper neighbour ignored (the toy's second read is visible in the test: total
 variation 0.75), and

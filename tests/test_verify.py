@@ -1,7 +1,8 @@
 """Monte Carlo checks of verify_chain / verify_tree against exact laws.
 
 Power: n = 2^16 samples, 6 sigma per bin (+5 counts slack): a bin of mass 0.1
-detects a deviation of ~0.7 percentage points; every zero-mass bin must be
+detects a deviation of 1.0 percentage point with probability 0.99 (it fails
+beyond 0.7); every zero-mass bin must be
 exactly empty. Each test has a negative control (a broken verifier) that must
 fail the same criterion.
 """

@@ -306,8 +306,8 @@ class RelaxedTreeMonteCarloTest(parameterized.TestCase):
   enumerated in numpy (`node_outcome_law`, over every ordered sibling draw) from the
   rules' formulas; the tree's second level has 2, 1 or 0 children depending on which
   root sibling was accepted. Power: n = 2^16 trees, 6 sigma per bin (+5 counts) over
-  V (V + 1) = 72 bins: a bin of mass 0.1 detects ~0.7 percentage points, a bin of mass
-  0.01 ~0.25; every zero-mass bin must stay empty. Negative control: the same rule
+  V (V + 1) = 72 bins: a bin of mass 0.1 detects 1.0 percentage point with probability
+  0.99, a bin of mass 0.01 0.33; every zero-mass bin must stay empty. Negative control: the same rule
   resampling from the current target instead of its residual must fail.
   """
 
