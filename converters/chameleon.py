@@ -256,6 +256,8 @@ def load_converted(out_dir: str | pathlib.Path, dtype: Any = None, scan_layers: 
   'auto': float32 on CPU, bfloat16 on accelerators); None keeps the stored one.
   scan_layers: one scan over the blocks, params stacked for it.
   """
+  common.read_meta_of(out_dir, 'chameleon', 'a Lumina-mGPT (Chameleon) model',
+                      'specdec_jax.converters.chameleon')
   dtype = None if dtype is None else precision.resolve_dtype(dtype)
   params, meta = common.load_params(out_dir, dtype)
   config = config_from_meta(chameleon.ChameleonConfig, meta['config'], dtype)

@@ -184,6 +184,9 @@ def unwrap_checkpoint(
     for key in tuple(prefer) + WRAPPER_KEYS:
       if key in obj and isinstance(obj[key], Mapping):
         state = obj[key]
+        if isinstance(obj.get('ema'), Mapping):
+          logging.info('converting the %r weights; the checkpoint also holds "ema" weights '
+                       '(--use_ema converts those).', key)
         break
     if state is None:
       if obj and all(_is_array(v) for v in obj.values()):

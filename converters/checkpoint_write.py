@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import glob
 import hashlib
 import json
 import os
@@ -152,7 +153,8 @@ def check_output_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> pat
 
   Raises:
     FileExistsError: it exists and `overwrite` is False.
-    ValueError: it cannot be written (the message names the folder in the way).
+    ValueError: it cannot be written (the message names the folder in the way), or
+      it is neither empty nor a converted checkpoint (`overwrite` would delete it).
   """
   out_dir = pathlib.Path(out_dir).absolute()
   if out_dir.exists() and not overwrite:
@@ -161,6 +163,11 @@ def check_output_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> pat
         '--output or pass --overwrite.')
   if out_dir.exists() and not out_dir.is_dir():
     raise ValueError(f'--output {str(out_dir)!r} is a file, not a folder; choose a folder.')
+  if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / META_FILENAME).is_file():
+    raise ValueError(
+        f'--output {str(out_dir)!r} holds files but no {META_FILENAME}: it is not a converted '
+        'checkpoint, and --overwrite replaces only a converted checkpoint or an empty folder. '
+        'Choose another --output.')
   parent = out_dir.parent
   while not parent.exists():
     parent = parent.parent
@@ -172,6 +179,18 @@ def check_output_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> pat
     raise ValueError(f'--output {str(out_dir)!r} cannot be written: no folder can be created '
                      f'in {str(parent)!r} ({e}). Choose a writable --output.') from e
   return out_dir
+
+
+def _warn_stale_siblings(out_dir: pathlib.Path) -> None:
+  """Logs the temporary folders that interrupted writes of `out_dir` left (a killed
+  process cannot remove its `.<name>.tmp-<id>`; a 7B conversion leaves tens of GB)."""
+  stale = sorted(out_dir.parent.glob(f'.{glob.escape(out_dir.name)}.tmp-*')) + sorted(
+      out_dir.parent.glob(f'.{glob.escape(out_dir.name)}.old-*'))
+  for folder in stale:
+    size = sum(f.stat().st_size for f in folder.rglob('*') if f.is_file())
+    logging.warning('%s (%.1f MB) was left by an interrupted conversion into %s; delete it '
+                    'unless another conversion into that folder is running now.',
+                    folder, size / 1e6, out_dir)
 
 
 def write_params_atomic(
@@ -215,6 +234,7 @@ def write_params_atomic(
 
   out_dir = check_output_dir(out_dir, overwrite)
   out_dir.parent.mkdir(parents=True, exist_ok=True)
+  _warn_stale_siblings(out_dir)
   tmp_dir = out_dir.parent / f'.{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}'
   try:
     tmp_dir.mkdir()
@@ -286,6 +306,18 @@ def read_meta(out_dir: str | os.PathLike) -> dict[str, Any]:
         'first.')
   with open(path) as f:
     return json.load(f)
+
+
+def read_meta_of(out_dir: str | os.PathLike, model: str, what: str, converter: str) -> dict:
+  """The metadata of a converted checkpoint whose `model` entry is `model`; else
+  CheckpointReadError naming what the folder holds (a tokenizer has a `kind` instead)."""
+  meta = read_meta(out_dir)
+  if meta.get('model') != model:
+    held = (repr(meta['model']) if meta.get('model') else f'{meta["kind"]!r} tokenizer'
+            if meta.get('kind') else f'{meta.get("converter")!r}')
+    raise CheckpointReadError(f'{str(out_dir)!r} holds a {held} checkpoint, not {what}; '
+                              f'convert with python -m {converter}.')
+  return meta
 
 
 def load_params(out_dir: str | os.PathLike, dtype: Any = None) -> tuple[Any, dict[str, Any]]:

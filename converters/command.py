@@ -27,6 +27,7 @@ from specdec_jax.converters.checkpoint_write import OUTPUT_DTYPES
 from specdec_jax.converters.checkpoint_write import STORED
 
 EXIT_USAGE = 2
+OVERWRITE_HELP = 'Replace an existing --output (a converted checkpoint or an empty folder).'
 
 
 def _refuse(error: Exception) -> None:
@@ -76,7 +77,7 @@ def define_folder_flags(checkpoint: str, presets: str) -> None:
   flags.DEFINE_enum('dtype', STORED, list(OUTPUT_DTYPES), 'Param dtype: '
                     'stored (default) keeps the checkpoint\'s own (one dtype, or float32 for '
                     'a mix), float32 or bfloat16 casts.')
-  flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.')
+  flags.DEFINE_bool('overwrite', False, OVERWRITE_HELP)
   list_in_help(('input_dir', 'output', 'config', 'dtype', 'overwrite'))
 
 

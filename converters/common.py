@@ -55,6 +55,7 @@ from specdec_jax.converters.checkpoint_write import params_dtype
 from specdec_jax.converters.checkpoint_write import PER_KEY_LAYOUT
 from specdec_jax.converters.checkpoint_write import Progress
 from specdec_jax.converters.checkpoint_write import read_meta
+from specdec_jax.converters.checkpoint_write import read_meta_of
 from specdec_jax.converters.checkpoint_write import sha256_file
 from specdec_jax.converters.checkpoint_write import STORED
 from specdec_jax.converters.checkpoint_write import write_params_atomic

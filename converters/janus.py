@@ -281,6 +281,7 @@ def load_converted(out_dir: str | pathlib.Path, dtype: Any = None, scan_layers: 
   'auto': float32 on CPU, bfloat16 on accelerators); None keeps the stored one.
   scan_layers: one scan over the blocks, params stacked for it.
   """
+  common.read_meta_of(out_dir, 'janus', 'a Janus-Pro model', 'specdec_jax.converters.janus')
   dtype = None if dtype is None else precision.resolve_dtype(dtype)
   params, meta = common.load_params(out_dir, dtype)
   config = chameleon_converter.config_from_meta(janus.JanusConfig, meta['config'], dtype)

@@ -251,11 +251,7 @@ def load_drafter(out_dir: str | os.PathLike, head_kernel: Any, dtype: str | None
     head_kernel: the target's LM head kernel [E, V].
     dtype: compute dtype override ('float32', 'bfloat16' or 'auto').
   """
-  meta = common.read_meta(out_dir)
-  if meta.get('model') != 'eagle_drafter':
-    raise common.CheckpointReadError(
-        f'{str(out_dir)!r} holds a {meta.get("model")!r} checkpoint, not an EAGLE '
-        'drafter; convert with specdec_jax.converters.lantern_drafter.')
+  meta = common.read_meta_of(out_dir, 'eagle_drafter', 'an EAGLE drafter', CONVERTER_NAME)
   fields = dict(meta['config'])
   if dtype is not None:
     fields['dtype'] = dtype
@@ -280,7 +276,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_enum('kind', 'auto', ['auto', *KINDS], 'Drafter flavour.', **fv)
   flags.DEFINE_enum('dtype', common.STORED, list(common.OUTPUT_DTYPES), 'Output param dtype '
                     '(stored, the default: the weights\' own).', **fv)
-  flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.', **fv)
+  flags.DEFINE_bool('overwrite', False, command.OVERWRITE_HELP, **fv)
 
 
 def main(argv, flag_values: flags.FlagValues = flags.FLAGS):

@@ -287,11 +287,7 @@ def load_llamagen(out_dir: str | os.PathLike, dtype: str | None = None,
     scan_layers: build the model with one scan over its blocks, and stack
       the per-layer params for it (`models.layers.stack_layer_params`).
   """
-  meta = common.read_meta(out_dir)
-  if meta.get('model') != 'llamagen_gpt':
-    raise common.CheckpointReadError(
-        f'{str(out_dir)!r} holds a {meta.get("model")!r} checkpoint, not a '
-        'LlamaGen GPT; convert with specdec_jax.converters.llamagen.')
+  meta = common.read_meta_of(out_dir, 'llamagen_gpt', 'a LlamaGen GPT', CONVERTER_NAME)
   fields = dict(meta['config'])
   if dtype is not None:
     fields['dtype'] = dtype
@@ -357,7 +353,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     'dtype: stored (default) keeps the checkpoint\'s own, so the original '
                     'logits are reproduced; bfloat16 halves an fp32 checkpoint\'s size.', **fv)
   flags.DEFINE_bool('use_ema', False, 'Convert the "ema" weights.', **fv)
-  flags.DEFINE_bool('overwrite', False, 'Replace an existing --output.', **fv)
+  flags.DEFINE_bool('overwrite', False, command.OVERWRITE_HELP, **fv)
   flags.DEFINE_bool('trust_pickle', False, 'Allow full unpickling of files the safe '
                     'loader refuses (trusted files only).', **fv)
   flags.DEFINE_multi_string('set', [], 'GPTConfig override field=value, e.g. --set '

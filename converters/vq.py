@@ -286,7 +286,7 @@ def define_flags() -> None:
   flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Output param dtype.')
   flags.DEFINE_string('config_json', None, 'JSON object of VQConfig fields overriding the preset.')
   flags.DEFINE_bool('use_ema', False, 'LlamaGen: convert the EMA weights.')
-  flags.DEFINE_bool('overwrite', False, 'Replace an existing output folder.')
+  flags.DEFINE_bool('overwrite', False, command.OVERWRITE_HELP)
   flags.DEFINE_bool('trust_pickle', False, 'Allow full unpickling of trusted torch files.')
   flags.mark_flags_as_required(['input', 'output', 'kind'])
 

@@ -173,6 +173,14 @@ class LoadStateDictTest(absltest.TestCase):
     with self.assertRaisesRegex(common.CheckpointReadError, 'no "ema"'):
       common.unwrap_checkpoint({'model': _tiny_state()}, use_ema=True)
 
+  def test_ema_weights_left_behind_are_named(self):
+    """A training dict with 'model' and 'ema' converts 'model' by default: the log says
+    the EMA weights exist (LlamaGen releases both in one file)."""
+    with self.assertLogs(level='INFO') as logs:
+      common.unwrap_checkpoint({'model': _tiny_state(), 'ema': _tiny_state()})
+    self.assertRegex(logs.output[-1], r"converting the 'model' weights; .* \"ema\" weights "
+                                      r'\(--use_ema converts those\)')
+
   def test_no_weights_found(self):
     with self.assertRaisesRegex(common.CheckpointReadError, 'steps'):
       common.unwrap_checkpoint({'steps': 3, 'args': None})
@@ -259,6 +267,36 @@ class WriteParamsTest(absltest.TestCase):
     np.testing.assert_array_equal(params['layer']['kernel'], 0)
     self.assertEqual(sorted(os.listdir(self.dir)), ['out', 'src.bin'])
 
+  def test_overwrite_replaces_only_a_checkpoint_or_an_empty_folder(self):
+    """--overwrite deleted any folder (`--output .` deleted the working folder's files)."""
+    others = self.dir / 'ckpts'
+    (others / 'other_model').mkdir(parents=True)
+    (others / 'notes.txt').write_text('keep me')
+    with self.assertRaisesRegex(ValueError, 'holds files but no specdec_meta.json.*not a '
+                                            'converted checkpoint.*another --output'):
+      common.write_params_atomic(others, self.params, config={}, source_files=[],
+                                 overwrite=True)
+    self.assertEqual(sorted(os.listdir(others)), ['notes.txt', 'other_model'])
+    (self.dir / 'empty').mkdir()
+    common.write_params_atomic(self.dir / 'empty', self.params, config={}, source_files=[],
+                               overwrite=True)
+    self.assertIn(common.META_FILENAME, os.listdir(self.dir / 'empty'))
+
+  def test_leftovers_of_a_killed_conversion_are_reported(self):
+    """A killed converter cannot remove its temporary folder; the next write into the same
+    --output names it (with its size) instead of leaving it unnoticed."""
+    stale = self.dir / '.out.tmp-0badc0de'
+    stale.mkdir()
+    (stale / 'part').write_bytes(b'x' * 2_000_000)
+    (self.dir / '.other.tmp-12345678').mkdir()  # another output's: not named
+    with self.assertLogs(level='WARNING') as logs:
+      common.write_params_atomic(self.dir / 'out', self.params, config={}, source_files=[])
+    named = [line for line in logs.output if 'interrupted conversion' in line]  # Orbax logs too
+    self.assertLen(named, 1)
+    self.assertRegex(named[0], r'\.out\.tmp-0badc0de \(2\.0 MB\) was left by an '
+                               r'interrupted conversion into .*out;')
+    self.assertTrue(stale.exists())  # it may be another running conversion's: only named
+
   def test_failed_replacement_keeps_the_old_output(self):
     # With --overwrite the old folder is moved aside, then the new one renamed in: if that
     # second rename fails, the old output goes back to its name (no .old-* folder left).
@@ -299,6 +337,26 @@ class WriteParamsTest(absltest.TestCase):
     self.assertEqual(common.check_output_dir(self.dir / 'new' / 'out'),
                      self.dir / 'new' / 'out')
     self.assertEqual(sorted(os.listdir(self.dir)), ['a_file', 'src.bin'])  # no probe left
+
+  def test_a_folder_of_another_model_names_what_it_holds(self):
+    """Each loader reads its own kind of folder; Chameleon's and Janus's raised a bare
+    KeyError or TypeError on another model's, a VQ folder read as 'a None checkpoint'."""
+    from specdec_jax.converters import chameleon  # pylint: disable=g-import-not-at-top
+    from specdec_jax.converters import janus  # pylint: disable=g-import-not-at-top
+    from specdec_jax.converters import llamagen  # pylint: disable=g-import-not-at-top
+    gpt = common.write_params_atomic(self.dir / 'gpt', self.params, config={},
+                                     source_files=[], extra_meta={'model': 'llamagen_gpt'})
+    vq = common.write_params_atomic(self.dir / 'vq', self.params, config={},
+                                    source_files=[], extra_meta={'kind': 'llamagen_vq16'})
+    for load, folder, message in (
+        (chameleon.load_converted, gpt, r"holds a 'llamagen_gpt' checkpoint, not a Lumina-mGPT "
+                                        r'\(Chameleon\) model; convert with python -m '
+                                        r'specdec_jax.converters.chameleon'),
+        (janus.load_converted, gpt, r"holds a 'llamagen_gpt' checkpoint, not a Janus-Pro"),
+        (llamagen.load_llamagen, vq, r"holds a 'llamagen_vq16' tokenizer checkpoint, not a "
+                                     r'LlamaGen GPT')):
+      with self.assertRaisesRegex(common.CheckpointReadError, message):
+        load(folder)
 
   def test_missing_meta_is_a_clear_error(self):
     with self.assertRaisesRegex(common.CheckpointReadError, 'specdec_meta.json'):
