@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 import inspect
 import re
+import warnings
 from typing import Any
 
 import jax
@@ -124,16 +125,32 @@ def check_rule(rule, what: str = 'generate') -> None:
 
 
 def float_hyperparameters(rule):
-  """The rule with its Python and NumPy scalar hyperparameters as Python floats.
+  """The rule with its concrete scalar hyperparameters as Python floats.
 
   Every scalar leaf of a rule is a real-valued hyperparameter; as traced arguments an
-  int (delta=2) and a float (delta=2.5) differ in dtype and would compile the decode
-  twice. Anything that is not a rule is returned unchanged (`check_rule` names it).
+  int (delta=2), a float (delta=2.5) and a 0-d jnp array differ in dtype, weak type or
+  sharding and would each compile the decode anew. Tracers, arrays with more than
+  one entry (neighbour tables, embeddings) and bools stay as they are; anything that
+  is not a rule is returned unchanged (`check_rule` names it).
   """
   if not isinstance(rule, rule_base.Rule):
     return rule
-  return jax.tree.map(lambda x: float(x) if isinstance(x, (int, float, np.number))
-                      and not isinstance(x, (bool, np.bool_)) else x, rule)
+
+  def as_float(x):
+    number = None if isinstance(x, (bool, np.bool_)) else rule_base._concrete(x)  # pylint: disable=protected-access
+    return x if number is None else number
+
+  return jax.tree.map(as_float, rule)
+
+
+def warn_host_params(target_params, draft_params) -> None:
+  """Warns when parameters hold NumPy arrays (the converters' loaders give them):
+  every call then copies them to the devices again."""
+  if any(isinstance(x, np.ndarray) for x in jax.tree.leaves((target_params, draft_params))):
+    warnings.warn(
+        'generate: the parameters hold NumPy arrays, which every call copies to the '
+        'devices again; place them once with jax.device_put(params) (with a mesh: '
+        'sharding.shard_params(params, mesh)) and pass the result.', stacklevel=3)
 
 
 def check_key(key, num_images: int) -> None:

@@ -248,13 +248,10 @@ def _arguments(plan: _Plan, target_params, cond, key, rule, sampling, draft_para
   """The traced arguments of the compiled decode for one call."""
   # COOL-SD's mean-normalised schedule needs the window length; Vanilla has no rule.
   rule = None if plan.mode.rule_mode is None or rule is None else rule.for_window(plan.mode.slots)
-  # NumPy conditioning as the device arrays jit makes of it: one program for both kinds.
-  cond, draft_cond = jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x,
-                                  (cond, cond if draft_cond is None else draft_cond))
+  draft_cond = cond if draft_cond is None else draft_cond
   row_keys = (randomness.per_image_keys(key, plan.num_images) if modes_lib.is_single_key(key)
               else key)
-  mesh = plan.mesh
-  if mesh is not None:
+  if (mesh := plan.mesh) is not None:
     target_params = sharding.shard_params(target_params, mesh, target_rules)
     if draft_params is not None:
       draft_params = sharding.shard_params(draft_params, mesh, draft_rules)
@@ -324,7 +321,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
 
   Args:
     target: a `DecodeModel` (frozen dataclass, static under jit).
-    target_params: its parameters (sharded already, or placed here by `mesh`).
+    target_params: its parameters, placed once by `jax.device_put` or `sharding.shard_params`.
     cond: conditioning of every cache row (model-specific, e.g. class ids
       int32[R]); with CFG (sampling.cfg_scale > 1) rows are [cond; uncond]
       halves (as the models' `cfg_cond` builds them). The engine interleaves
@@ -373,6 +370,8 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
   if isinstance(sampling, logits_lib.Sampling):  # static: in the signature
     sampling = vocab_parallel_sampling(sampling, target, mesh)
   rule = checks.float_hyperparameters(rule)  # delta=2 then delta=2.5: one program
+  cond, draft_cond = jax.tree.map(  # NumPy conditioning as device arrays: one signature
+      lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, (cond, draft_cond))
   # A repeated call skips validation and compilation: its cheap signature finds the program
   # (new values of rule hyperparameters, cfg_scale, temperature and top_p reuse it).
   call_signature = checks.call_signature(lambda: (
@@ -388,6 +387,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
                                     mesh, target_rules, draft_rules, options, attention_phases)
     compile_seconds = time.perf_counter() - start
     _PREPARED[call_signature] = (plan, compiled)
+    checks.warn_host_params(target_params, draft_params)  # once per signature
   else:
     plan, compiled = prepared
     checks.check_values(target, draft, mode, cond, draft_cond, plan.cfg)  # every call

@@ -203,10 +203,11 @@ class Sampling:
       raise ValueError(f'Sampling.topk_method must be one of {TOPK_METHODS}, got '
                        f'{self.topk_method!r}.')
     _check_number('topk_recall', self.topk_recall, lambda v: 0 < v <= 1, 'in (0, 1]')
-    for name in TRACED_FIELDS:  # one dtype per field: an int scale must not retrace
-      value = getattr(self, name)
-      if isinstance(value, (int, float, np.number)):
-        object.__setattr__(self, name, float(value))
+    # One kind of leaf per field, whatever the caller passed (an int, a NumPy
+    # scalar, a 0-d jnp array: concrete here, `_check_number` refuses tracers):
+    # each would otherwise compile its own, identical, program.
+    for name in TRACED_FIELDS:
+      object.__setattr__(self, name, float(getattr(self, name)))
     object.__setattr__(self, '_flags', SamplingFlags(
         cfg=bool(self.cfg_scale != 1.0 if self.guide_below_one else self.cfg_scale > 1.0),
         greedy=bool(self.temperature == 0),

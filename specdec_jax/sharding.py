@@ -100,9 +100,18 @@ def param_specs(params, rules: Sequence = LLAMA_RULES, mesh: Mesh | None = None)
 
 
 def shard_params(params, mesh: Mesh, rules: Sequence = LLAMA_RULES):
-  """Places parameters on the mesh by the rules."""
+  """Places parameters on the mesh by the rules; a leaf placed so already is kept
+  as it is (place once, then pass the result: `decode.generate` calls this on
+  every call with a mesh, and host or single-device leaves are copied each time)."""
   specs = param_specs(params, rules, mesh)
-  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
+
+  def place(x, spec):
+    sharding = NamedSharding(mesh, spec)
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+      return x
+    return jax.device_put(x, sharding)
+
+  return jax.tree.map(place, params, specs)
 
 
 def cache_shardings(cache: kv.KVCache, mesh: Mesh, rows_per_image: int = 1) -> kv.KVCache:

@@ -16,6 +16,7 @@ import concurrent.futures
 import dataclasses
 import os
 import sys
+import warnings
 
 import chex
 import jax
@@ -341,23 +342,47 @@ class RepeatedCallTest(absltest.TestCase):
 
 
   def test_int_and_float_hyperparameters_and_numpy_cond_share_one_program(self):
-    """delta=2 then delta=2.5 (an int then a float leaf), and NumPy then device labels,
-    trace the loop once (chex.assert_max_traces n=1; each pair traced twice before)."""
+    """delta=2 then delta=2.5 (an int then a float leaf), 0-d jnp arrays, and NumPy then
+    device labels trace the loop once (chex.assert_max_traces n=1; each pair traced twice
+    before), and only the first call validates (compile_seconds 0.0 after it)."""
     decode.clear_compile_cache()
     target_params, draft_params, _ = _params()
     original = decode._decode
     decode._decode = chex.assert_max_traces(original, n=1)
     try:
-      for rule, cond in ((rules.CoolSD(delta=2), np.zeros((4,), np.int32)),
-                         (rules.CoolSD(delta=2.5), jnp.zeros((4,), jnp.int32)),
-                         (rules.CoolSD(delta=np.int64(3)), np.zeros((4,), np.int32))):
-        decode.generate(TARGET, target_params, cond, num_tokens=NUM_TOKENS,
-                        key=jax.random.key(0), mode=decode.ChainDraft(2, 'model'), rule=rule,
-                        draft=DRAFT, draft_params=draft_params, compiler_options=FAST)
+      seconds = [decode.generate(
+          TARGET, target_params, cond, num_tokens=NUM_TOKENS, key=jax.random.key(0),
+          mode=decode.ChainDraft(2, 'model'), rule=rule, draft=DRAFT, draft_params=draft_params,
+          compiler_options=FAST).compile_seconds
+                 for rule, cond in ((rules.CoolSD(delta=2), np.zeros((4,), np.int32)),
+                                    (rules.CoolSD(delta=2.5), jnp.zeros((4,), jnp.int32)),
+                                    (rules.CoolSD(delta=np.int64(3)), np.zeros((4,), np.int32)),
+                                    (rules.CoolSD(delta=jnp.float32(2.5), nu=jnp.asarray(0.5)),
+                                     jnp.zeros((4,), jnp.int32)))]
+      self.assertGreater(seconds[0], 0.0)
+      self.assertEqual(seconds[1:], [0.0, 0.0, 0.0])
     finally:
       decode._decode = original
       chex.clear_trace_counter()
       decode.clear_compile_cache()
+
+
+  def test_numpy_parameters_warn_once_per_program(self):
+    """Host parameters (what the converters' loaders give) are copied to the devices on
+    every call: the first call of a program says so; device parameters do not warn."""
+    decode.clear_compile_cache()
+    target_params = _params()[0]
+    call = lambda params: decode.generate(TARGET, params, jnp.zeros((2,), jnp.int32),
+                                          num_tokens=NUM_TOKENS, key=jax.random.key(0),
+                                          compiler_options=FAST)
+    host = jax.tree.map(np.asarray, target_params)
+    with self.assertWarnsRegex(UserWarning, r'NumPy arrays.*jax\.device_put\(params\)'):
+      call(host)
+    for params in (host, target_params):  # the program's second call; device parameters
+      with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        call(params)
+    decode.clear_compile_cache()
 
 
 class MetricsTest(parameterized.TestCase):

@@ -102,6 +102,17 @@ class TracedSamplingTest(absltest.TestCase):
       np.testing.assert_array_equal(got, _reference_vanilla(_sampling(*values)),
                                     err_msg=str(values))
 
+  def test_array_values_reuse_the_program(self):
+    """0-d jnp and NumPy values (a jnp.linspace sweep) reuse the program a call with
+    Python floats compiled: each kind of leaf compiled its own before."""
+    decode.clear_compile_cache()
+    self.assertGreater(_generate(_sampling(2.0, 1.0, 0.9)).compile_seconds, 0.0)
+    for values in ((jnp.asarray(3.5), jnp.float32(0.8), np.asarray(0.85)),
+                   (np.float32(2.5), jnp.asarray(1.2, jnp.bfloat16), jnp.linspace(0.5, 0.9, 3)[1])):
+      sampling = _sampling(*values)
+      self.assertEqual(_generate(sampling).compile_seconds, 0.0, values)
+      self.assertEqual({type(x) for x in jax.tree.leaves(sampling)}, {float})
+
   def test_chain_drafts_match_the_static_decode(self):
     """The drafter's distributions see the traced values too (one value: compiles are slow)."""
     mode, sampling = decode.ChainDraft(2, 'model'), _sampling(*SWEEP[1])

@@ -176,6 +176,11 @@ class GenerateTest(absltest.TestCase):
       moved = np.asarray(family.guided_probs(labels, changed, sampling))
       np.testing.assert_allclose(moved[:, :6], probs[:, :6], atol=1e-6)
       self.assertGreater(np.abs(moved[:, 6] - probs[:, 6]).max(), 1e-4)
+      # Another CFG scale is a traced value: the same program, another law.
+      programs = family_lib._guided_probs._cache_size()  # pylint: disable=protected-access
+      other = np.asarray(family.guided_probs(labels, tokens, logits.Sampling(cfg_scale=3.0)))
+      self.assertEqual(family_lib._guided_probs._cache_size(), programs)  # pylint: disable=protected-access
+      self.assertGreater(np.abs(other - probs).max(), 1e-4)
 
   def test_latency_pass_interleaves_every_method_and_keeps_the_best(self):
     """Rounds run every class with every method in turn, the order rotated each

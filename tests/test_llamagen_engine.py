@@ -32,6 +32,7 @@ class EnginePathTest(parameterized.TestCase):
 
   def _setup(self, model_type):
     config, _, params = fixture(model_type)
+    params = jax.device_put(params)  # the converter's NumPy arrays, placed once
     model = llamagen.LlamaGenGPT(config)
     tokens = image_tokens(config)  # same tokens as ParityTest
     return config, params, model, jnp.asarray(tokens, jnp.int32), example_cond(config)[2]

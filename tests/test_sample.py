@@ -395,6 +395,26 @@ class SampleErrorsTest(absltest.TestCase):
     config.model.eagle = os.path.join(BUNDLE, 'eagle')
     sample_model.check_method_drafter(config)
 
+  def test_converted_parameters_are_placed_on_the_mesh_once(self):
+    """The converters' loaders give NumPy arrays; every decode step uploaded the target and
+    the drafter again (generate copies host leaves onto the mesh on every call)."""
+    config = self.config(method='eagle', num_images=4, chunk_size=4,
+                         out_dir=os.path.join(_TMP.name, 'placed_once'))
+    config.model.update(kind='llamagen', checkpoint=os.path.join(BUNDLE, 'target'),
+                        vq=os.path.join(BUNDLE, 'tokenizer'), eagle=os.path.join(BUNDLE, 'eagle'),
+                        bundle_dir='')
+    calls = []
+    generate = decode.generate
+    with mock.patch.object(sample.decode, 'generate',
+                           lambda target, params, *a, **k: calls.append(
+                               (params, k['draft_params'])) or generate(target, params, *a, **k)):
+      self.assertEqual(sample.run(config)['num_images'], 4)
+    self.assertLen(calls, 2)  # 2 steps of 2 images
+    for params in calls[0]:  # target, drafter: device arrays, not the loaders' NumPy ones
+      self.assertTrue(all(isinstance(x, jax.Array) for x in jax.tree.leaves(params)))
+    for first, second in zip(*calls):  # the same placed arrays in every step
+      self.assertTrue(all(a is b for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second))))
+
   def test_the_early_drafter_table_is_the_methods_own(self):
     family = family_lib.load(BUNDLE)
     for name in sample_model.METHODS:

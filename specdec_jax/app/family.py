@@ -133,7 +133,7 @@ def _classifier_apply(params, images):
   return classifier_lib.Classifier().apply(params, images)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
+@functools.partial(jax.jit, static_argnums=0)  # sampling traced: one program per CFG flag
 def _guided_probs(target, params, labels, tokens, sampling):
   """Sampling.probs of teacher-forced logits: float32[N, L, V] for tokens [N, L]."""
   config = target.config
@@ -147,7 +147,7 @@ def _guided_probs(target, params, labels, tokens, sampling):
   return sampling.probs(cond_logits, uncond_logits, token_index=positions)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
+@functools.partial(jax.jit, static_argnums=0)  # sampling traced: one program per CFG flag
 def _guided_log_probs(target, params, labels, tokens, sampling):
   """log p(token) [N, L] under `_guided_probs`."""
   probs = _guided_probs(target, params, labels, tokens, sampling)

@@ -41,6 +41,7 @@ from specdec_jax.app import compile_cache
 from specdec_jax.app import config_checks
 from specdec_jax.app import files
 from specdec_jax.app import generate
+from specdec_jax.app import methods as methods_lib
 from specdec_jax.app import sample_folder
 from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
@@ -158,12 +159,20 @@ class Sampler:
     # Rule leaves (neighbour tables, embeddings) as host arrays: a process-local
     # device array cannot enter a program over every process's devices.
     self.rule = jax.tree.map(np.asarray, self.method.rule)
+    # Decode parameters placed on the mesh once: `decode.generate` copies host and
+    # single-device leaves onto it on every call. (The family keeps its own.)
+    self.target_params = sharding.shard_params(self.family.target_params, self.mesh)
+    draft_params = methods_lib.drafter_params(self.method, self.family)
+    self.draft_params = (None if draft_params is None
+                         else sharding.shard_params(draft_params, self.mesh))
 
   def decode_step(self, step: sample_plan.StepPlan):
     """One global decode call; this process's rows: (tokens int32[b, L], metrics)."""
     cond = self.conditions.cond(step.condition_ids(self.conditions.count))
     kwargs = generate.decode_kwargs(self.method, self.family, cond, self.sampling, self.options)
     kwargs['rule'] = self.rule
+    if self.draft_params is not None:
+      kwargs['draft_params'] = self.draft_params
     if 'draft_cond' in kwargs:
       kwargs['draft_cond'] = jax.tree.map(np.asarray, kwargs['draft_cond'])
     # Host arrays: decode.generate places them on the global mesh.
@@ -171,7 +180,7 @@ class Sampler:
                                                        self.family.target_params, cond,
                                                        self.sampling))
     result = decode.generate(
-        self.family.target, self.family.target_params, rows, mesh=self.mesh,
+        self.family.target, self.target_params, rows, mesh=self.mesh,
         key=global_keys(step.key_indices(), self.config.seed, self.row_sharding),
         attention_phases=self.config.attention_phases, **kwargs)
     metrics = result.metrics.replace(counts=rows_of(result.metrics.counts, self.my_rows)).by_name()
