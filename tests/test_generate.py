@@ -1,6 +1,7 @@
 """The main job end to end: the toy demo and the image pipeline on a tiny random bundle."""
 
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -9,6 +10,7 @@ import tempfile
 import threading
 from unittest import mock
 
+from absl import logging as absl_logging
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -156,6 +158,19 @@ class GenerateTest(absltest.TestCase):
       with self.assertRaisesRegex(cli.ConfigError, 'config.quality_batch=-1'):
         config.quality_batch = -1
         generate.check_config(config)
+
+  def test_loading_a_bundle_leaves_the_log_level_as_it_was(self):
+    """family.load quiets Orbax, then restored the absl verbosity it read: an unset level
+    came back as WARNING, and later INFO logs (a trainer's) were lost."""
+    absl_logger = absl_logging.get_absl_logger()
+    level = absl_logger.level
+    absl_logger.setLevel(logging.NOTSET)
+    try:
+      with tempfile.TemporaryDirectory() as tmp:
+        family_lib.load(tiny_bundle(os.path.join(tmp, 'bundle')))
+      self.assertEqual(absl_logger.level, logging.NOTSET)
+    finally:
+      absl_logger.setLevel(level)
 
   def test_guided_probs_are_the_law_of_each_token_given_the_ones_before(self):
     """Entry i is a distribution that depends on tokens < i only (changing token 5

@@ -208,12 +208,15 @@ def load(directory: str | pathlib.Path | None = None) -> Family:
         f'{root} is not a complete model bundle (missing: {missing or "reference_features.npz"}). '
         'The repository ships one in specdec_jax/assets/fashion_mnist; rebuild it with '
         '`python -m specdec_jax.app.train.family`, or pass --config.bundle_dir.')
-  verbosity = logging.get_verbosity()
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every array it reads at INFO
+  # Orbax logs every array it reads at INFO. The absl logger's own level is restored
+  # (set_verbosity(get_verbosity()) would turn an unset level into WARNING for good).
+  absl_logger = logging.get_absl_logger()
+  level = absl_logger.level
+  absl_logger.setLevel(logging.converter.absl_to_standard(logging.WARNING))
   try:
     return _load_parts(root)
   finally:
-    logging.set_verbosity(verbosity)
+    absl_logger.setLevel(level)
 
 
 def _load_parts(root: pathlib.Path) -> Family:
