@@ -230,6 +230,20 @@ class Mode:
     raise NotImplementedError
 
 
+def check_same_layout(target, draft) -> None:
+  """Raises unless a draft model shares the target's image layout where both configs
+  name one (LlamaGen's `model_type` and 2D RoPE `grid_size`): a draft for another grid
+  places token i at another (row, column), and a t2i draft cannot read class ids."""
+  for field, why in (('model_type', 'it reads the target\'s conditioning'),
+                     ('grid_size', 'its 2D RoPE places each token at the target\'s (row, '
+                                   'column)')):
+    values = [getattr(getattr(model, 'config', None), field, None) for model in (target, draft)]
+    if None not in values and values[0] != values[1]:
+      raise ValueError(f'generate: the draft model\'s {field} {values[1]!r} differs from the '
+                       f'target\'s {values[0]!r}; {why}. Use a draft model trained for the '
+                       'target\'s kind and image size.')
+
+
 class DrafterMode(Mode):
   """A mode drafted by a draft model: subclasses have a field `drafter`,
   'eagle' (EAGLE-style head on target hidden states) or 'model' (a small
@@ -266,6 +280,7 @@ class DrafterMode(Mode):
     if self.drafter == drafting.EAGLE and hasattr(draft, 'check_target'):
       draft.check_target(target)  # e.g. a 2D RoPE table for another grid
     if self.drafter == drafting.MODEL:
+      check_same_layout(target, draft)
       # The draft model checks its own conditioning, abstractly (as the target's).
       rows = jnp.shape(jax.tree.leaves(cond)[0])[0]
       cache = jax.eval_shape(lambda: draft.init_cache(rows, draft.prefix_length(cond) + 1))

@@ -143,6 +143,25 @@ class EnginePathTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'left padded'):
       t2i.prefill(None, t2i.init_cache(2, 9), bad_mask)
 
+  def test_a_draft_model_for_another_grid_or_kind_is_refused(self):
+    """A 36-token (grid 6) draft for a 16-token (grid 4) target ran at lower acceptance,
+    its 2D RoPE placing tokens at another (row, column); a t2i draft for a c2i target
+    failed inside JAX with a concatenate TypeError."""
+    config, params, model, _, cond = self._setup('c2i')
+    run = lambda draft_config: decode.generate(
+        model, params, cond, num_tokens=config.block_size, key=jax.random.key(0),
+        mode=decode.ChainDraft(2, 'model'), rule=rules.Lossless(),
+        draft=llamagen.LlamaGenGPT(draft_config),
+        draft_params=llamagen.LlamaGenGPT(draft_config).init_params(jax.random.key(1)),
+        compiler_options=decode.FAST_COMPILE)
+    with self.assertRaisesRegex(ValueError, r"draft model's grid_size 6 differs from the "
+                                r"target's 4; its 2D RoPE"):
+      run(tiny_config('c2i', dim=32, block_size=36))
+    with self.assertRaisesRegex(ValueError, r"draft model's model_type 't2i' differs from the "
+                                r"target's 'c2i'"):
+      run(tiny_config('t2i', dim=32))
+    self.assertEqual(run(tiny_config('c2i', dim=32)).tokens.shape, (2, config.block_size))
+
   def test_left_pad_captions(self):
     features = jnp.arange(2 * 4 * 1, dtype=jnp.float32).reshape(2, 4, 1) + 1
     mask = jnp.array([[1, 1, 0, 0], [1, 1, 1, 1]])

@@ -20,6 +20,7 @@ from unittest import mock
 
 from absl.testing import absltest
 import jax
+import ml_collections
 import numpy as np
 
 import specdec_jax
@@ -339,6 +340,49 @@ class SampleErrorsTest(absltest.TestCase):
     self.assertEqual(pathlib.Path(out_dir, sample_output.SAMPLES).read_bytes(),
                      pathlib.Path(REFERENCE, sample_output.SAMPLES).read_bytes())
 
+  def test_a_folder_recording_the_older_model_identity_continues(self):
+    """Folders sampled before the identity left out conversion dates and paths hold the
+    whole metadata files' hashes: the same checkpoints, recognised; another model's
+    hashes are still refused."""
+    out_dir = os.path.join(_TMP.name, 'older_identity')
+    shutil.copytree(REFERENCE, out_dir)
+    config = self.config(out_dir=out_dir, fast_compile=True)  # the reference's settings
+    path = pathlib.Path(out_dir, sample_output.CONFIG)
+    stored = json.loads(path.read_text())
+    older = sample_model.identity(config.model, whole_files=True)
+    self.assertNotEqual(older, stored['fingerprint']['model'])
+    for model, refused in ((dict(older, target='0' * 64), True), (older, False)):
+      path.write_text(json.dumps(dict(stored, fingerprint=dict(stored['fingerprint'],
+                                                                model=model))))
+      if refused:
+        with self.assertRaisesRegex(sample_folder.FolderMismatchError, "model.target: '0000"):
+          sample.run(config)
+      else:
+        self.assertEqual(sample.run(config)['num_images'], NUM_IMAGES)
+
+  def test_a_checkpoint_converted_again_elsewhere_is_the_same_model(self):
+    """The identity hashed the whole metadata file, with the conversion date and the
+    source's path: converting the same file again stopped every restart."""
+    params = {'w': np.ones((2, 2), np.float32)}
+    folders = []
+    for name in ('first', 'second'):
+      source = pathlib.Path(_TMP.name, 'sources', name, 'model.pt')
+      source.parent.mkdir(parents=True)
+      source.write_bytes(b'the same weights')
+      folders.append(common.write_params_atomic(
+          os.path.join(_TMP.name, 'converted', name), params, config={'dim': 2},
+          source_files=[source], extra_meta=dict(model='llamagen_gpt')))
+    model = lambda folder: ml_collections.ConfigDict(dict(
+        kind='llamagen', checkpoint=str(folder), vq=str(folder), eagle='', draft_model='',
+        scan_layers=False))
+    same = [sample_model.identity(model(folder), 'float32') for folder in folders]
+    self.assertEqual(same[0], same[1])
+    older = [sample_model.identity(model(folder), 'float32', True) for folder in folders]
+    self.assertNotEqual(older[0], older[1])
+    (folders[1] / 'specdec_meta.json').write_text((folders[1] / 'specdec_meta.json').read_text()
+                                                 .replace('"dim": 2', '"dim": 3'))
+    self.assertNotEqual(sample_model.identity(model(folders[1]), 'float32'), same[0])
+
   def test_every_preset_passes_and_every_field_is_checked(self):
     for preset in (sample_fashion, sample_llamagen_c2i):
       cli.check_fields(preset.get_config(), sample.CONFIG_CHECKS)
@@ -414,6 +458,38 @@ class SampleErrorsTest(absltest.TestCase):
       self.assertTrue(all(isinstance(x, jax.Array) for x in jax.tree.leaves(params)))
     for first, second in zip(*calls):  # the same placed arrays in every step
       self.assertTrue(all(a is b for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second))))
+
+  def test_checkpoints_that_do_not_fit_are_config_errors_naming_the_field(self):
+    """A tokenizer for another vocabulary decoded black images with exit 0; a drafter
+    or folder of the wrong kind was a traceback (README: one line, exit status 2)."""
+    config = self.config()
+    config.model.update(kind='llamagen', checkpoint=os.path.join(BUNDLE, 'target'),
+                        vq=os.path.join(BUNDLE, 'tokenizer'), bundle_dir='')
+
+    def write_gpt(name, **fields):
+      gpt = llamagen.GPTConfig(**dict(dict(dim=32, n_layer=1, n_head=2, vocab_size=32,
+                                           num_classes=10, block_size=256, multiple_of=32),
+                                      **fields))
+      folder = os.path.join(_TMP.name, 'unfit', name)
+      common.write_params_atomic(
+          folder, llamagen.LlamaGenGPT(gpt).init_params(jax.random.key(0)),
+          config=dataclasses.asdict(gpt), source_files=[], extra_meta=dict(model='llamagen_gpt'))
+      return folder
+
+    for changes, message in (
+        (dict(checkpoint=os.path.join(BUNDLE, 'tokenizer')),
+         r"config.model.checkpoint=.*holds a 'patch_kmeans' tokenizer checkpoint, not a LlamaGen"),
+        (dict(checkpoint=write_gpt('vocab48', vocab_size=48)),
+         r'config.model.vq=.* has 32 codebook entries, but the GPT .* vocabulary of 48'),
+        (dict(checkpoint=write_gpt('dim64', dim=64), eagle=os.path.join(BUNDLE, 'eagle')),
+         r'config.model.eagle=.*head_kernel'),
+        (dict(draft_model=write_gpt('t2i', model_type='t2i', caption_dim=8, cls_token_num=3)),
+         r"config.model.draft_model=.*model_type 't2i' differs from the target's 'c2i'"),
+        (dict(draft_model=write_gpt('grid8', block_size=64)),
+         r"config.model.draft_model=.*grid_size 8 differs from the target's 16")):
+      with self.subTest(message):
+        with self.assertRaisesRegex(cli.ConfigError, message):
+          sample_model.load(ml_collections.ConfigDict(dict(config.model.to_dict(), **changes)))
 
   def test_the_early_drafter_table_is_the_methods_own(self):
     family = family_lib.load(BUNDLE)

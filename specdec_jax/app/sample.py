@@ -141,6 +141,8 @@ class Sampler:
     self.method = sample_model.build_method(config, self.family)
     self.conditions = sample_model.conditions(config, self.family)
     self.fingerprint = fingerprint(config, identity, self.conditions)
+    # A folder sampled before the identity left out conversion dates and paths.
+    self.older_model = sample_model.identity(config.model, identity.get('dtype'), True)
     self.sampling = logits_lib.Sampling(**config.sampling.to_dict())
     if jax.device_count() % config.model_parallel:
       raise cli.ConfigError(f'config.model_parallel={config.model_parallel} does not divide '
@@ -218,9 +220,10 @@ class Sampler:
     return compile_s
 
 
-def prepare_folder(config, fingerprint_: dict) -> list[int]:
+def prepare_folder(config, fingerprint_: dict, older_model: dict | None = None) -> list[int]:
   """Checks/creates the output folder (the caller holds its lock); returns the chunks
-  still to do (all processes get process 0's list).
+  still to do (all processes get process 0's list). older_model: the model identity
+  in the form older folders recorded (`sample_model.identity`'s whole_files).
 
   Process 0 verifies every committed chunk (`sample_output.chunk_problem`):
   one whose manifest or files are damaged or missing, or whose images do not
@@ -232,7 +235,7 @@ def prepare_folder(config, fingerprint_: dict) -> list[int]:
   # With another version's folder, a setting added since is accepted at its default.
   restart = sample_processes.agreed('check the output folder', lambda: sample_folder.check_folder(
       out_dir, fingerprint_, tolerated, record=first,
-      defaults=settings(sample_fashion.get_config())))
+      defaults=settings(sample_fashion.get_config()), older_forms=dict(model=older_model)))
   ranges = chunk_ranges(config)
 
   def committed_chunks() -> np.ndarray:
@@ -285,7 +288,7 @@ def run(config) -> dict | None:
 
 def _run_locked(config, started: float) -> dict | None:
   sampler = sample_processes.agreed('load the model and the method', lambda: Sampler(config))
-  pending = prepare_folder(config, sampler.fingerprint)
+  pending = prepare_folder(config, sampler.fingerprint, sampler.older_model)
   ranges, process_count = chunk_ranges(config), jax.process_count()
   schedule = sample_plan.rounds(pending, sampler.writers, process_count)
   if jax.process_index() == 0:

@@ -101,7 +101,8 @@ def settings_added_at_default(stored: dict, fingerprint: dict, defaults: dict,
 
 
 def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
-                 record: bool = False, defaults: dict | None = None) -> bool:
+                 record: bool = False, defaults: dict | None = None,
+                 older_forms: dict | None = None) -> bool:
   """Raises FolderMismatchError unless the folder is new or has this fingerprint.
 
   Args:
@@ -113,6 +114,9 @@ def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
       'code' tolerated, settings the folder lacks are accepted at these
       defaults (`settings_added_at_default`), logged and recorded with the
       code's change.
+    older_forms: {key: value}: a folder holding `value` at a top-level key holds
+      this fingerprint's value in the form an older version recorded (the same
+      model's identity, hashed another way): accepted as equal, and logged.
   A key of GROWABLE that is larger now than in the folder extends the set:
   logged, and with `record` written into config.json (its fingerprint and
   config take the new value; `extended` lists each growth). A smaller one is
@@ -139,6 +143,10 @@ def check_folder(out_dir, fingerprint: dict, tolerated: tuple[str, ...] = (),
                               'this job. Delete it or write to a new --config.out_dir.') from None
   # A JSON round trip turns tuples into lists, so compare like with like.
   fingerprint = json.loads(json.dumps(fingerprint, default=str))
+  for key, older in (older_forms or {}).items():
+    if older is not None and stored.get(key) == json.loads(json.dumps(older, default=str)):
+      logging.info('%s records %s in an older form (%s); it is this run\'s.', out_dir, key, older)
+      stored = dict(stored, **{key: fingerprint[key]})
   added = []
   if 'code' in tolerated and defaults is not None:
     stored, added = settings_added_at_default(

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import pathlib
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from specdec_jax import mode_base
 from specdec_jax.app import cli
 from specdec_jax.app import config_checks
 from specdec_jax.app import family as family_lib
@@ -39,9 +42,38 @@ METHODS = tuple(m for m in methods_lib.METHOD_NAMES if m != 'vanilla_seed1')
 DRAFTER_FIELDS = {'eagle': 'eagle', 'draft_model': 'draft_model'}  # Method.drafter -> config
 
 
-def _meta_sha256(folder) -> str:
-  """SHA-256 of a checkpoint folder's metadata (its config and source-file hashes)."""
-  return hashlib.sha256((pathlib.Path(folder) / common.META_FILENAME).read_bytes()).hexdigest()
+def _meta_sha256(folder, whole_file: bool = False) -> str:
+  """SHA-256 of a checkpoint folder's metadata: its config, layout and the hashes of the
+  files it was converted from, without when and from where ('date', the source
+  paths), so the same source converted again, or on another machine, is the same
+  model. whole_file: the file's own hash, the identity folders sampled before
+  this version recorded (`identity`'s older form)."""
+  path = pathlib.Path(folder) / common.META_FILENAME
+  if whole_file:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+  meta = json.loads(path.read_text())
+  meta.pop('date', None)
+  meta['source_files'] = [{k: v for k, v in source.items() if k != 'path'}
+                          for source in meta.get('source_files', [])]
+  return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def identity(model: ml_collections.ConfigDict, dtype: str | None = None,
+             whole_files: bool = False) -> dict:
+  """What the images depend on in config.model (the output folder's fingerprint holds
+  it, not the paths: the same checkpoints reached by another path give the same
+  images): each checkpoint's `_meta_sha256` and, for kind llamagen, the resolved
+  compute dtype and scan_layers."""
+  digest = lambda folder: _meta_sha256(folder, whole_files)
+  if model.kind == 'fashion':
+    root = pathlib.Path(model.bundle_dir) if model.bundle_dir else family_lib.BUNDLE_DIR
+    return dict(kind='fashion', **{part: digest(root / part) for part in family_lib.PARTS})
+  found = dict(kind='llamagen', checkpoint=digest(model.checkpoint), vq=digest(model.vq),
+               dtype=dtype, scan_layers=bool(model.scan_layers))
+  for field in DRAFTER_FIELDS.values():
+    if model[field]:
+      found[field] = digest(model[field])
+  return found
 
 
 def _require_checkpoint(field: str, path: str) -> pathlib.Path:
@@ -85,40 +117,45 @@ def check_model_config(model: ml_collections.ConfigDict) -> None:
 
 
 def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
-  """Loads the model family; returns it with its identity (metadata hashes per part).
-
-  The identity, not the paths, goes into the output folder's fingerprint: the
-  same checkpoints reached by another path give the same images.
-  """
+  """Loads the model family; returns it with its `identity`."""
   check_model_config(model)
   if model.kind == 'fashion':
     root = pathlib.Path(model.bundle_dir) if model.bundle_dir else family_lib.BUNDLE_DIR
-    family = family_lib.load(root)
-    return family, dict(kind='fashion', **{part: _meta_sha256(root / part)
-                                           for part in family_lib.PARTS})
-  target, target_params = llamagen_converter.load_llamagen(
-      model.checkpoint, dtype=model.dtype, scan_layers=model.scan_layers)
-  tokenizer, tokenizer_params = vq_converter.load_tokenizer(model.vq)
+    return family_lib.load(root), identity(model)
+  target, target_params = _checked(model, 'checkpoint', lambda: llamagen_converter.load_llamagen(
+      model.checkpoint, dtype=model.dtype, scan_layers=model.scan_layers))
+  tokenizer, tokenizer_params = _checked(model, 'vq', lambda: vq_converter.load_tokenizer(model.vq))
+  if tokenizer.vocab_size != target.vocab_size:  # else the images come out black, silently
+    raise cli.ConfigError(
+        f'config.model.vq={model.vq!r} has {tokenizer.vocab_size} codebook entries, but the GPT '
+        f'of config.model.checkpoint={model.checkpoint!r} has a vocabulary of '
+        f'{target.vocab_size} image tokens: give the tokenizer the GPT was trained with.')
   eagle = eagle_params = draft_gpt = draft_gpt_params = None
   if model.eagle:
-    eagle, eagle_params = lantern_drafter.load_drafter(
-        model.eagle, target_params['output']['kernel'], dtype=model.dtype)
+    eagle, eagle_params = _checked(model, 'eagle', lambda: lantern_drafter.load_drafter(
+        model.eagle, target_params['output']['kernel'], dtype=model.dtype))
+    _checked(model, 'eagle', lambda: eagle.check_target(target))
   if model.draft_model:
-    draft_gpt, draft_gpt_params = llamagen_converter.load_llamagen(model.draft_model,
-                                                                   dtype=model.dtype)
+    draft_gpt, draft_gpt_params = _checked(model, 'draft_model', lambda: (
+        llamagen_converter.load_llamagen(model.draft_model, dtype=model.dtype)))
+    _checked(model, 'draft_model', lambda: mode_base.check_same_layout(target, draft_gpt))
   family = family_lib.Family(
       tokenizer=tokenizer, tokenizer_params=tokenizer_params, target=target,
       target_params=target_params, eagle=eagle, eagle_params=eagle_params,
       draft_gpt=draft_gpt, draft_gpt_params=draft_gpt_params, classifier_params=None,
       reference_mean=None, reference_cov=None, classifier_test_accuracy=float('nan'),
       manifest={})
-  identity = dict(kind='llamagen', checkpoint=_meta_sha256(model.checkpoint),
-                  vq=_meta_sha256(model.vq), dtype=str(target.config.dtype),
-                  scan_layers=bool(model.scan_layers))
-  for field in DRAFTER_FIELDS.values():
-    if model[field]:
-      identity[field] = _meta_sha256(model[field])
-  return family, identity
+  return family, identity(model, str(target.config.dtype))
+
+
+def _checked(model: ml_collections.ConfigDict, field: str, load: Callable) -> Any:
+  """load(), with a checkpoint that does not fit (ValueError: the converters' read and
+  key errors, a drafter for another target; OSError: a missing file) as a ConfigError
+  naming config.model.<field>."""
+  try:
+    return load()
+  except (ValueError, OSError) as error:
+    raise cli.ConfigError(f'config.model.{field}={model[field]!r}: {error}') from error
 
 
 def build_method(config: ml_collections.ConfigDict,
