@@ -32,6 +32,7 @@ size); `build_prompt` builds both kinds of rows.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -265,6 +266,16 @@ class ChameleonModel:
   def check_cond(self, cond: ChameleonPrompt) -> None:
     """Checks a concrete prompt's ids and padding too (`specdec_jax.checks`)."""
     check_prompt(cond.tokens, cond.mask, vocab_size=self.vocab_size, what='generate: cond')
+
+  def check_sampling(self, sampling) -> None:
+    """Warns when image tokens are sampled without Lumina-mGPT's image layout."""
+    if not isinstance(sampling, lumina_layout.LuminaSampling):
+      warnings.warn(
+          f'generate: ChameleonModel sampled with a plain {type(sampling).__name__}: nothing '
+          'keeps the tokens to the image layout (image ids only, an end-of-row token after '
+          'each row), so they may not form an image. For Lumina-mGPT images pass '
+          "lumina_layout.LuminaSampling.preset('lumina_mgpt', layout=...).", UserWarning,
+          stacklevel=6)
 
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     c = self.config

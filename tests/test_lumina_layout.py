@@ -1,6 +1,7 @@
 """Tests for models/lumina_layout.py: image-token layout and the window-aware processor."""
 
 import functools
+import warnings
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -148,13 +149,22 @@ class EngineLayoutTest(parameterized.TestCase):
     layout = ll.ImageLayout(2, 4)
     prompt = chameleon.build_prompt([[0, 9, 8710], [0, 10, 11, 8710]], layout)
     mode = decode.Vanilla() if mode_name == 'vanilla' else decode.Jacobi(window)
-    result = decode.generate(
+    run = lambda sampling_class: decode.generate(
         model, params, prompt, num_tokens=layout.body_length, key=jax.random.key(3),
         mode=mode, rule=None if mode_name == 'vanilla' else rules.Lossless(),
-        sampling=ll.LuminaSampling(layout=layout, cfg_scale=3.0, top_k=2000),
+        sampling=sampling_class(layout=layout, cfg_scale=3.0, top_k=2000),
         compiler_options=decode.FAST_COMPILE)
+    with warnings.catch_warnings():
+      warnings.simplefilter('error')
+      result = run(ll.LuminaSampling)
     for body in np.asarray(result.tokens):
       self.assertTrue(ll.is_valid_body(body, layout), body)
+    # README's plain preset (a Sampling without the layout): invalid bodies, silently.
+    plain = lambda layout, **values: logits_lib.Sampling(guide_below_one=True, **values)
+    with self.assertWarnsRegex(UserWarning, r'ChameleonModel sampled with a plain Sampling.*'
+                                            r"LuminaSampling.preset\('lumina_mgpt', layout"):
+      result = run(plain)
+    self.assertFalse(any(ll.is_valid_body(body, layout) for body in np.asarray(result.tokens)))
 
   def test_sampling_needs_token_index(self):
     sampling = ll.LuminaSampling(layout=ll.ImageLayout(2, 2))
