@@ -37,10 +37,10 @@ RTOL = 1e-4
 BATCH, LENGTH = 2, 7
 
 
-def config_json(kind):
+def config_json(kind, layers=1):
   """A LANTERN-style config.json for a tiny drafter."""
   base = {'hidden_size': 64, 'num_attention_heads': 4, 'num_key_value_heads': 4,
-          'intermediate_size': 96, 'vocab_size': 48, 'num_hidden_layers': 1,
+          'intermediate_size': 96, 'vocab_size': 48, 'num_hidden_layers': layers,
           'hidden_act': 'silu', 'rope_theta': 10000.0}
   if kind == 'llamagen':
     base.update(rms_norm_eps=1e-6, input_type='c2i', caption_dim=2048)  # 576 tokens, cls 0
@@ -80,10 +80,10 @@ def _tempdir(test):
   return pathlib.Path(path)
 
 
-def write_drafter_dir(path, kind, state, weights='model.safetensors'):
+def write_drafter_dir(path, kind, state, weights='model.safetensors', layers=1):
   """config.json + weights; `pytorch_model.bin` (the released name) needs torch."""
   path.mkdir(parents=True, exist_ok=True)
-  (path / 'config.json').write_text(json.dumps(config_json(kind)))
+  (path / 'config.json').write_text(json.dumps(config_json(kind, layers)))
   if weights.endswith('.bin'):
     ref.torch.save({k: ref.as_torch(v) for k, v in state.items()}, path / weights)
   else:
@@ -92,9 +92,9 @@ def write_drafter_dir(path, kind, state, weights='model.safetensors'):
 
 
 @functools.lru_cache(maxsize=None)
-def fixture(kind):
+def fixture(kind, layers=1):
   """(config, state dict, head weight [V, E], tokens [B, L], hidden [B, L, E]), numpy."""
-  config = convert.drafter_config_from_json(config_json(kind), kind)
+  config = convert.drafter_config_from_json(config_json(kind, layers), kind)
   state = random_drafter_state(config)
   rng = np.random.default_rng(5)
   head = (rng.standard_normal((config.vocab_size, config.hidden_size)) * 0.2).astype(np.float32)
@@ -170,16 +170,18 @@ class ConfigTest(absltest.TestCase):
 @ref.requires_torch
 class ParityTest(parameterized.TestCase):
 
-  @parameterized.parameters('llamagen', 'lumina')
-  def test_converted_drafter_matches_torch(self, kind):
-    config, state, head, tokens, hidden = fixture(kind)
+  @parameterized.parameters(('llamagen', 1), ('lumina', 1), ('llamagen', 2))
+  def test_converted_drafter_matches_torch(self, kind, layers):
+    """Two layers: EAGLE's layers after the first normalise their input (the released
+    drafters have one layer, so only this test sees layer 1)."""
+    config, state, head, tokens, hidden = fixture(kind, layers)
     folder = write_drafter_dir(_tempdir(self) / 'drafter', kind, state,
-                               weights='pytorch_model.bin')
+                               weights='pytorch_model.bin', layers=layers)
     out = convert.convert_dir(folder, folder.parent / 'converted')  # defaults: lossless
     model, params = convert.load_drafter(out, head.T)
     self.assertEqual(model.config, config)
     expected_logits, expected_features = ref_eagle.drafter_forward(
-        state, config_json(kind), kind, head, tokens, hidden)
+        state, config_json(kind, layers), kind, head, tokens, hidden)
     result = jit_forward(model, params, model.init_cache(BATCH, LENGTH + 3),
                          jnp.asarray(tokens, jnp.int32), jnp.asarray(hidden))
     chex.assert_shape(result.logits, (BATCH, LENGTH, config.vocab_size))

@@ -85,6 +85,10 @@ class FrechetTest(absltest.TestCase):
     logits, features = model.apply(params, images)
     self.assertEqual(logits.shape, (2, 10))
     self.assertEqual(features.shape, (2, 128))
+    # uint8 pixels are the tokenizers' [-1, 1] images (as training saw them).
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 1)).astype(np.uint8)
+    np.testing.assert_allclose(model.apply(params, pixels)[1],
+                               model.apply(params, pixels / 127.5 - 1.0)[1], rtol=1e-5, atol=1e-6)
 
 
 def write_idx(path, array):

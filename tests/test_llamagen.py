@@ -106,6 +106,22 @@ class ParityTest(parameterized.TestCase):
     chex.assert_shape(actual, (2, config.block_size, config.vocab_size))
     self.assertLess(rel_err(actual, expected), RTOL)
 
+  def test_caption_projection_matches_torch(self):
+    """cap_proj (fc1 -> GELU, tanh form -> fc2) at 1e-5 on features of scale 4: the
+    whole-model tolerance (1e-4) cannot tell the exact GELU from the tanh form."""
+    config, state, params = fixture('t2i')
+    features = 4 * t2i_inputs(config)[0]
+    torch = ref.torch
+    fc1, fc2 = (torch.as_tensor(np.asarray(state[f'cls_embedding.cap_proj.{name}.weight']))
+                for name in ('fc1', 'fc2'))
+    hidden = torch.as_tensor(features) @ fc1.T
+    expected = (torch.nn.functional.gelu(hidden, approximate='tanh') @ fc2.T).numpy()
+    actual = llamagen.LlamaGenGPT(config).module.apply(
+        {'params': params}, jnp.asarray(features), method=llamagen.GPTModule.embed_cond)
+    np.testing.assert_allclose(np.asarray(actual), expected, rtol=1e-5, atol=1e-5)
+    exact = (torch.nn.functional.gelu(hidden) @ fc2.T).numpy()  # the test can tell them apart
+    self.assertGreater(np.abs(exact - expected).max(), 1e-4)
+
   def test_padding_matters(self):
     # Guard against a vacuous t2i test: masking the padding changes the logits.
     config, state, _ = fixture('t2i')

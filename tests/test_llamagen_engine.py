@@ -163,12 +163,24 @@ class EnginePathTest(parameterized.TestCase):
     self.assertEqual(run(tiny_config('c2i', dim=32)).tokens.shape, (2, config.block_size))
 
   def test_left_pad_captions(self):
-    features = jnp.arange(2 * 4 * 1, dtype=jnp.float32).reshape(2, 4, 1) + 1
-    mask = jnp.array([[1, 1, 0, 0], [1, 1, 1, 1]])
+    """3 and 1 of 5 tokens valid (neither 0 nor half the row: a rotation the wrong way
+    gives the same rows for 2 of 4)."""
+    features = jnp.arange(3 * 5 * 1, dtype=jnp.float32).reshape(3, 5, 1) + 1
+    mask = jnp.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
     cond = llamagen.left_pad_captions(features, mask)
-    np.testing.assert_array_equal(cond.features[0, :, 0], [0, 0, 1, 2])
-    np.testing.assert_array_equal(cond.features[1, :, 0], [5, 6, 7, 8])
-    np.testing.assert_array_equal(cond.mask, [[0, 0, 1, 1], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(cond.features[..., 0], [[0, 0, 1, 2, 3], [0, 0, 0, 0, 6],
+                                                          [11, 12, 13, 14, 15]])
+    np.testing.assert_array_equal(cond.mask, [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [1] * 5])
+
+  def test_t2i_cfg_rows_share_the_caption_mask(self):
+    """LlamaGen's generate masks the unconditional rows with the captions' own mask
+    (`emb_masks` twice), not with an all-valid one."""
+    model = llamagen.LlamaGenGPT(tiny_config('t2i'))
+    params = model.init_params(jax.random.key(0))
+    mask = jnp.array([[0, 0, 0, 1, 1, 1, 1, 1], [0] * 7 + [1]], bool)
+    rows = model.cfg_cond(params, llamagen.CaptionCond(jnp.ones((2, 8, 24)), mask))
+    np.testing.assert_array_equal(rows.mask, jnp.concatenate([mask, mask]))
+    self.assertEqual(rows.features.shape, (4, 8, 24))
 
 
 if __name__ == '__main__':

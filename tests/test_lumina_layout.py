@@ -42,6 +42,8 @@ class LayoutTest(parameterized.TestCase):
     # 1 start + 2 resolution + 48 rows of 49 + 1 end = 2356 tokens.
     self.assertEqual(3 + layout.body_length, 2356)
     self.assertEqual(ll.ImageLayout(32, 32).header_tokens()[1], 8820)
+    # Height first, then width, as Lumina-mGPT's item processor (a square hides a swap).
+    self.assertEqual(ll.ImageLayout(4, 6).header_tokens(), (8197, 8806, 8807))
 
   def test_odd_size_has_no_header(self):
     with self.assertRaisesRegex(ValueError, 'must be even'):

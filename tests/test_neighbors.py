@@ -81,6 +81,11 @@ class NeighborTableTest(parameterized.TestCase):
     # Ids without neighbours (text, layout, out of range) give -1 rows.
     outside = np.asarray(neighbors.neighbors_of(table, np.array([0, 35, 40, -1])))
     np.testing.assert_array_equal(outside, neighbors.NO_NEIGHBOR)
+    # Beyond a table whose last row holds neighbours (not the clipped last row).
+    dense = neighbors.neighbor_table(codebook, 5)  # 30 codes, every row real
+    self.assertTrue(np.all(dense[-1] >= 0))
+    np.testing.assert_array_equal(neighbors.neighbors_of(dense, np.array([30, 33, -1])),
+                                  neighbors.NO_NEIGHBOR)
 
   def test_default_vocabulary_is_offset_plus_codes(self):
     codebook = np.random.default_rng(3).normal(size=(12, 4))

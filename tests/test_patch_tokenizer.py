@@ -37,6 +37,13 @@ class PatchTokenizerTest(absltest.TestCase):
     np.testing.assert_array_equal(tokenizer.encode(params, noisy.astype(np.float32)), tokens)
     as_uint8 = tokenizer.to_uint8(images)
     np.testing.assert_array_equal(tokenizer.encode(params, as_uint8), tokens)
+    # Patches with one bright pixel each (row-major p x p inside a patch): a transpose
+    # inside the patch swaps tokens 1 and 2 (constant patches hide it).
+    params = patch_tokenizer.init_params(tokenizer.config, 2 * np.eye(4, dtype=np.float32) - 1)
+    images = np.asarray(tokenizer.decode(params, jnp.asarray(tokens), (2, 3)))
+    self.assertEqual((images[0, 0, 3, 0], images[0, 1, 2, 0]), (1.0, -1.0))  # token 1: top right
+    self.assertEqual(images[0, 1, 4, 0], 1.0)  # token 2 at grid (0, 2): bottom left
+    np.testing.assert_array_equal(tokenizer.encode(params, images), tokens)
 
   def test_bad_input_is_a_clear_error(self):
     tokenizer = _tokenizer()
