@@ -186,7 +186,7 @@ def unwrap_checkpoint(
         state = obj[key]
         if isinstance(obj.get('ema'), Mapping):
           logging.info('converting the %r weights; the checkpoint also holds "ema" weights '
-                       '(--use_ema converts those).', key)
+                       '(use_ema=True converts those).', key)
         break
     if state is None:
       if obj and all(_is_array(v) for v in obj.values()):

@@ -182,15 +182,20 @@ def check_output_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> pat
 
 
 def _warn_stale_siblings(out_dir: pathlib.Path) -> None:
-  """Logs the temporary folders that interrupted writes of `out_dir` left (a killed
-  process cannot remove its `.<name>.tmp-<id>`; a 7B conversion leaves tens of GB)."""
+  """Logs the temporary folders earlier writes of `out_dir` left (a killed process
+  cannot remove its `.<name>.tmp-<id>`, a failed removal leaves `.<name>.old-<id>`;
+  a 7B conversion leaves tens of GB). Never fails: a folder another write is
+  changing now is named without its size."""
   stale = sorted(out_dir.parent.glob(f'.{glob.escape(out_dir.name)}.tmp-*')) + sorted(
       out_dir.parent.glob(f'.{glob.escape(out_dir.name)}.old-*'))
   for folder in stale:
-    size = sum(f.stat().st_size for f in folder.rglob('*') if f.is_file())
-    logging.warning('%s (%.1f MB) was left by an interrupted conversion into %s; delete it '
-                    'unless another conversion into that folder is running now.',
-                    folder, size / 1e6, out_dir)
+    try:
+      size = f' ({sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6:.1f} MB)'
+    except OSError:
+      size = ''
+    logging.warning('%s%s was left by an earlier, interrupted write into %s; delete it '
+                    'unless another write into that folder is running now.', folder, size,
+                    out_dir)
 
 
 def write_params_atomic(

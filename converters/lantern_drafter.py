@@ -258,8 +258,9 @@ def load_drafter(out_dir: str | os.PathLike, head_kernel: Any, dtype: str | None
   config = eagle.DrafterConfig(**fields)
   want = (config.hidden_size, config.vocab_size)
   if tuple(np.shape(head_kernel)) != want:
-    raise ValueError(f'load_drafter: head_kernel must have shape {want} (hidden, '
-                     f'vocab) to match the drafter, got {tuple(np.shape(head_kernel))}.')
+    raise common.CheckpointMismatchError(
+        f'load_drafter: head_kernel must have shape {want} (hidden, vocab) to match the '
+        f'drafter, got {tuple(np.shape(head_kernel))}: a drafter for another target.')
   params, _ = common.load_params(out_dir, dtype=config.dtype)
   drafter = eagle.EagleDrafter(config)
   expected = dict(jax.eval_shape(drafter.init_params, jax.random.key(0)))

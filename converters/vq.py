@@ -255,6 +255,11 @@ def convert(
 
 def load_tokenizer(out_dir: str | pathlib.Path, dtype: Any = None) -> tuple[Any, Any]:
   """Reads a converted or trained tokenizer: (VQTokenizer or PatchTokenizer, params)."""
+  held = common.read_meta(out_dir).get('model')
+  if held:  # a tokenizer's metadata has a `kind` instead: refused before reading weights
+    raise common.CheckpointReadError(
+        f'{str(out_dir)!r} holds a {held!r} checkpoint, not a tokenizer; convert one with '
+        'python -m specdec_jax.converters.vq.')
   params, meta = common.load_params(out_dir, dtype)
   if isinstance(meta.get('config'), dict) and meta['config'].get('kind') == 'patch_kmeans':
     config = patch_tokenizer.PatchTokenizerConfig.from_dict(meta['config'])

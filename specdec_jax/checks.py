@@ -129,9 +129,9 @@ def float_hyperparameters(rule):
 
   Every scalar leaf of a rule is a real-valued hyperparameter; as traced arguments an
   int (delta=2), a float (delta=2.5) and a 0-d jnp array differ in dtype, weak type or
-  sharding and would each compile the decode anew. Tracers, arrays with more than
-  one entry (neighbour tables, embeddings) and bools stay as they are; anything that
-  is not a rule is returned unchanged (`check_rule` names it).
+  sharding and would each compile the decode anew. Tracers, arrays of one or more
+  dimensions (neighbour tables, embeddings) and bools stay as they are; anything
+  that is not a rule is returned unchanged (`check_rule` names it).
   """
   if not isinstance(rule, rule_base.Rule):
     return rule

@@ -179,7 +179,7 @@ class LoadStateDictTest(absltest.TestCase):
     with self.assertLogs(level='INFO') as logs:
       common.unwrap_checkpoint({'model': _tiny_state(), 'ema': _tiny_state()})
     self.assertRegex(logs.output[-1], r"converting the 'model' weights; .* \"ema\" weights "
-                                      r'\(--use_ema converts those\)')
+                                      r'\(use_ema=True converts those\)')
 
   def test_no_weights_found(self):
     with self.assertRaisesRegex(common.CheckpointReadError, 'steps'):
@@ -291,11 +291,24 @@ class WriteParamsTest(absltest.TestCase):
     (self.dir / '.other.tmp-12345678').mkdir()  # another output's: not named
     with self.assertLogs(level='WARNING') as logs:
       common.write_params_atomic(self.dir / 'out', self.params, config={}, source_files=[])
-    named = [line for line in logs.output if 'interrupted conversion' in line]  # Orbax logs too
+    named = [line for line in logs.output if 'interrupted write' in line]  # Orbax logs too
     self.assertLen(named, 1)
-    self.assertRegex(named[0], r'\.out\.tmp-0badc0de \(2\.0 MB\) was left by an '
-                               r'interrupted conversion into .*out;')
+    self.assertRegex(named[0], r'\.out\.tmp-0badc0de \(2\.0 MB\) was left by an earlier, '
+                               r'interrupted write into .*out;')
     self.assertTrue(stale.exists())  # it may be another running conversion's: only named
+
+  def test_a_leftover_changing_under_the_report_does_not_fail_the_write(self):
+    """The folder may be another write's, running now: a file gone between listing and
+    stat leaves the folder named without its size, and the write goes on."""
+    (self.dir / '.out.tmp-0badc0de').mkdir()
+    vanished = mock.Mock(is_file=lambda: True, stat=mock.Mock(side_effect=FileNotFoundError))
+    with mock.patch.object(pathlib.Path, 'rglob', return_value=[vanished]):
+      with self.assertLogs(level='WARNING') as logs:
+        common.write_params_atomic(self.dir / 'out', self.params, config={}, source_files=[])
+    self.assertTrue(any(line.endswith('.out.tmp-0badc0de was left by an earlier, interrupted '
+                                      f'write into {self.dir / "out"}; delete it unless another '
+                                      'write into that folder is running now.')
+                        for line in logs.output), logs.output)
 
   def test_failed_replacement_keeps_the_old_output(self):
     # With --overwrite the old folder is moved aside, then the new one renamed in: if that
@@ -344,10 +357,16 @@ class WriteParamsTest(absltest.TestCase):
     from specdec_jax.converters import chameleon  # pylint: disable=g-import-not-at-top
     from specdec_jax.converters import janus  # pylint: disable=g-import-not-at-top
     from specdec_jax.converters import llamagen  # pylint: disable=g-import-not-at-top
+    from specdec_jax.converters import vq as vq_converter  # pylint: disable=g-import-not-at-top
     gpt = common.write_params_atomic(self.dir / 'gpt', self.params, config={},
                                      source_files=[], extra_meta={'model': 'llamagen_gpt'})
     vq = common.write_params_atomic(self.dir / 'vq', self.params, config={},
                                     source_files=[], extra_meta={'kind': 'llamagen_vq16'})
+    with mock.patch.object(common, 'load_params') as reads:  # refused before the weights
+      with self.assertRaisesRegex(common.CheckpointReadError, r"holds a 'llamagen_gpt' "
+                                  r'checkpoint, not a tokenizer'):
+        vq_converter.load_tokenizer(gpt)
+    reads.assert_not_called()
     for load, folder, message in (
         (chameleon.load_converted, gpt, r"holds a 'llamagen_gpt' checkpoint, not a Lumina-mGPT "
                                         r'\(Chameleon\) model; convert with python -m '

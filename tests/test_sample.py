@@ -490,6 +490,11 @@ class SampleErrorsTest(absltest.TestCase):
       with self.subTest(message):
         with self.assertRaisesRegex(cli.ConfigError, message):
           sample_model.load(ml_collections.ConfigDict(dict(config.model.to_dict(), **changes)))
+    # Another error while loading is a bug, not the checkpoint's: its traceback stays.
+    with mock.patch.object(sample_model.llamagen_converter, 'load_llamagen',
+                           side_effect=ValueError('a bug')):
+      with self.assertRaisesRegex(ValueError, '^a bug$'):
+        sample_model.load(config.model)
 
   def test_the_early_drafter_table_is_the_methods_own(self):
     family = family_lib.load(BUNDLE)

@@ -307,7 +307,7 @@ class RelaxedTreeMonteCarloTest(parameterized.TestCase):
   rules' formulas; the tree's second level has 2, 1 or 0 children depending on which
   root sibling was accepted. Power: n = 2^16 trees, 6 sigma per bin (+5 counts) over
   V (V + 1) = 72 bins: a bin of mass 0.1 detects 1.0 percentage point with probability
-  0.99, a bin of mass 0.01 0.33; every zero-mass bin must stay empty. Negative control: the same rule
+  0.99, a bin of mass 0.01 0.35; every zero-mass bin must stay empty. Negative control: the same rule
   resampling from the current target instead of its residual must fail.
   """
 

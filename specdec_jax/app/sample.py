@@ -161,20 +161,27 @@ class Sampler:
     # Rule leaves (neighbour tables, embeddings) as host arrays: a process-local
     # device array cannot enter a program over every process's devices.
     self.rule = jax.tree.map(np.asarray, self.method.rule)
-    # Decode parameters placed on the mesh once: `decode.generate` copies host and
-    # single-device leaves onto it on every call. (The family keeps its own.)
-    self.target_params = sharding.shard_params(self.family.target_params, self.mesh)
-    draft_params = methods_lib.drafter_params(self.method, self.family)
-    self.draft_params = (None if draft_params is None
-                         else sharding.shard_params(draft_params, self.mesh))
+    self.placed = None  # (target, drafter) parameters on the mesh: `placed_params`
+
+  def placed_params(self) -> tuple:
+    """(target, drafter or None) parameters on the mesh, placed once, at the first step:
+    `decode.generate` copies host and single-device leaves onto the mesh on every
+    call. Not in __init__: the placement is a collective over the processes, and
+    `agreed`'s load step must hold none (a process that failed to load skips it)."""
+    if self.placed is None:
+      draft = methods_lib.drafter_params(self.method, self.family)
+      self.placed = (sharding.shard_params(self.family.target_params, self.mesh),
+                     None if draft is None else sharding.shard_params(draft, self.mesh))
+    return self.placed
 
   def decode_step(self, step: sample_plan.StepPlan):
     """One global decode call; this process's rows: (tokens int32[b, L], metrics)."""
     cond = self.conditions.cond(step.condition_ids(self.conditions.count))
     kwargs = generate.decode_kwargs(self.method, self.family, cond, self.sampling, self.options)
     kwargs['rule'] = self.rule
-    if self.draft_params is not None:
-      kwargs['draft_params'] = self.draft_params
+    target_params, draft_params = self.placed_params()
+    if draft_params is not None:
+      kwargs['draft_params'] = draft_params
     if 'draft_cond' in kwargs:
       kwargs['draft_cond'] = jax.tree.map(np.asarray, kwargs['draft_cond'])
     # Host arrays: decode.generate places them on the global mesh.
@@ -182,7 +189,7 @@ class Sampler:
                                                        self.family.target_params, cond,
                                                        self.sampling))
     result = decode.generate(
-        self.family.target, self.target_params, rows, mesh=self.mesh,
+        self.family.target, target_params, rows, mesh=self.mesh,
         key=global_keys(step.key_indices(), self.config.seed, self.row_sharding),
         attention_phases=self.config.attention_phases, **kwargs)
     metrics = result.metrics.replace(counts=rows_of(result.metrics.counts, self.my_rows)).by_name()

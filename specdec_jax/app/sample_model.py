@@ -125,6 +125,7 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
   target, target_params = _checked(model, 'checkpoint', lambda: llamagen_converter.load_llamagen(
       model.checkpoint, dtype=model.dtype, scan_layers=model.scan_layers))
   tokenizer, tokenizer_params = _checked(model, 'vq', lambda: vq_converter.load_tokenizer(model.vq))
+  tokenizer_params = jax.device_put(tokenizer_params)  # each batch's decode would copy it
   if tokenizer.vocab_size != target.vocab_size:  # else the images come out black, silently
     raise cli.ConfigError(
         f'config.model.vq={model.vq!r} has {tokenizer.vocab_size} codebook entries, but the GPT '
@@ -134,11 +135,12 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
   if model.eagle:
     eagle, eagle_params = _checked(model, 'eagle', lambda: lantern_drafter.load_drafter(
         model.eagle, target_params['output']['kernel'], dtype=model.dtype))
-    _checked(model, 'eagle', lambda: eagle.check_target(target))
+    _checked(model, 'eagle', lambda: eagle.check_target(target), (ValueError,))
   if model.draft_model:
     draft_gpt, draft_gpt_params = _checked(model, 'draft_model', lambda: (
         llamagen_converter.load_llamagen(model.draft_model, dtype=model.dtype)))
-    _checked(model, 'draft_model', lambda: mode_base.check_same_layout(target, draft_gpt))
+    _checked(model, 'draft_model', lambda: mode_base.check_same_layout(target, draft_gpt),
+             (ValueError,))
   family = family_lib.Family(
       tokenizer=tokenizer, tokenizer_params=tokenizer_params, target=target,
       target_params=target_params, eagle=eagle, eagle_params=eagle_params,
@@ -148,13 +150,18 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
   return family, identity(model, str(target.config.dtype))
 
 
-def _checked(model: ml_collections.ConfigDict, field: str, load: Callable) -> Any:
-  """load(), with a checkpoint that does not fit (ValueError: the converters' read and
-  key errors, a drafter for another target; OSError: a missing file) as a ConfigError
-  naming config.model.<field>."""
+# What a checkpoint that does not fit raises: the converters' read and key errors, a
+# missing file. Other errors are bugs and keep their traceback.
+CHECKPOINT_ERRORS = (common.CheckpointReadError, common.CheckpointMismatchError,
+                     FileNotFoundError)
+
+
+def _checked(model: ml_collections.ConfigDict, field: str, load: Callable,
+             errors: tuple = CHECKPOINT_ERRORS) -> Any:
+  """load(), with `errors` as a ConfigError naming config.model.<field>."""
   try:
     return load()
-  except (ValueError, OSError) as error:
+  except errors as error:
     raise cli.ConfigError(f'config.model.{field}={model[field]!r}: {error}') from error
 
 
