@@ -61,7 +61,7 @@ def get_config():
   # Persistent compilation cache: '' = $XDG_CACHE_HOME/specdec_jax (~/.cache/specdec_jax),
   # 'off' = none, or a folder (specdec_jax.app.compile_cache).
   config.compilation_cache = ''
-  # XLA:CPU only: one thread per op (README, "The main command"); does not change images.
+  # XLA:CPU only: one thread per op (docs/results.md, "The main command"); no image changes.
   config.xla_cpu_single_thread = False
   config.fast_compile = False  # tests: cheaper XLA:CPU compilation (decode.FAST_COMPILE)
   config.stop_after_chunks = 0  # tests: stop (no merge) once this many chunks are committed

@@ -359,7 +359,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     compile_seconds (validation plus compilation) is 0.0 when a call with the
     same models, mode, shapes, dtypes, shardings, mesh, partition rules, rule and
     sampling structure ran before: only the conditioning's values are checked
-    then (host overhead about a millisecond; README "The decoding engine").
+    then (host overhead a few ms: README, "Results").
   Raises:
     ValueError (naming a bad argument, before any compilation), or
     metrics.NonFiniteProbabilitiesError (NaN/inf target probabilities; drafts warn).

@@ -184,8 +184,8 @@ def latency_pass(methods: list[methods_lib.Method], family: family_lib.Family, c
   order rotated by one each round), so all methods' times are drawn from the
   same stretch of time: these machines are noisy and drift over minutes, and
   a slow phase slows an SD decode more than a vanilla one, so timing one
-  method after another made a method's speedup depend on when it ran (README
-  "The main command").
+  method after another made a method's speedup depend on when it ran
+  (docs/results.md, "The main command").
 
   Args:
     methods: the methods; the first (vanilla) is the speed reference.
@@ -352,7 +352,7 @@ def define_flags() -> None:
 # XLA:CPU flags for the batch-1 regime: one thread per op. At one image with CFG
 # every op is tiny, and the intra-op thread pool's synchronisation costs more
 # than it saves (measured on 2 cores: SD iterations ~15% faster, vanilla
-# unchanged; README "The main command"). Every entry must be a --flag: XLA stops
+# unchanged; docs/results.md "The main command"). Every entry must be a --flag: XLA stops
 # reading XLA_FLAGS at the first token that is not one, dropping the rest.
 SINGLE_THREAD_XLA_FLAGS = ('--xla_cpu_multi_thread_eigen=false',)
 
