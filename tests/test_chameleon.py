@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import warnings
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -216,11 +217,12 @@ class ChameleonTest(parameterized.TestCase):
     texts = [[0, 17, 300, 8710], [0, 5, 6, 7, 8, 8710]]
     prompt = chameleon.build_prompt(texts, layout, cfg=True)
     num_tokens = 8
-    result = decode.generate(
-        model, params, prompt, num_tokens=num_tokens, key=jax.random.key(0),
-        mode=decode.Jacobi(4), rule=rules.Lossless(),
-        sampling=logits.Sampling(cfg_scale=3.0, temperature=0.0),
-        compiler_options=decode.FAST_COMPILE)
+    with self.assertWarnsRegex(UserWarning, 'plain Sampling'):  # no layout, as the reference
+      result = decode.generate(
+          model, params, prompt, num_tokens=num_tokens, key=jax.random.key(0),
+          mode=decode.Jacobi(4), rule=rules.Lossless(),
+          sampling=logits.Sampling(cfg_scale=3.0, temperature=0.0),
+          compiler_options=decode.FAST_COMPILE)
     for text, tokens in zip(texts, np.asarray(result.tokens)):
       header = list(layout.header_tokens())
       generated = []
@@ -259,9 +261,11 @@ class ChameleonTest(parameterized.TestCase):
         model, params, prompt, num_tokens=8, key=jax.random.key(0), mode=mode,
         sampling=logits.Sampling(cfg_scale=3.0, temperature=0.0),
         compiler_options=decode.FAST_COMPILE, **kw)
-    chain = run(decode.ChainDraft(3, 'eagle'), rule=rules.Lossless(), draft=drafter,
-                draft_params=draft_params)
-    vanilla = run(decode.Vanilla())
+    with warnings.catch_warnings():  # a plain Sampling on purpose: the tokens need no layout
+      warnings.filterwarnings('ignore', 'generate: ChameleonModel sampled with a plain')
+      chain = run(decode.ChainDraft(3, 'eagle'), rule=rules.Lossless(), draft=drafter,
+                  draft_params=draft_params)
+      vanilla = run(decode.Vanilla())
     np.testing.assert_array_equal(np.asarray(chain.tokens), np.asarray(vanilla.tokens))
 
 

@@ -163,6 +163,7 @@ class GreedyEndToEndTest(absltest.TestCase):
     # Through the compiled engine: vanilla and lossless Jacobi SD, greedy CFG.
     from specdec_jax import decode, logits, rules  # pylint: disable=g-import-not-at-top
     sampling = logits.Sampling(cfg_scale=cfg_scale, temperature=0)
+    params = jax.device_put(params)  # the loader's NumPy arrays, placed once
     for mode, rule in ((decode.Vanilla(), None), (decode.Jacobi(window=3), rules.Lossless())):
       result = decode.generate(model, params, cond, num_tokens=config.block_size,
                                key=jax.random.key(0), mode=mode, rule=rule, sampling=sampling)

@@ -147,7 +147,8 @@ class EnginePathTest(parameterized.TestCase):
     """A 36-token (grid 6) draft for a 16-token (grid 4) target ran at lower acceptance,
     its 2D RoPE placing tokens at another (row, column); a t2i draft for a c2i target
     failed inside JAX with a concatenate TypeError."""
-    config, params, model, _, cond = self._setup('c2i')
+    config, params, model, _, _ = self._setup('c2i')
+    cond = jnp.array([1, 2], jnp.int32)  # two images, unguided
     run = lambda draft_config: decode.generate(
         model, params, cond, num_tokens=config.block_size, key=jax.random.key(0),
         mode=decode.ChainDraft(2, 'model'), rule=rules.Lossless(),
