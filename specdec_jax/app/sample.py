@@ -205,6 +205,7 @@ class Sampler:
     steps = sample_plan.steps_per_chunk(config.chunk_size, self.local_batch)
     tokens, metrics, index = [], [], []
     for s in range(steps):
+      sample_processes.exit_if_stopped()  # a SIGTERM whose SystemExit a callback dropped
       step = sample_plan.step_plan(chunks, s, self.rows, config.num_images, config.chunk_size)
       step_tokens, step_metrics, seconds = self.decode_step(step)
       compile_s += seconds

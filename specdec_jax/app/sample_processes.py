@@ -94,18 +94,31 @@ def initialize_distributed(mode: str, coordinator_address, num_processes, proces
                           'docs/sampling.md, "Multi-host launch").') from e
 
 
+_STOPPED_BY: list[int] = []  # the signal that asked the job to stop, once one did
+
+
 def exit_on_sigterm() -> None:
   """Makes SIGTERM (scancel, preemption, `timeout`) raise SystemExit(143) in the
   main thread, so `finally` blocks run: the folder's lock is released and
   temporary files removed (Python's default ends the process at once, leaving the
   lock to refuse a requeued job on another host). The handler runs between Python
-  steps, so a decode inside XLA finishes first; SIGKILL still leaves the lock."""
+  steps, so a decode inside XLA finishes first; SIGKILL still leaves the lock.
+  Where the handler runs inside a callback that drops exceptions (JAX's garbage
+  collector callback prints and drops them), `exit_if_stopped` raises it again."""
 
   def handler(signum, frame):
     del frame
+    _STOPPED_BY.append(signum)
     raise SystemExit(128 + signum)
 
   signal.signal(signal.SIGTERM, handler)
+
+
+def exit_if_stopped() -> None:
+  """Raises SystemExit(128 + signal) when SIGTERM arrived (`exit_on_sigterm`), in case
+  its first SystemExit was dropped: the sampler calls this before each decode step."""
+  if _STOPPED_BY:
+    raise SystemExit(128 + _STOPPED_BY[0])
 
 
 def lock_folder(out_dir: str, break_lock: bool) -> files.FolderLock | None:
