@@ -94,9 +94,9 @@ def decode_kwargs(method: methods_lib.Method, family: family_lib.Family, labels,
   kwargs = dict(num_tokens=family.num_tokens, mode=method.mode, sampling=sampling,
                 rule=method.rule, compiler_options=mode_compiler_options(method.mode, options))
   if method.drafter == 'eagle':
-    kwargs.update(draft=family.eagle, draft_params=methods_lib.drafter_params(method, family))
+    kwargs.update(draft=family.eagle, draft_params=family.eagle_params)
   elif method.drafter == 'draft_model':
-    kwargs.update(draft=family.draft_gpt, draft_params=methods_lib.drafter_params(method, family),
+    kwargs.update(draft=family.draft_gpt, draft_params=family.draft_gpt_params,
                   draft_cond=cond_rows(family.draft_gpt, family.draft_gpt_params,
                                        jnp.asarray(labels), sampling))
   return kwargs

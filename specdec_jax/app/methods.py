@@ -163,8 +163,3 @@ def rule_hyperparameters(rule) -> dict:
     elif hasattr(value, 'ndim') and getattr(value, 'ndim') == 0:
       out[field.name] = float(value)
   return out
-
-
-def drafter_params(method: Method, family) -> Any:
-  """The parameters of the method's drafter in a `family.Family` (None without one)."""
-  return {'eagle': family.eagle_params, 'draft_model': family.draft_gpt_params}.get(method.drafter)

@@ -41,7 +41,6 @@ from specdec_jax.app import compile_cache
 from specdec_jax.app import config_checks
 from specdec_jax.app import files
 from specdec_jax.app import generate
-from specdec_jax.app import methods as methods_lib
 from specdec_jax.app import sample_folder
 from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
@@ -163,15 +162,16 @@ class Sampler:
     self.rule = jax.tree.map(np.asarray, self.method.rule)
     self.placed = None  # (target, drafter) parameters on the mesh: `placed_params`
 
-  def placed_params(self) -> tuple:
-    """(target, drafter or None) parameters on the mesh, placed once, at the first step:
-    `decode.generate` copies host and single-device leaves onto the mesh on every
-    call. Not in __init__: the placement is a collective over the processes, and
-    `agreed`'s load step must hold none (a process that failed to load skips it)."""
+  def placed_params(self, draft_params) -> tuple:
+    """(target, drafter or None) parameters on the mesh, placed once, at the first step
+    (draft_params: the method's drafter's, the same every step): `decode.generate`
+    copies host and single-device leaves onto the mesh on every call. Not in
+    __init__: the placement is a collective over the processes, and `agreed`'s load
+    step must hold none (a process that failed to load skips it)."""
     if self.placed is None:
-      draft = methods_lib.drafter_params(self.method, self.family)
       self.placed = (sharding.shard_params(self.family.target_params, self.mesh),
-                     None if draft is None else sharding.shard_params(draft, self.mesh))
+                     None if draft_params is None
+                     else sharding.shard_params(draft_params, self.mesh))
     return self.placed
 
   def decode_step(self, step: sample_plan.StepPlan):
@@ -179,7 +179,7 @@ class Sampler:
     cond = self.conditions.cond(step.condition_ids(self.conditions.count))
     kwargs = generate.decode_kwargs(self.method, self.family, cond, self.sampling, self.options)
     kwargs['rule'] = self.rule
-    target_params, draft_params = self.placed_params()
+    target_params, draft_params = self.placed_params(kwargs.get('draft_params'))
     if draft_params is not None:
       kwargs['draft_params'] = draft_params
     if 'draft_cond' in kwargs:

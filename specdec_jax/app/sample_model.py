@@ -120,8 +120,7 @@ def load(model: ml_collections.ConfigDict) -> tuple[family_lib.Family, dict]:
   """Loads the model family; returns it with its `identity`."""
   check_model_config(model)
   if model.kind == 'fashion':
-    root = pathlib.Path(model.bundle_dir) if model.bundle_dir else family_lib.BUNDLE_DIR
-    return family_lib.load(root), identity(model)
+    return family_lib.load(model.bundle_dir or None), identity(model)
   target, target_params = _checked(model, 'checkpoint', lambda: llamagen_converter.load_llamagen(
       model.checkpoint, dtype=model.dtype, scan_layers=model.scan_layers))
   tokenizer, tokenizer_params = _checked(model, 'vq', lambda: vq_converter.load_tokenizer(model.vq))
