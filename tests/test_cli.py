@@ -134,6 +134,10 @@ class EntryPointErrorsTest(parameterized.TestCase):
       ('gpt', ('--config.tokens_path={out}/absent.npz',), 'train a tokenizer first'),
       ('drafter', ('--config.target_dir={out}/absent',), 'train the target first'),
       ('vq', ('--config.data_dir={out}/absent',), 'Fashion-MNIST not found'),
+      ('drafter', ('--config.data_source=targett',), "config.data_source must be one of "
+       "('dataset', 'target'), got 'targett'"),
+      ('kmeans_tokenizer', ('--config.num_patches=10', '--config.codebook_size=16'),
+       'config.num_patches=10 is below config.codebook_size=16'),
   )
   def test_trainers(self, name, args, message):
     self.assert_refused_before_writing(f'specdec_jax.app.train.{name}', '--workdir={out}',

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from specdec_jax.app import cli
 from specdec_jax.app import training
 from specdec_jax.app.train import drafter as train_drafter
 from specdec_jax.app.train import gpt as train_gpt
@@ -290,6 +291,33 @@ class DrafterTrainerTest(absltest.TestCase, ManifestMixin):
       np.testing.assert_array_equal(params['embed_tokens']['embedding'],
                                     target_params['tok_embeddings']['embedding'])
       np.testing.assert_array_equal(params['fc']['kernel'], state.params['fc']['kernel'])
+
+  def test_cached_target_samples_are_those_of_the_config(self):
+    """The cache records the settings it was sampled with: other settings sample again
+    before any checkpoint, and are refused once checkpoints trained on the cache."""
+    target, target_params = tiny_target()
+    calls = []
+
+    def fake_sample(target, params, labels, **kw):
+      calls.append(kw)
+      return np.full((len(labels), NUM_TOKENS), len(calls), np.int32)
+
+    config = drafter_config(data_source='target', num_target_samples=4)
+    with tempfile.TemporaryDirectory() as workdir, mock.patch.object(
+        train_drafter, 'sample_from_target', fake_sample):
+      sequences = lambda config: train_drafter.training_sequences(
+          config, workdir, target, target_params, None)[0]
+      self.assertEqual(sequences(config)[0, 0], 1)
+      self.assertEqual(sequences(config)[0, 0], 1)  # cached
+      hotter = drafter_config(data_source='target', num_target_samples=4,
+                              sample_temperature=0.5)
+      self.assertEqual(sequences(hotter)[0, 0], 2)  # sampled again at the new temperature
+      self.assertEqual(calls[-1]['temperature'], 0.5)
+      os.makedirs(os.path.join(workdir, 'checkpoints', '10'))
+      with self.assertRaisesRegex(cli.ConfigError, 'was sampled with .*"sample_temperature": '
+                                  '0.5.*the checkpoints beside it trained on it'):
+        sequences(config)
+      self.assertLen(calls, 2)
 
   def test_greedy_target_samples_and_features_follow_the_target(self):
     target, target_params = tiny_target()

@@ -14,6 +14,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.app import cli
 from specdec_jax.app import training
 from specdec_jax.app.train import classifier as train_classifier
 
@@ -39,7 +40,7 @@ class ClassifierTrainingTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as workdir:
       _, accuracy = train_classifier.train(config, workdir, train_data, test_data)
       self.assertGreater(accuracy, 0.9)  # chance is 0.25
-      config.num_steps = 40  # resume: only steps 31..40 run
+      config.num_steps = 40  # resume, extended: only steps 31..40 run
       state, _ = train_classifier.train(config, workdir, train_data, test_data)
       self.assertEqual(int(state.step), 40)
       history = json.load(open(os.path.join(workdir, 'classifier_history.json')))
@@ -68,6 +69,9 @@ class FitTest(absltest.TestCase):
           _fit(workdir, batches, num_steps=4, **kw)
     with self.assertRaisesRegex(ValueError, 'batch_size=0: must be an integer >= 1'):
       training.epoch_batches((np.zeros((8, 1)),), 0, 0)
+    with self.assertRaisesRegex(cli.ConfigError, r'config.batch_size=9 exceeds the 8 training '
+                                r'examples; set config.batch_size to at most 8'):
+      training.epoch_batches((np.zeros((8, 1)),), 9, 0)
 
   def test_a_resumed_run_keeps_the_history_up_to_its_checkpoint(self):
     """Killed after 10 steps (last checkpoint at 8): the resumed history is the
@@ -94,6 +98,72 @@ class FitTest(absltest.TestCase):
     self.assertLen(history, 1)
     self.assertEqual(history[0]['step'], int(state.step))
     self.assertEqual(history[0]['loss'], (int(state.step) - 1) / 2)  # mean of 0..step-1
+
+
+def _run_config(**overrides):
+  values = dict(seed=0, learning_rate=1e-3, batch_size=2, num_steps=8, log_every=2,
+                save_every=4, tokens_path='a/tokens.npz', model=dict(dim=32, n_layer=2))
+  values.update(overrides)
+  return ml_collections.ConfigDict(values)
+
+
+class ResumeConfigTest(absltest.TestCase):
+  """A resumed run is the recorded run: fields that shape the training must match."""
+
+  batches = staticmethod(training.epoch_batches((np.zeros((8, 1)),), 2, 0))
+
+  def fit(self, workdir, config, stop_at=None):
+    batches = self.batches
+    if stop_at is not None:
+      batches = lambda start: itertools.islice(self.batches(start), stop_at - start)
+    return _fit(workdir, batches, num_steps=config.num_steps, log_every=config.log_every,
+                save_every=config.save_every, config=config)
+
+  def test_a_resume_with_another_config_is_refused(self):
+    with tempfile.TemporaryDirectory() as workdir:
+      self.fit(workdir, _run_config(), stop_at=5)  # killed after step 5; checkpoint at 4
+      for field, value, recorded in (('learning_rate', 0.05, 0.001), ('seed', 3, 0),
+                                     ('model.dim', 64, 32)):
+        changed = _run_config()
+        changed.update_from_flattened_dict({field: value})
+        with self.subTest(field), self.assertRaisesRegex(
+            cli.ConfigError, rf"holds checkpoints of a run with another config: "
+            rf"config.{field}={value!r} \(the checkpoints' run: {recorded!r}\)"):
+          self.fit(workdir, changed)
+      # How often it logs and saves, and where its inputs are, may change.
+      state, _ = self.fit(workdir, _run_config(log_every=1, save_every=2,
+                                               tokens_path='b/tokens.npz'))
+      self.assertEqual(int(state.step), 8)
+
+  def test_a_run_may_be_extended_but_not_cut_below_its_checkpoint(self):
+    with tempfile.TemporaryDirectory() as workdir:
+      self.fit(workdir, _run_config())  # checkpoint at 8
+      with self.assertRaisesRegex(cli.ConfigError, 'holds a checkpoint of step 8, past '
+                                  'config.num_steps=6; set num_steps to 8 or more'):
+        self.fit(workdir, _run_config(num_steps=6))
+      with self.assertLogs(level='WARNING') as logs:
+        state, _ = self.fit(workdir, _run_config(num_steps=12))
+      self.assertEqual(int(state.step), 12)
+      self.assertIn('resumed with another length (num_steps 8 -> 12)', ' '.join(logs.output))
+      with open(os.path.join(workdir, training.RUN_CONFIG_FILE)) as f:
+        self.assertEqual(json.load(f)['num_steps'], 12)  # the record follows the extension
+
+  def test_a_failed_start_does_not_fix_the_config(self):
+    """Without a checkpoint there is nothing to continue: any config may start afresh."""
+    with tempfile.TemporaryDirectory() as workdir:
+      self.fit(workdir, _run_config(), stop_at=2)  # no checkpoint yet (save_every 4)
+      state, _ = self.fit(workdir, _run_config(learning_rate=0.05))
+      self.assertEqual(int(state.step), 8)
+
+  def test_a_checkpoint_of_another_shape_is_a_config_error(self):
+    """A workdir from before the record: orbax's shape error becomes one message."""
+    with tempfile.TemporaryDirectory() as workdir:
+      _fit(workdir, self.batches, num_steps=4, save_every=4)
+      other = training.init_state({'w': jnp.ones(5)}, training.adamw(1e-3, total_steps=100))
+      with self.assertRaisesRegex(cli.ConfigError, r'the checkpoint of step 4 in .* does not '
+                                  r"fit this run's model or optimizer \(Requested shape"):
+        training.fit(_counting_step, other, self.batches, num_steps=8, workdir=workdir,
+                     key=jax.random.key(0), config=_run_config())
 
 
 class TimeBudgetTest(absltest.TestCase):

@@ -74,7 +74,7 @@ def train(config, workdir, train_data, test_data):
       make_step(model, optimizer), state,
       training.epoch_batches(train_data, config.batch_size, config.seed),
       num_steps=config.num_steps, workdir=workdir, key=key, log_every=config.log_every,
-      save_every=config.save_every, name='classifier', budget=budget)
+      save_every=config.save_every, name='classifier', budget=budget, config=config)
   logits, features = predict(model, state.params, test_data[0])
   accuracy = evaluation.class_accuracy(logits, test_data[1])
   mean, cov = evaluation.feature_statistics(features)

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specdec_jax.app import cli
 from specdec_jax.app import files
 from specdec_jax.app import training
 from specdec_jax.app.train import command
@@ -65,6 +66,9 @@ from specdec_jax.models import llamagen
 
 DRAFTER_DIR = 'drafter'
 SAMPLES_FILE = 'target_samples.npz'
+# The config fields the cached target samples depend on (recorded in the file).
+SAMPLE_SETTINGS = ('seed', 'num_target_samples', 'sample_batch_size', 'sample_temperature',
+                   'sample_cfg_scale')
 FROZEN = ('embed_tokens', 'lm_head')
 DATA_SOURCES = ('dataset', 'target')
 
@@ -164,7 +168,7 @@ def drafter_config_from(config, target_config: llamagen.GPTConfig) -> eagle.Draf
   if drafter_config.cls_token_num:
     # At inference such a drafter first consumes the condition positions
     # (`EagleDrafter.prefix_pairs`); `eagle_loss` trains on image pairs only.
-    raise ValueError(
+    raise cli.ConfigError(
         f'train.drafter: the target has {target_config.cls_token_num} condition positions; '
         'this trainer covers class-conditional targets (one), whose drafter has no prefix. '
         'Train caption-conditioned drafters with their condition prefix (LANTERN\'s '
@@ -279,18 +283,30 @@ def sample_from_target(target: llamagen.LlamaGenGPT, target_params: Any, labels:
   return np.concatenate(chunks)
 
 
+def check_data_source(config) -> None:
+  if config.data_source not in DATA_SOURCES:
+    raise cli.ConfigError(f'config.data_source must be one of {DATA_SOURCES}, got '
+                          f'{config.data_source!r}.')
+
+
 def training_sequences(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any,
                        data: dict) -> tuple[np.ndarray, np.ndarray]:
   """(tokens int32[S, N], labels int32[S]) the drafter trains on."""
-  if config.data_source not in DATA_SOURCES:
-    raise ValueError(f'config.data_source must be one of {DATA_SOURCES}, got '
-                     f'{config.data_source!r}.')
+  check_data_source(config)
   if config.data_source == 'dataset':
     return data['train_tokens'], data['train_labels']
   path = os.path.join(workdir, SAMPLES_FILE)
+  settings = json.dumps({k: config[k] for k in SAMPLE_SETTINGS}, sort_keys=True)
   if os.path.isfile(path):  # a resumed run trains on the same samples
     with np.load(path) as f:
-      return f['tokens'], f['labels']
+      recorded = str(f['settings']) if 'settings' in f else None
+      if recorded in (None, settings):  # None: a cache from before settings were recorded
+        return f['tokens'], f['labels']
+    if training.has_checkpoints(workdir):
+      raise cli.ConfigError(f'{path} was sampled with {recorded}, not {settings}, and the '
+                            'checkpoints beside it trained on it; use a new --workdir.')
+    logging.info('drafter: %s was sampled with %s; sampling again with %s', path, recorded,
+                 settings)
   rng = np.random.default_rng(config.seed)
   labels = rng.integers(0, target.config.num_classes, config.num_target_samples).astype(np.int32)
   tokens = sample_from_target(target, target_params, labels,
@@ -299,7 +315,7 @@ def training_sequences(config, workdir: str, target: llamagen.LlamaGenGPT, targe
                               temperature=config.sample_temperature,
                               cfg_scale=config.sample_cfg_scale)
   with files.atomic_file(path) as f:  # creates workdir
-    np.savez(f, tokens=tokens, labels=labels)
+    np.savez(f, tokens=tokens, labels=labels, settings=np.array(settings))
   return tokens, labels
 
 
@@ -320,11 +336,13 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
     (final TrainState of the trained part, DrafterConfig, eval metrics).
   """
   if target.config.model_type != 'c2i':
-    raise ValueError(f'train: the target must be a c2i LlamaGen GPT, got model_type '
-                     f'{target.config.model_type!r}.')
+    raise cli.ConfigError(f'train: the target must be a c2i LlamaGen GPT, got model_type '
+                          f'{target.config.model_type!r} (config.target_dir).')
   if data['vocab_size'] != target.config.vocab_size:
-    raise ValueError(f'train: tokens vocab {data["vocab_size"]} != target vocab '
-                     f'{target.config.vocab_size}; use the VQ run the target was trained on.')
+    raise cli.ConfigError(f'train: tokens vocab {data["vocab_size"]} != target vocab '
+                          f'{target.config.vocab_size}; set config.tokens_path to the VQ run '
+                          'the target was trained on.')
+  training.check_resume(workdir, config)  # before the cached target samples are read
   target_params = jax.tree_util.tree_map(jnp.asarray, target_params)
   drafter_config = drafter_config_from(config, target.config)
   drafter = eagle.EagleDrafter(drafter_config)
@@ -347,7 +365,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
       training.epoch_batches((tokens, labels), config.batch_size, config.seed),
       num_steps=config.num_steps, workdir=workdir, key=jax.random.key(config.seed + 1),
       log_every=config.log_every, save_every=config.save_every, name='drafter',
-      budget=training.time_budget_from(config))
+      budget=training.time_budget_from(config), config=config)
   final = evaluate(target, drafter, target_params, dict(state.params, **frozen), *eval_data,
                    config.eval_batch_size, config)
   metrics = dict(final, initial=initial, steps=int(state.step), eval_examples=num_eval)
@@ -378,6 +396,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
 def main(argv):
   del argv
   config = flags.FLAGS.config
+  check_data_source(config)  # before the target is loaded
   if not os.path.isdir(config.target_dir):
     raise FileNotFoundError(
         f'config.target_dir {config.target_dir!r} is not a folder: train the target first '

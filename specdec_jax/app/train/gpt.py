@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specdec_jax.app import cli
 from specdec_jax.app import files
 from specdec_jax.app import training
 from specdec_jax.app.train import command
@@ -99,8 +100,8 @@ def gpt_config_from(config, vocab_size: int, num_tokens: int) -> llamagen.GPTCon
   """The c2i GPTConfig of `config.model` for a token set (vocab, N)."""
   fields = dict(config.model.to_dict())
   if fields.get('vocab_size', 0) not in (0, vocab_size):
-    raise ValueError(f'config.model.vocab_size={fields["vocab_size"]} does not match the '
-                     f'tokens file (vocab {vocab_size}); leave it 0 to take the data\'s.')
+    raise cli.ConfigError(f'config.model.vocab_size={fields["vocab_size"]} does not match the '
+                          f'tokens file (vocab {vocab_size}); leave it 0 to take the data\'s.')
   fields.update(vocab_size=vocab_size, block_size=num_tokens, model_type='c2i',
                 num_classes=config.num_classes, dtype='float32')
   return llamagen.GPTConfig(**fields)
@@ -224,7 +225,8 @@ def train(config, workdir: str, data: dict):
       training.epoch_batches((train_tokens, data['train_labels']), config.batch_size,
                              config.seed),
       num_steps=config.num_steps, workdir=workdir, key=jax.random.key(config.seed + 1),
-      log_every=config.log_every, save_every=config.save_every, name='gpt', budget=budget)
+      log_every=config.log_every, save_every=config.save_every, name='gpt', budget=budget,
+      config=config)
   metrics = evaluate_nll(state.params, gpt, data['test_tokens'], data['test_labels'],
                          config.eval_batch_size)
   metrics['steps'] = int(state.step)

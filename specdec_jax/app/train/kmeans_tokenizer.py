@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.app import cli
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import files
 from specdec_jax.app import training
@@ -134,6 +135,13 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   Returns:
     (PatchTokenizer, params, eval metrics dict).
   """
+  init = config.get('init', 'random')
+  if init not in INITS:
+    raise cli.ConfigError(f'config.init={init!r}: must be one of {INITS}.')
+  if config.num_patches < config.codebook_size:
+    raise cli.ConfigError(f'config.num_patches={config.num_patches} is below '
+                          f'config.codebook_size={config.codebook_size}: k-means needs at least '
+                          'one patch per code; raise num_patches or lower codebook_size.')
   os.makedirs(workdir, exist_ok=True)
   start = time.time()
   tokenizer = patch_tokenizer.PatchTokenizer(patch_tokenizer.PatchTokenizerConfig(
@@ -144,7 +152,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   logging.info('kmeans: %d codes on %d patches of %d values', config.codebook_size,
                len(patches), patches.shape[1])
   codebook, history = fit_kmeans(patches, config.codebook_size, config.iterations, config.seed,
-                                 config.get('init', 'random'))
+                                 init)
   params = patch_tokenizer.init_params(tokenizer.config, codebook)
   fit_seconds = time.time() - start
 
