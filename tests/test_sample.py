@@ -83,13 +83,16 @@ def job_command(out_dir: str, *extra: str) -> list[str]:
           f'--config.out_dir={out_dir}', *extra]
 
 
-def start_job(out_dir: str, num_processes: int, *extra: str) -> list[subprocess.Popen]:
-  """Starts the job as `num_processes` local processes of 2 CPU devices each."""
+def start_job(out_dir: str, num_processes: int, *extra: str,
+              per_process: dict | None = None) -> list[subprocess.Popen]:
+  """Starts the job as `num_processes` local processes of 2 CPU devices each
+  (per_process: {process: more flags for it alone})."""
   command = job_command(out_dir, *extra)
   if num_processes > 1:
     command += [f'--coordinator_address=127.0.0.1:{free_port()}',
                 f'--num_processes={num_processes}']
-  return [subprocess.Popen(command + ([f'--process_id={p}'] if num_processes > 1 else []),
+  return [subprocess.Popen(command + ([f'--process_id={p}'] if num_processes > 1 else [])
+                           + list((per_process or {}).get(p, ())),
                            cwd=REPO, env=job_env(), stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True) for p in range(num_processes)]
 
@@ -197,6 +200,23 @@ class SampleJobTest(absltest.TestCase):
     self.assertEqual(jobs[1].returncode, 2, logs[1][-2000:])
     self.assertIn('error: process 0 could not merge the chunks (its log holds the error); '
                   'process 1 stops too.', logs[1])
+
+  def test_processes_given_different_settings_stop_before_decoding(self):
+    """Process 1 with another cfg_scale wrote its chunks under its own (a mixed set, with
+    exit 0); with another seed both crashed in a key placement naming neither."""
+    out_dir = os.path.join(_TMP.name, 'different_settings')
+    jobs = start_job(out_dir, 2, per_process={
+        1: ('--config.sampling.cfg_scale=3.0', '--config.seed=1')})
+    try:
+      logs = [job.communicate(timeout=150)[0] for job in jobs]
+    finally:
+      for job in jobs:
+        job.kill()
+    for job, log in zip(jobs, logs):
+      self.assertEqual(job.returncode, 2, log[-2000:])
+      self.assertIn('error: the processes were given different settings: sampling.cfg_scale, '
+                    'seed differ between them', log)
+    self.assertFalse(os.path.exists(out_dir))  # nothing decoded or recorded; the folder removed
 
   def test_damaged_chunks_are_redone_and_missing_pngs_rewritten(self):
     """A committed chunk whose .npz vanished or whose manifest was cut short is

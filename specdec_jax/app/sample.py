@@ -296,6 +296,9 @@ def run(config) -> dict | None:
 
 def _run_locked(config, started: float) -> dict | None:
   sampler = sample_processes.agreed('load the model and the method', lambda: Sampler(config))
+  # The fingerprint, and where the job stops (a process stopping alone waits for ever).
+  sample_processes.check_same_settings(
+      dict(sampler.fingerprint, stop_after_chunks=config.stop_after_chunks))
   pending = prepare_folder(config, sampler.fingerprint, sampler.older_model)
   ranges, process_count = chunk_ranges(config), jax.process_count()
   schedule = sample_plan.rounds(pending, sampler.writers, process_count)

@@ -8,11 +8,14 @@ leaving the others waiting at the next collective until the runtime's
 heartbeat times out and aborts the job (minutes, and a core dump instead of
 the message). `agreed` runs such a step and makes its outcome every
 process's; `lock_folder` takes the output folder's lock on process 0 for the
-whole job.
+whole job; `check_same_settings` stops a job whose processes were given
+different settings (each would decode its own chunks under its own).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 from typing import Callable, TypeVar
@@ -61,6 +64,46 @@ def agreed(what: str, step: Callable[[], T], *, process_0_only: bool = False) ->
         f'process {", ".join(map(str, failed))} could not {what} (its log holds the error); '
         f'process {jax.process_index()} stops too.')
   return result
+
+
+def _flat(fields: dict, prefix: str = '') -> dict:
+  """{dotted name: JSON text} of nested JSON-like fields."""
+  flat = {}
+  for name, value in fields.items():
+    if isinstance(value, dict):
+      flat.update(_flat(value, f'{prefix}{name}.'))
+    else:
+      flat[prefix + name] = json.dumps(value, sort_keys=True, default=str)
+  return flat
+
+
+def _digest(text: str) -> np.ndarray:
+  return np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8)
+
+
+def check_same_settings(fields: dict) -> None:
+  """Raises cli.ConfigError on every process when the processes' `fields` (the job's
+  fingerprint: settings, model identity, conditions) differ, naming the fields.
+
+  Without it each process decodes its own chunks under its own settings (another
+  cfg_scale: a mixed set, recorded as process 0's), or the processes meet in
+  mismatched collectives and abort (another method or num_images).
+  """
+  if jax.process_count() == 1:
+    return
+  flat = _flat(fields)
+  names = sorted(flat)
+  same_names = np.asarray(multihost_utils.process_allgather(_digest(json.dumps(names))))
+  if (same_names != same_names[0]).any():
+    raise cli.ConfigError('the processes were given configs with different fields (another '
+                          'model kind or config file); give every process the same config.')
+  digests = np.stack([_digest(flat[name]) for name in names])
+  every = np.asarray(multihost_utils.process_allgather(digests))  # [processes, fields, 32]
+  differ = [name for j, name in enumerate(names) if (every[:, j] != every[0, j]).any()]
+  if differ:
+    raise cli.ConfigError(f'the processes were given different settings: {", ".join(differ)} '
+                          'differ between them; give every process the same config, flags and '
+                          'model files.')
 
 
 def initialize_distributed(mode: str, coordinator_address, num_processes, process_id) -> None:
