@@ -84,7 +84,8 @@ def main(argv):
   print('|---|---|---|---|---|')
   for (name, k) in variants:
     seconds = float(np.mean([best[(name, k, c)] for c in config.latency_classes]))
-    row = dict(method=name, k=k, latency_s=seconds, speedup=vanilla_s / seconds,
+    row = dict(method=name, k=k, hyperparameters=variants[(name, k)].hyperparameters,
+               latency_s=seconds, speedup=vanilla_s / seconds,
                tokens_per_forward=float(np.mean(tokens_per_forward[(name, k)])))
     rows.append(row)
     print(f"| {name} | {k} | {row['tokens_per_forward']:.2f} | {1e3 * seconds:.1f} "
@@ -92,6 +93,8 @@ def main(argv):
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   with open(_OUT.value, 'w') as f:
     json.dump({'classes': list(config.latency_classes), 'rounds': _ROUNDS.value,
+               'flags': timing.flag_values(), 'host': timing.host(), 'seed': config.seed,
+               'sampling': config.sampling.to_dict(), 'compiler_options': options,
                'vanilla_latency_s': vanilla_s, 'rows': rows}, f, indent=1)
   print('wrote', _OUT.value)
 

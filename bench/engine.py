@@ -46,6 +46,7 @@ from specdec_jax import rules
 from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
 from specdec_jax.models import tiny as toy
 import random_weights  # pylint: disable=g-import-not-at-top  (bench/random_weights.py)
+import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 
 _PRESET = flags.DEFINE_enum('preset', 'tiny', ['tiny', 'llamagen-xl', 'lumina-7b'],
                             'Model shapes (tiny runs on CPU).')
@@ -161,7 +162,8 @@ def main(argv):
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(target_params))
   capacity = target.prefix_length(cond) + preset.num_tokens + k + 1
   sampling = logits.Sampling(cfg_scale=4.0, top_k=0)
-  results = {'preset': preset.name, 'device': str(jax.devices()[0]),
+  results = {'preset': preset.name, 'device': str(jax.devices()[0]), 'host': timing.host(),
+             'flags': timing.flag_values(),
              'num_tokens': preset.num_tokens, 'k': k, 'rows': 2,
              'param_bytes': int(param_bytes), 'dtype': jnp.dtype(preset.dtype).name}
 

@@ -140,6 +140,7 @@ def main(argv):
             'cache_slots': dict(target_t1=vanilla_cache.capacity, target=cache.capacity,
                                 eagle=eagle_cache.capacity),
             'num_tokens': num_tokens, 'backend': jax.default_backend(), 'host': timing.host(),
+            'flags': timing.flag_values(),
             'passes': passes}
   with open(_OUT.value, 'w') as f:
     json.dump(result, f, indent=1)

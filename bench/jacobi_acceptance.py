@@ -79,9 +79,11 @@ def ratio_row(row: dict, reference: dict) -> dict:
   NLL gap to it where both rows have one."""
   if row is reference:
     return dict(ratios.with_ratio(row, row), nll_gap_to_sjd=0.0, nll_gap_stderr=0.0)
-  if 'nll' in row and 'nll' in reference:
-    row = dict(row, nll_gap_to_sjd=row['nll'] - reference['nll'],
-               nll_gap_stderr=(row['nll_stderr'] ** 2 + reference['nll_stderr'] ** 2) ** 0.5)
+  if 'nll' in row and 'nll' in reference:  # paired per image where both rows kept them
+    stderr = (ratios.paired_difference_stderr(row['per_image_nll'], reference['per_image_nll'])
+              if ratios.is_paired(row, reference, 'per_image_nll')
+              else (row['nll_stderr'] ** 2 + reference['nll_stderr'] ** 2) ** 0.5)
+    row = dict(row, nll_gap_to_sjd=row['nll'] - reference['nll'], nll_gap_stderr=stderr)
   return ratios.with_ratio(row, reference)
 
 
@@ -168,6 +170,7 @@ def main(argv):
           window=window, method=name, hyperparameters=method.hyperparameters,
           tokens_per_forward=float(per_image.mean()),
           stderr=float(per_image.std(ddof=1) / np.sqrt(per_image.size)),
+          per_image=per_image.tolist(), per_image_nll=np.asarray(nlls, np.float64).tolist(),
           acceptance_per_position=result.metrics.summary()['acceptance_per_position'],
           nll=float(nlls.mean()), nll_stderr=float(nlls.std(ddof=1) / np.sqrt(nlls.size)),
           seconds=time.perf_counter() - start)

@@ -252,6 +252,7 @@ def main(argv):
           **({'context_span': target.context_span} if context_weight else {}),
           tokens_per_forward=float(per_image.mean()),
           stderr=float(per_image.std(ddof=1) / np.sqrt(per_image.size)),
+          per_image=per_image.tolist(),
           acceptance_per_position=result.metrics.summary()['acceptance_per_position'],
           **({'peaked_share': peaked_share(target, params, cond, result.tokens)}
              if name == 'sjd' and (border or background_pull) else {}))

@@ -173,7 +173,7 @@ def profile_mode(name: str, family, options, repeats: int, trace_calls: int,
                     'share': micros / loop_traced,
                     'ms_per_iteration': per_iteration_ms * micros / loop_traced}
             for piece, micros in sorted(split.items(), key=lambda kv: -kv[1])}
-  return {'mode': name, 'ms': ms, 'iterations': iterations,
+  return {'mode': name, 'compiler_options': options, 'ms': ms, 'iterations': iterations,
           'tokens_per_iteration': float(result.metrics.summary()['tokens_per_target_forward']),
           'ms_per_iteration': per_iteration_ms, 'ms_per_token': ms / 196, 'pieces': pieces,
           'outside_loop_share': outside / (outside + loop_traced),
@@ -212,7 +212,10 @@ def main(argv):
     rows.append(row)
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   with open(_OUT.value, 'w') as f:
+    # compiler_options: the main command's; each row has the options its mode compiled with
+    # (`generate.mode_compiler_options`: the tree-verified modes drop them).
     json.dump({'backend': jax.default_backend(), 'compiler_options': options, 'rows': rows,
+               'flags': timing.flag_values(), 'host': timing.host(),
                'label': _CLASS.value, 'tree': BUNDLE_TREE, 'jacobi_window': _JACOBI_WINDOW.value,
                'jacobi_init': _JACOBI_INIT.value}, f, indent=1)
   print('wrote', _OUT.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 
@@ -50,6 +51,13 @@ def best_ms_interleaved(fns: dict, rounds: int, progress: bool = False) -> dict:
     if progress:
       print(f'round {index + 1}/{rounds}', flush=True)
   return {name: 1e3 * min(values) for name, values in times.items()}
+
+
+def flag_values() -> dict:
+  """{flag: value} of the running script's own flags (absl's main-module flags), for
+  the JSON a bench writes, so a row can be reproduced from its file."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  return {flag.name: flag.value for flag in flags.FLAGS.get_key_flags_for_module(sys.argv[0])}
 
 
 def host() -> dict:
