@@ -166,4 +166,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from specdec_jax.app import cli  # pylint: disable=g-import-not-at-top
+  app.run(main, flags_parser=cli.parse_flags)  # --help exits 0, a bad flag 2

@@ -143,4 +143,5 @@ def _torch_stack(ups_nk, downs_nk, threads: int):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from specdec_jax.app import cli  # pylint: disable=g-import-not-at-top
+  app.run(main, flags_parser=cli.parse_flags)  # --help exits 0, a bad flag 2
