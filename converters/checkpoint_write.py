@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -198,6 +199,16 @@ def _warn_stale_siblings(out_dir: pathlib.Path) -> None:
                     out_dir)
 
 
+def written_by() -> dict:
+  """Which code wrote a checkpoint, and how it was called: the specdec_jax and JAX
+  versions and the command line (provenance only: not part of the model's
+  identity, like the date and the source paths)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import specdec_jax  # pylint: disable=g-import-not-at-top
+  return {'specdec_jax': specdec_jax.__version__, 'jax': jax.__version__,
+          'command': ' '.join([pathlib.Path(sys.executable).name, *sys.argv])}
+
+
 def write_params_atomic(
     out_dir: str | os.PathLike,
     params: Any,
@@ -249,6 +260,7 @@ def write_params_atomic(
         'dtype': params_dtype(params),
         'num_params': count_params(params),
         'date': datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        'written_by': written_by(),
         'source_files': [],
     }
     for source in source_files:

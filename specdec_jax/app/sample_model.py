@@ -44,15 +44,16 @@ DRAFTER_FIELDS = {'eagle': 'eagle', 'draft_model': 'draft_model'}  # Method.draf
 
 def _meta_sha256(folder, whole_file: bool = False) -> str:
   """SHA-256 of a checkpoint folder's metadata: its config, layout and the hashes of the
-  files it was converted from, without when and from where ('date', the source
-  paths), so the same source converted again, or on another machine, is the same
-  model. whole_file: the file's own hash, the identity folders sampled before
+  files it was converted from, without when, from where and by what ('date', the
+  source paths, 'written_by'), so the same source converted again, on another
+  machine or by another version, is the same model. whole_file: the file's own hash, the identity folders sampled before
   this version recorded (`identity`'s older form)."""
   path = pathlib.Path(folder) / common.META_FILENAME
   if whole_file:
     return hashlib.sha256(path.read_bytes()).hexdigest()
   meta = json.loads(path.read_text())
   meta.pop('date', None)
+  meta.pop('written_by', None)
   meta['source_files'] = [{k: v for k, v in source.items() if k != 'path'}
                           for source in meta.get('source_files', [])]
   return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
