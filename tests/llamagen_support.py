@@ -72,9 +72,9 @@ def image_tokens(config, seed=2):
 
 
 @functools.lru_cache(maxsize=None)
-def fixture(model_type, seed=0):
+def fixture(model_type, seed=0, **overrides):
   """(config, original state dict, converted params), shared by the tests."""
-  config = tiny_config(model_type)
+  config = tiny_config(model_type, **overrides)
   state = random_state_dict(config, seed)
   return config, state, to_params(state, config)
 

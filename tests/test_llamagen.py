@@ -106,6 +106,18 @@ class ParityTest(parameterized.TestCase):
     chex.assert_shape(actual, (2, config.block_size, config.vocab_size))
     self.assertLess(rel_err(actual, expected), RTOL)
 
+  def test_grouped_query_attention_matches_torch(self):
+    """n_kv_head < n_head (the LlamaGen code's GQA option; no released GPT uses it):
+    query head h reads k/v head h // (n_head / n_kv_head)."""
+    for n_kv_head in (1, 2):
+      with self.subTest(n_kv_head=n_kv_head):
+        config, state, params = fixture('c2i', n_kv_head=n_kv_head)
+        idx = image_tokens(config)
+        cond_ref, mask, cond_jax = example_cond(config)
+        expected = ref_llamagen.gpt_forward(state, config, cond_ref, idx, mask).numpy()
+        actual = llamagen.forward_logits(params, config, cond_jax, jnp.asarray(idx, jnp.int32))
+        self.assertLess(rel_err(actual, expected), RTOL)
+
   def test_caption_projection_matches_torch(self):
     """cap_proj (fc1 -> GELU, tanh form -> fc2) at 1e-5 on features of scale 4: the
     whole-model tolerance (1e-4) cannot tell the exact GELU from the tanh form."""

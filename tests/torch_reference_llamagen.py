@@ -52,6 +52,8 @@ def gpt_forward(sd, config, cond, idx, emb_mask=None):
     q = rotate_pairs(q.reshape(batch, length, c.n_head, hd), cos, sin)
     k = rotate_pairs(k.reshape(batch, length, c.n_kv_head, hd), cos, sin)
     v = v.reshape(batch, length, c.n_kv_head, hd)
+    # Grouped-query attention: each k/v head serves n_head / n_kv_head query heads in turn.
+    k, v = (t.repeat_interleave(c.n_head // c.n_kv_head, dim=2) for t in (k, v))
     attn = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None])
     x = x + attn.transpose(1, 2).reshape(batch, length, -1) @ sd[p + 'attention.wo.weight'].T
