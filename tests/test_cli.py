@@ -43,6 +43,9 @@ class CheckFieldsTest(absltest.TestCase):
              (dict(count=True), 'config.count=True: must be an integer >= 1'),
              (dict(scale=float('nan')), r'config.scale=nan: must be a finite number > 0.0 '
                                          r'\(1 = none\)'),
+             # A strict bound refuses the bound itself; no bound admits infinity.
+             (dict(scale=0.0), r'config.scale=0.0: must be a finite number > 0.0'),
+             (dict(scale=float('inf')), r'config.scale=inf: must be a finite number > 0.0'),
              (dict(kind='c'), r"config.kind='c': must be one of \('a', 'b'\)"),
              (dict(sub=dict(flag=1)), 'config.sub.flag=1: must be True or False')]
     for changes, message in cases:

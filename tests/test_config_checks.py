@@ -1,6 +1,7 @@
 """The main command's and the sampler's config checks at their edges (pinned by a
 mutation audit): bounds and the methods tuple."""
 
+import re
 import tempfile
 import types
 
@@ -87,6 +88,41 @@ class ConfigChecksTest(absltest.TestCase):
     config.jacobi_window = FAMILY.num_tokens + 1
     with self.assertRaisesRegex(cli.ConfigError, 'config.jacobi_window=17: must be at most '
                                 'the 16 tokens per image'):
+      config_checks.check_for_family(config, FAMILY, 'config', config.methods)
+
+  def test_values_at_the_edge_of_each_range_are_refused(self):
+    """The first value outside each documented range: top_p 0 (no token could be
+    kept; the range is (0, 1]), a TV threshold above 1 (the TV distance is at most
+    1), a Jacobi window of 1 (nothing left to verify beyond the next token), a COOL-SD
+    delta of 0 (it scales the target's probability), an infinite or NaN CFG scale;
+    the value just inside each range passes."""
+    for field, refused, accepted, words in (
+        ('sampling.top_p', 0.0, 1e-3, 'a finite number > 0.0 and <= 1.0'),
+        ('sampling.cfg_scale', float('inf'), 1.0, 'a finite number >= 1.0'),
+        ('sampling.cfg_scale', float('nan'), 1.0, 'a finite number >= 1.0'),
+        ('csd_tv_threshold', 1.5, 1.0, 'a finite number >= 0.0 and <= 1.0'),
+        ('jacobi_window', 1, 2, 'an integer >= 2'),
+        ('coolsd_delta', 0.0, 1e-3, 'a finite number > 0.0')):
+      config = generate_config.get_config()
+      group, _, name = field.rpartition('.')
+      fields = config[group] if group else config
+      fields[name] = refused
+      with self.assertRaisesRegex(cli.ConfigError,
+                                  f'config.{field}={refused!r}: must be {re.escape(words)}'):
+        generate.check_config(config)
+      fields[name] = accepted
+      generate.check_config(config)
+
+  def test_eagle2_top_k_may_be_the_vocabulary_size_but_not_more(self):
+    """A node has at most V children: eagle2_top_k = V passes with the family, V + 1
+    is refused naming the vocabulary."""
+    config = generate_config.get_config()
+    vocab = FAMILY.target.vocab_size
+    config.eagle2_top_k = vocab
+    config_checks.check_for_family(config, FAMILY, 'config', config.methods)
+    config.eagle2_top_k = vocab + 1
+    with self.assertRaisesRegex(cli.ConfigError, f'config.eagle2_top_k={vocab + 1}: must be at '
+                                f'most the vocabulary size {vocab}'):
       config_checks.check_for_family(config, FAMILY, 'config', config.methods)
 
 

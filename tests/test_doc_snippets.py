@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from specdec_jax.configs import generate as generate_config
 from tests import doc_snippets
 
 # Names the examples use without importing them.
@@ -303,6 +304,34 @@ class DocSnippetsTest(parameterized.TestCase):
     self.assertEqual(problems(snippet.source, namespace), [])
     found = problems(snippet.source.replace('sampling.probs(', 'sampling.probz('), namespace)
     self.assertIn("sampling has no attribute 'probz'", found)
+
+
+class ReadmeTableTest(absltest.TestCase):
+  """configs/generate.py's hyperparameters are "the defaults the README's table was
+  measured with": the values the table's method labels name are the config's."""
+
+  def test_the_main_table_names_the_default_hyperparameters(self):
+    config = generate_config.get_config()
+    readme = (pathlib.Path(__file__).resolve().parents[1] / 'README.md').read_text()
+    labels = '\n'.join(line.split('|')[1] for line in readme.splitlines()
+                       if line.startswith('| ') and ' ms | ' in line)
+    named = (
+        (r'EAGLE-1 head, lossless \(k (\d+)\)', ('draft_length',)),
+        (r'LANTERN\+\+ \(lambda (\S+), (\d+) neighbours', ('lantern_lam', 'lantern_k')),
+        (r'UniformRelaxed \(omega (\S+)\)', ('uniform_omega',)),
+        (r'COOL-SD \(delta (\S+), floored\)', ('coolsd_delta',)),
+        (r'EAGLE-2 tree, sampled, lossless \((\d+) tokens, depth (\d+), top-k (\d+)\)',
+         ('eagle2_total_tokens', 'eagle2_depth', 'eagle2_top_k')),
+        (r'SJD \(Jacobi, window (\d+)\)', ('jacobi_window',)),
+        (r'SJD-PAC \(window \d+, K (\d+), D (\d+)\)', ('pac_branches', 'pac_depth')),
+        (r'CSD \(lambda (\S+) nats', ('csd_lam',)))
+    for pattern, fields in named:
+      found = re.search(pattern, labels)
+      self.assertIsNotNone(found, pattern)
+      for field, text in zip(fields, found.groups()):
+        self.assertEqual(float(text), config[field], field)
+    self.assertIn('SCD (window 4, maximal coupling)', labels)
+    self.assertEqual((config.scd_coupling, config.eagle2_drafts), ('maximal', 'sampled'))
 
 
 if __name__ == '__main__':

@@ -117,6 +117,12 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(results['methods']['vanilla']['tokens_per_forward'], 1.0)
       self.assertEqual(saved['methods']['vanilla']['nll_gap'], 0.0)
       self.assertEqual(saved['methods']['vanilla']['nll_gap_se'], 0.0)
+      for name, row in saved['methods'].items():  # nll_gap = NLL - vanilla's NLL
+        self.assertAlmostEqual(row['nll_gap'], row['nll'] - saved['methods']['vanilla']['nll'])
+        # frechet is against the test split's statistics, not vanilla's images: positive
+        # for vanilla too (random weights), where frechet_to_target is 0.
+        self.assertGreater(row['frechet'], 0.0, name)
+      self.assertNotEqual(saved['methods']['eagle']['nll_gap'], 0.0)  # other draws, other tokens
       for name in ('eagle', 'coolsd', 'csd'):  # s.e. of a difference of two independent means
         row, vanilla = saved['methods'][name], saved['methods']['vanilla']
         self.assertAlmostEqual(row['nll_gap_se'], np.hypot(row['nll_se'], vanilla['nll_se']))
@@ -191,6 +197,16 @@ class GenerateTest(absltest.TestCase):
       moved = np.asarray(family.guided_probs(labels, changed, sampling))
       np.testing.assert_allclose(moved[:, :6], probs[:, :6], atol=1e-6)
       self.assertGreater(np.abs(moved[:, 6] - probs[:, 6]).max(), 1e-4)
+      # The law decoding samples from: Sampling.probs of the target's logits for the rows
+      # the decode conditions on ([cond; uncond], `generate.cond_rows`), split in halves.
+      rows = generate.cond_rows(family.target, family.target_params, jnp.asarray(labels),
+                                sampling)
+      self.assertEqual(rows.shape, (4,))
+      row_logits = llamagen.forward_logits(family.target_params, family.target.config, rows,
+                                           jnp.asarray(np.concatenate([tokens, tokens])[:, :-1]))
+      decode_law = sampling.probs(row_logits[:2], row_logits[2:],
+                                  token_index=jnp.arange(family.num_tokens)[None])
+      np.testing.assert_allclose(probs, np.asarray(decode_law), atol=1e-5)
       # Another CFG scale is a traced value: the same program, another law.
       programs = family_lib._guided_probs._cache_size()  # pylint: disable=protected-access
       other = np.asarray(family.guided_probs(labels, tokens, logits.Sampling(cfg_scale=3.0)))
@@ -200,7 +216,13 @@ class GenerateTest(absltest.TestCase):
   def test_latency_pass_interleaves_every_method_and_keeps_the_best(self):
     """Rounds run every class with every method in turn, the order rotated each
     round; each (method, class) keeps its best time; speedups are against the
-    first method. Timed calls are stubbed, with one slow phase in round 1."""
+    first method. Timed calls are stubbed, with one slow phase in round 1, or in
+    the last round (the best is the minimum over rounds, not the last time)."""
+    for slow_call in (2, 3):  # call 0 compiles; calls 1, 2, 3 are rounds 0, 1, 2
+      with self.subTest(slow_round=slow_call - 1):
+        self._check_latency_pass(slow_call)
+
+  def _check_latency_pass(self, slow_call):
     methods = [methods_lib.Method(name, None) for name in ('vanilla', 'fast', 'slow')]
     base = {'vanilla': 0.040, 'fast': 0.020, 'slow': 0.080}
     calls = []
@@ -209,8 +231,8 @@ class GenerateTest(absltest.TestCase):
       def call():
         index = len([c for c in calls if c[0] == method.name and c[1] == label])
         calls.append((method.name, label))
-        # Compile run (index 0) is slow; round 1 (index 2) hits a slow phase.
-        seconds = base[method.name] * (1 + label) * (5.0 if index in (0, 2) else 1.0)
+        # Compile run (index 0) is slow; round slow_call - 1 hits a slow phase.
+        seconds = base[method.name] * (1 + label) * (5.0 if index in (0, slow_call) else 1.0)
         result = mock.Mock(compile_seconds=1.0 if index == 0 else 0.0,
                            run_seconds=seconds - 0.001, tokens=np.full((1, 4), label))
         result.metrics.summary.return_value = {'tokens_per_target_forward': 2.0 + label}
@@ -235,6 +257,131 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(row['tokens_per_forward'], 2.5)
       self.assertAlmostEqual(row['host_overhead_s'], 0.001)
     self.assertEqual(out['vanilla']['speedup'], 1.0)
+
+  def test_vanilla_seed1_draws_under_other_keys_than_vanilla(self):
+    """vanilla_seed1 is the noise floor of the drift measures: vanilla's law under
+    another seed. Its quality-pass images and latency decodes get other keys than
+    vanilla's (the same keys would give vanilla's tokens, a floor of exactly 0).
+    The decode is stubbed; only the keys it is handed are compared."""
+    config = generate_config.get_config()
+    config.methods = ('vanilla', 'vanilla_seed1')
+    methods = methods_lib.build_methods(config, None)
+    family = mock.Mock(num_tokens=16)
+    sampling = logits.Sampling(cfg_scale=1.0)
+    labels = np.array([0, 4, 9], np.int32)
+
+    class Handed(Exception):
+      """Carries the keys decode.generate was called with."""
+
+    def stub(*args, key, **kwargs):
+      raise Handed(np.asarray(jax.random.key_data(key)))
+
+    image_keys, latency_keys = {}, {}
+    with mock.patch.object(decode, 'generate', side_effect=stub):
+      for method in methods:
+        with self.assertRaises(Handed) as handed:
+          generate.quality_pass(method, family, labels, sampling, seed=5)
+        image_keys[method.name] = handed.exception.args[0].reshape(len(labels), -1)
+        with self.assertRaises(Handed) as handed:
+          timed = generate._timed_call  # pylint: disable=protected-access
+          timed(method, family, 4, sampling, seed=5)()
+        latency_keys[method.name] = handed.exception.args[0].ravel()
+    for i in range(len(labels)):
+      for j in range(len(labels)):
+        self.assertFalse(np.array_equal(image_keys['vanilla'][i], image_keys['vanilla_seed1'][j]),
+                         (i, j))
+    self.assertFalse(np.array_equal(latency_keys['vanilla'], latency_keys['vanilla_seed1']))
+
+  def test_quality_measures_are_the_mean_nll_and_its_standard_error(self):
+    """nll is the mean of the images' NLLs and nll_se the standard error of that mean,
+    sqrt(sum (x - mean)^2 / (N - 1) / N) (not the spread of the images); class_accuracy
+    the fraction of images classified as their label. The family is stubbed."""
+    image_nlls = np.array([1.0, 2.0, 3.0, 4.0])
+    class_logits = np.eye(3)[[0, 1, 1, 2]]  # image 2 (label 2) is taken for class 1
+    family = mock.Mock()
+    family.classify.return_value = (class_logits, np.zeros((4, 2)))
+    family.guided_image_nlls.return_value = image_nlls
+    family.frechet.return_value = 7.0
+    _, _, measures = generate.quality_measures(family, np.array([0, 1, 2, 2]), None, None)
+    self.assertAlmostEqual(measures['nll'], 2.5)
+    self.assertAlmostEqual(measures['nll_se'], np.sqrt((2.25 + 0.25 + 0.25 + 2.25) / 3 / 4))
+    self.assertEqual(measures['frechet'], 7.0)
+    self.assertEqual(measures['class_accuracy'], 0.75)
+
+  def test_mode_compiler_options_drop_the_plain_reductions_for_tree_modes_only(self):
+    """Tree-verified modes (EAGLE-2's dynamic tree, SJD-PAC) compile without
+    CPU_LATENCY_OPTIONS; every other mode keeps them, and any other options (or
+    none) pass unchanged to every mode."""
+    plain = dict(decode.CPU_LATENCY_OPTIONS)
+    other = {'xla_cpu_enable_fast_math': False}
+    trees = (decode.DynamicTreeDraft(total_tokens=8, depth=2, top_k=2),
+             decode.JacobiPAC(window=4))
+    for mode in trees:
+      self.assertIsNone(generate.mode_compiler_options(mode, plain), mode)
+    for mode in (decode.Vanilla(), decode.ChainDraft(k=4), decode.Jacobi(window=4)):
+      self.assertEqual(generate.mode_compiler_options(mode, plain), plain, mode)
+    for mode in trees + (decode.ChainDraft(k=4),):
+      self.assertEqual(generate.mode_compiler_options(mode, other), other, mode)
+      self.assertIsNone(generate.mode_compiler_options(mode, None), mode)
+
+  def test_evaluate_rows_follow_their_definitions(self):
+    """evaluate's rows from stubbed passes with distinct numbers: the quality pass
+    gets images_per_class images of every class, sorted by class (the grids' rows);
+    tokens_per_forward is the quality pass's, latency_tokens_per_forward the latency
+    pass's; nll_gap = nll - vanilla's nll, nll_gap_se = hypot of the two standard
+    errors (0 for vanilla); frechet is the method's own, frechet_to_target its distance
+    to vanilla's features (0 for vanilla); vanilla_latency_s is vanilla's latency in
+    every row; compile_s adds both passes' compile times."""
+    names = ('vanilla', 'vanilla_seed1', 'eagle')
+    config = generate_config.get_config()
+    config.update(dict(methods=names, images_per_class=4, latency_classes=(1,),
+                       timing_repeats=1, side_by_side_per_class=1))
+    family = mock.Mock(num_tokens=16, num_classes=3, classifier_test_accuracy=0.5)
+    family.target.vocab_size = 32
+    family.manifest_summary.return_value = {}
+    rng = np.random.default_rng(0)
+    # Per method (by index): quality tokens/forward, compile s, nll, nll_se, frechet, features.
+    quality = {i: dict(tpf=1.0 + i, compile_s=10.0 + i, nll=3.0 + 0.5 * i, se=0.1 + 0.2 * i,
+                       frechet=20.0 + i, features=rng.normal(size=(12, 2)) + 3 * i)
+               for i in range(3)}
+    latency = {name: dict(latency_s=0.1 / (1 + i), per_class_s=[0.1 / (1 + i)], speedup=1.0 + i,
+                          tokens_per_forward=5.0 + i, compile_s=100.0 * (1 + i),
+                          host_overhead_s=0.0) for i, name in enumerate(names)}
+    seen_labels = []
+
+    def quality_pass(method, family, labels, *args):
+      seen_labels.append(np.asarray(labels))
+      i = names.index(method.name)
+      return (np.full((len(labels), 16), i),
+              dict(tokens_per_target_forward=quality[i]['tpf']), quality[i]['compile_s'])
+
+    def quality_measures(family, labels, tokens, sampling):
+      q = quality[int(tokens[0, 0])]
+      return (np.zeros((len(labels), 32, 32, 1), np.uint8), q['features'],
+              dict(nll=q['nll'], nll_se=q['se'], frechet=q['frechet'], class_accuracy=0.5))
+
+    with tempfile.TemporaryDirectory() as tmp, \
+        mock.patch.object(generate, 'quality_pass', quality_pass), \
+        mock.patch.object(generate, 'quality_measures', quality_measures), \
+        mock.patch.object(generate, 'latency_pass', return_value=latency), \
+        mock.patch.object(images_lib, 'write_figures'):
+      rows = generate.evaluate(config, family, tmp)['methods']
+    self.assertLen(seen_labels, 3)
+    for labels in seen_labels:
+      np.testing.assert_array_equal(labels, np.sort(labels))
+      np.testing.assert_array_equal(np.bincount(labels), [4, 4, 4])
+    for i, name in enumerate(names):
+      row, vanilla = rows[name], rows['vanilla']
+      self.assertEqual(row['tokens_per_forward'], 1.0 + i)
+      self.assertEqual(row['latency_tokens_per_forward'], 5.0 + i)
+      self.assertEqual(row['speedup'], 1.0 + i)
+      self.assertEqual(row['vanilla_latency_s'], 0.1)
+      self.assertAlmostEqual(row['nll_gap'], 0.5 * i)
+      self.assertAlmostEqual(row['nll_gap_se'], 0.0 if i == 0 else np.hypot(0.1 + 0.2 * i, 0.1))
+      self.assertEqual(row['frechet'], 20.0 + i)
+      self.assertAlmostEqual(row['compile_s'], 10.0 + i + 100.0 * (1 + i))
+      self.assertEqual(row['frechet_to_target'] == 0.0, i == 0, row['frechet_to_target'])
+      self.assertEqual(vanilla['nll'], 3.0)
 
   def test_untimed_passes_run_two_methods_at_once_in_order(self):
     """in_threads(f, items, 2) runs two items together (each waits at a barrier for
@@ -301,11 +448,17 @@ class GenerateTest(absltest.TestCase):
     config = generate_config.get_config()
     config.images_per_class = 2
     config.timing_repeats = 1
-    config.methods = ('vanilla', 'eagle', 'uniform')
+    config.methods = ('vanilla', 'vanilla_seed1', 'eagle', 'uniform')
     with tempfile.TemporaryDirectory() as tmp:
       output = demo.evaluate(config, tmp)
       self.assertTrue(os.path.exists(os.path.join(tmp, 'results.json')))
     rows = output['methods']
+    for name, row in rows.items():  # the reported numbers are their definitions
+      self.assertAlmostEqual(row['speedup'], rows['vanilla']['seconds'] / row['seconds'])
+      self.assertAlmostEqual(row['nll_gap'], row['nll'] - rows['vanilla']['nll'])
+    # vanilla_seed1 samples under another key: other tokens, another NLL.
+    self.assertNotEqual(rows['vanilla_seed1']['nll'], rows['vanilla']['nll'])
+    self.assertNotEqual(rows['eagle']['nll_gap'], 0.0)
     self.assertEqual(rows['vanilla']['tokens_per_forward'], 1.0)
     self.assertGreater(rows['eagle']['tokens_per_forward'], 1.5)
     self.assertGreater(rows['uniform']['tokens_per_forward'], rows['eagle']['tokens_per_forward'])

@@ -16,6 +16,7 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from specdec_jax import decode
 from specdec_jax import logits
 from specdec_jax import rules
 from specdec_jax.app import cli
@@ -59,6 +60,56 @@ class MethodRuleTest(parameterized.TestCase):
     reference = methods_lib.build_rule(rule_name, config, _StubFamily())
     self.assertEqual(methods_lib.rule_hyperparameters(built.rule),
                      methods_lib.rule_hyperparameters(reference))
+
+  def test_every_hyperparameter_reaches_its_rule_or_mode(self):
+    """Each hyperparameter field of configs/generate.py, set to a value no other field
+    has and no default is, arrives at the rule or mode of the method that reads it
+    (a field read from a neighbouring one, a constant or a dropped argument gives
+    another value). The values pass the config checks."""
+    values = dict(draft_length=3, jacobi_window=6, jacobi_init='random', pac_branches=5,
+                  pac_depth=4, pac_siblings='residual', coolsd_delta=2.5, uniform_omega=1.5,
+                  lantern_k=7, lantern_lam=4.5, lantern_residual='published_llamagen',
+                  csd_lam=0.35, csd_tv_threshold=0.8, gsd_prob_threshold=0.2,
+                  gsd_dist_threshold=0.7, eagle2_drafts='top_k', eagle2_total_tokens=20,
+                  eagle2_depth=2, eagle2_top_k=9, scd_coupling='gumbel')
+    config = generate_config.get_config()
+    for field, value in values.items():
+      self.assertNotEqual(config[field], value, field)  # not the default
+    config.update(values)
+    config.methods = methods_lib.METHOD_NAMES
+    generate_app.check_config(config)
+    built = {m.name: m for m in methods_lib.build_methods(config, _StubFamily())}
+    chain = decode.ChainDraft(k=3, drafter='eagle')
+    for name in ('eagle', 'lantern_pp', 'uniform', 'coolsd'):
+      self.assertEqual(built[name].mode, chain, name)
+    self.assertEqual(built['draft_model'].mode, decode.ChainDraft(k=3, drafter='model'))
+    self.assertEqual(built['eagle2'].mode,
+                     decode.DynamicTreeDraft(total_tokens=20, depth=2, top_k=9, drafter='eagle',
+                                             drafts='top_k'))
+    jacobi = decode.Jacobi(window=6, init='random')
+    for name in ('sjd', 'gsd', 'csd'):
+      self.assertEqual(built[name].mode, jacobi, name)
+    self.assertEqual(built['scd'].mode, decode.Jacobi(window=6, init='random', coupling='gumbel'))
+    self.assertEqual(built['sjd_pac'].mode,
+                     decode.JacobiPAC(window=6, branches=5, depth=4, init='random',
+                                      sibling_law='residual'))
+    rule_fields = {
+        'uniform': (rules.UniformRelaxed, dict(omega=1.5)),
+        'coolsd': (rules.CoolSD, dict(delta=2.5)),
+        'lantern_pp': (rules.LanternPP, dict(k=7, lam=4.5, residual_mode='published_llamagen')),
+        'csd': (rules.ContentAware, dict(lam=0.35, tv_threshold=0.8)),
+        'gsd': (rules.Grouped, dict(prob_threshold=0.2, dist_threshold=0.7)),
+    }
+    for name, (rule_class, fields) in rule_fields.items():
+      self.assertIs(type(built[name].rule), rule_class, name)
+      for field, value in fields.items():
+        self.assertEqual(getattr(built[name].rule, field), value, (name, field))
+    # LANTERN++'s table has the columns its residual reads (k + 1 for the published one).
+    self.assertEqual(np.shape(built['lantern_pp'].rule.neighbors),
+                     (VOCAB, rules.neighbor_columns(7, 'published_llamagen')))
+    # vanilla_seed1 is vanilla's law under another key (the noise floor of the drift measures).
+    self.assertEqual(built['vanilla_seed1'].mode, built['vanilla'].mode)
+    self.assertNotEqual(built['vanilla_seed1'].seed_offset, built['vanilla'].seed_offset)
 
   def test_scd_takes_gsd(self):
     built, _ = _method('scd', scd_rule='gsd')
