@@ -71,6 +71,18 @@ class BoundaryTest(parameterized.TestCase):
       self._generate(target=model, target_params=params, num_tokens=num_tokens,
                      mode=decode.Vanilla(), draft=None, draft_params=None)
 
+  def test_num_tokens_past_the_draft_model_grid(self):
+    """The draft model's grid is checked too: a 196-token draft under a 256-token target."""
+    def model(block_size):
+      gpt = llamagen.LlamaGenGPT(llamagen.GPTConfig(
+          n_layer=1, n_head=2, dim=16, vocab_size=32, num_classes=4, block_size=block_size))
+      return gpt, jax.eval_shape(gpt.init_params, jax.random.key(0))
+    (target, target_params), (draft, draft_params) = model(256), model(196)
+    with self.assertRaisesRegex(ValueError, 'num_tokens=197 exceeds the 196 image tokens the '
+                                            'draft model LlamaGenGPT has'):
+      self._generate(target=target, target_params=target_params, draft=draft,
+                     draft_params=draft_params, num_tokens=197)
+
   @parameterized.named_parameters(('string', '4'), ('float', 2.5), ('bool', True))
   def test_num_tokens_of_the_wrong_type(self, num_tokens):
     with self.assertRaisesRegex(ValueError, r'num_tokens must be an int >= 1 \(image tokens '
@@ -104,6 +116,25 @@ class BoundaryTest(parameterized.TestCase):
                                             'got MarkovToy'):
       self._generate(mode=decode.ChainDraft(2, 'eagle'))
 
+  def test_unknown_drafter(self):
+    with self.assertRaisesRegex(ValueError, "drafter must be 'eagle' or 'model', got 'x'"):
+      self._generate(mode=decode.ChainDraft(2, 'x'))
+
+  def test_eagle_head_of_another_width(self):
+    """An EAGLE head consumes the target's hidden states: a wider one is refused too."""
+
+    class WideEagle(type(EAGLE)):
+
+      @property
+      def hidden_size(self):
+        return 2 * super().hidden_size
+
+    _, _, eagle_params = _params()
+    with self.assertRaisesRegex(ValueError, f'EAGLE drafter hidden_size {2 * EAGLE.hidden_size}'
+                                            f' != target hidden_size {TARGET.hidden_size}'):
+      self._generate(mode=decode.ChainDraft(2, 'eagle'), draft=WideEagle(EAGLE.vocab, CLASSES),
+                     draft_params=eagle_params)
+
   def test_mesh_without_a_model_axis(self):
     mesh = jax.make_mesh((1,), ('data',))
     with self.assertRaisesRegex(ValueError, r"mesh axes \('data',\) lack \['model'\]"):
@@ -133,6 +164,28 @@ class BoundaryTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'Grouped: embeddings has 5 rows but the '
                                             'vocabulary has V=4'):
       self._generate(rule=rules.Grouped(embeddings=embeddings))
+
+  @parameterized.named_parameters(('fewer_rows', 1), ('more_rows', 4))
+  def test_draft_cond_rows_must_match_cond(self, rows):
+    """The drafter's conditioning holds one row per cache row of the target's."""
+    with self.assertRaisesRegex(ValueError, rf'generate: draft_cond has {rows} rows, cond '
+                                'has 2; they must match'):
+      self._generate(draft_cond=jnp.zeros((rows,), jnp.int32))
+
+  @parameterized.named_parameters(
+      ('scalar', jnp.int32(0), r'cond must be an array \(or pytree of arrays\) with a '
+       'leading row axis'),
+      ('ragged_pytree', {'a': jnp.zeros((2,), jnp.int32), 'b': jnp.zeros((3,), jnp.int32)},
+       r'every array of cond needs the same leading row count, got \[2, 3\]'))
+  def test_cond_without_one_row_count(self, cond, message):
+    with self.assertRaisesRegex(ValueError, 'generate: ' + message):
+      self._generate(cond=cond)
+
+  def test_draft_cond_is_what_the_draft_model_is_checked_with(self):
+    """A valid cond does not stand in for a draft_cond the draft model refuses."""
+    with self.assertRaisesRegex(ValueError, r'MarkovToy.prefill: cond must be integer class '
+                                r'ids of shape \[B\].*got shape \(2,\) dtype float32'):
+      self._generate(draft_cond=jnp.zeros((2,), jnp.float32))
 
   def test_other_arguments_of_the_wrong_type(self):
     with self.assertRaisesRegex(ValueError, "capacity must be an int.*got '9'"):

@@ -152,13 +152,19 @@ class NonFiniteTest(parameterized.TestCase):
     if name in ('lossless', 'uniform', 'coolsd'):  # token-wise rules: the others unchanged
       np.testing.assert_array_equal(np.delete(accept, 2), np.delete(reference, 2))
 
-  def test_lossless_chain_with_nan_drafts_keeps_the_target_law(self):
+  @parameterized.parameters('lossless', 'uniform', 'coolsd')
+  def test_chain_with_nan_drafts_keeps_the_target_law(self, name):
     """Every draft is rejected and the residual falls back to the target, so the
-    emitted token is still a draw from t (the decode warns that drafts were broken)."""
+    emitted token is still a draw from t (the decode warns that drafts were broken).
+    Lossless resamples from Norm([t - d]_+), the relaxed rules from G* =
+    Norm([t - d f]_+): both masses are NaN here and must fall back to t, not d."""
+    rule = _all_rules(8)[name]
     _, target = dirichlet_pair(5, 8)
+    np.testing.assert_allclose(rule.residual(jnp.full((8,), jnp.nan), target, 1), target,
+                               atol=1e-7)
     keys = jax.random.split(jax.random.key(0), 4096)
     run = jax.jit(jax.vmap(lambda key, draft_probs: verify.verify_chain(
-        rules.Lossless(), key, jnp.array([1, 2]), draft_probs, jnp.stack([target] * 3)),
+        rule, key, jnp.array([1, 2]), draft_probs, jnp.stack([target] * 3)),
                            in_axes=(0, None)))  # traced: the probabilities are not checked
     num_accepted, tokens = run(keys, jnp.full((2, 8), jnp.nan))
     np.testing.assert_array_equal(np.asarray(num_accepted), 0)
@@ -191,6 +197,11 @@ class ValidationTest(parameterized.TestCase):
       (lambda: rules.CoolSD(delta=2.0, mu=float('nan')), 'mu'),
       (lambda: rules.CoolSD(delta=np.array([1.0, 2.0])), 'delta must be one number'),
       (lambda: rules.ContentAware(lam='0.1'), 'lam must be one number'),
+      (lambda: rules.Grouped(dist_threshold=0.0), 'dist_threshold'),
+      (lambda: rules.Grouped(below=-1), 'below/above must be >= 0'),
+      (lambda: rules.Grouped(above=-1), 'below/above must be >= 0'),
+      (lambda: rules.LanternPP(neighbors=line_neighbors(8, 4), k=0),
+       r'k must be in \[1, K=4\]'),
   )
   def test_bad_hyperparameters_raise_naming_the_argument(self, make, name):
     with self.assertRaisesRegex(ValueError, name):
@@ -210,6 +221,10 @@ class ValidationTest(parameterized.TestCase):
                                 'vocabulary size V=4'):
       rules.Grouped().check_vocab(4)
     rules.Grouped(below=3, above=3).check_vocab(4)
+    for below, above in ((4, 0), (0, 4)):  # the boundary: `below` or `above` equal to V
+      with self.assertRaisesRegex(ValueError, f'below={below} and above={above} .* must be '
+                                  'below the vocabulary size V=4'):
+        rules.Grouped(below=below, above=above).check_vocab(4)
 
   def test_coolsd_mean_normalised_needs_window(self):
     draft, target = dirichlet_pair(0, 8)

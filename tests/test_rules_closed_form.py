@@ -20,6 +20,29 @@ from tests.rules_support import published_residual_law
 from tests.rules_support import relaxed_rules
 
 
+def _top_heavy_pair(vocab):
+  """float64 (t, d) [V]: distinct target probabilities 1..V (normalised) on shuffled
+  ids, and a draft d ~ t^1.5 that puts more mass than t on the top-ranked tokens."""
+  t = np.random.default_rng(0).permutation(np.arange(1, vocab + 1)) / (vocab * (vocab + 1) / 2)
+  return t, t ** 1.5 / np.sum(t ** 1.5)
+
+
+def _grouped_definition(t, d, below, above):
+  """GSD's f(x) [V] from its definition, every ranked neighbour kept (no probability
+  or embedding filter): min(1, t(A)/d(A)) over the tokens ranked `below` under x to
+  `above` over it (cut at the top), and min(1, t/d) when fewer than `below` are under x."""
+  order = np.argsort(t, kind='stable')
+  rank = np.argsort(order)
+  f = np.empty(len(t))
+  for x in range(len(t)):
+    if rank[x] < below:
+      f[x] = min(1, t[x] / d[x])
+    else:
+      group = order[rank[x] - below:rank[x] + above + 1]
+      f[x] = min(1, t[group].sum() / d[group].sum())
+  return f
+
+
 class ClosedFormTest(parameterized.TestCase):
 
   def test_coolsd_schedule_matches_reference_values(self):
@@ -120,6 +143,28 @@ class ClosedFormTest(parameterized.TestCase):
       # LANTERN's published residual is biased relative to G*.
       self.assertGreater(float(verify.tv_distance(law, target)),
                          float(verify.excess_acceptance(rule, draft, target)) - 1e-6)
+
+  def test_lantern_published_residuals_when_only_the_nearest_neighbour_fits(self):
+    """m*(x) > 0 means the nearest neighbour fits the bound, not all k: with a uniform
+    target and lam=2.5 (bound 1.5 t(x)), c_1 = t(x) fits and c_2 = 2 t(x) does not, so
+    m* = 1 < k and the published residuals still zero x's k + 1 nearest neighbours.
+    Rejected x = 1 on the line: its neighbours 0, 2, 3, 4 include token id 0, where
+    0 < d < t, so zeroing it changes both residuals."""
+    vocab = 8
+    neighbors = line_neighbors(vocab, 4)
+    target = jnp.full((vocab,), 1 / vocab, jnp.float32)
+    draft = jnp.array([.05, .3, .05, .2, .05, .15, .1, .1], jnp.float32)
+    rejected = 1
+    zero = np.asarray(neighbors[rejected, :4])
+    self.assertEqual(sorted(zero.tolist()), [0, 2, 3, 4])
+    for mode in ('published_llamagen', 'published_lumina'):
+      rule = rules.LanternPP(neighbors=neighbors, k=3, lam=2.5, residual_mode=mode)
+      expected = published_residual_law(draft, target, zero, mode)
+      self.assertGreater(np.max(np.abs(expected - resampling.standard_residual(draft, target))),
+                         0.01)  # the zeroing matters in this example
+      without_0 = published_residual_law(draft, target, zero[zero != 0], mode)
+      self.assertGreater(np.max(np.abs(expected - without_0)), 0.01)  # token 0's too
+      np.testing.assert_allclose(rule.residual(draft, target, 1, rejected), expected, atol=1e-6)
 
   def test_lantern_published_residual_without_mass_is_the_target(self):
     """The target's support inside the rejected token and its k + 1 neighbours:
@@ -301,6 +346,42 @@ class ClosedFormTest(parameterized.TestCase):
       literal = rules.Grouped(below=4, above=3, prob_threshold=0.2, keep_target_support=keep)
       single = jax.vmap(lambda x: literal.accept_prob_at(draft, target, 1, x))(jnp.arange(vocab))
       np.testing.assert_allclose(single, literal.accept_prob(draft, target), rtol=1e-6)
+
+  def test_grouped_paths_match_the_definition_at_the_top_ranks(self):
+    """accept_prob (argsort) and accept_prob_at (lax.top_k) against the definition on
+    every token, with every ranked neighbour kept (prob_threshold=1.0, no embeddings)
+    and above=3: the top-ranked tokens have fewer than `above` tokens over them, so
+    their groups stop at the top (no rank past V - 1 and no top_k padding entry is a
+    member, and the members over x stay paired with their validity). The draft
+    over-weights the top (d ~ t^1.5), so the top groups have f < 1 and a wrong member
+    changes f."""
+    t, d = _top_heavy_pair(10)
+    target, draft = jnp.asarray(t, jnp.float32), jnp.asarray(d, jnp.float32)
+    expected = _grouped_definition(t, d, below=2, above=3)
+    top = np.argsort(t)[-4:]
+    self.assertTrue(np.all(expected[top] < 0.95))  # the example exercises the top groups
+    rule = rules.Grouped(below=2, above=3, prob_threshold=1.0)
+    np.testing.assert_allclose(rule.accept_prob(draft, target), expected, rtol=1e-5)
+    single = jax.vmap(lambda x: rule.accept_prob_at(draft, target, 1, x))(jnp.arange(10))
+    np.testing.assert_allclose(single, expected, rtol=1e-5)
+
+  def test_grouped_residual_is_the_plain_one_unless_optimal(self):
+    """As in the released GSD code, Grouped() resamples from Norm([t - d]_+);
+    residual_mode='optimal' selects G* = Norm([t - d f]_+) with its own f (from the
+    definition). The example relaxes where t > d f with f < 1, so the two differ."""
+    t, d = _top_heavy_pair(10)
+    target, draft = jnp.asarray(t, jnp.float32), jnp.asarray(d, jnp.float32)
+    f = _grouped_definition(t, d, below=2, above=3)
+    plain = np.maximum(t - d, 0) / np.maximum(t - d, 0).sum()
+    optimal = np.maximum(t - d * f, 0) / np.maximum(t - d * f, 0).sum()
+    self.assertGreater(np.max(np.abs(plain - optimal)), 0.05)
+    self.assertEqual(rules.Grouped().residual_mode, 'standard')
+    for mode, expected in ((None, plain), ('standard', plain), ('optimal', optimal)):
+      kwargs = {} if mode is None else dict(residual_mode=mode)
+      rule = rules.Grouped(below=2, above=3, prob_threshold=1.0, **kwargs)
+      for rejected in (None, 3):
+        np.testing.assert_allclose(rule.residual(draft, target, 1, rejected), expected,
+                                   atol=1e-6, err_msg=f'residual_mode={mode}')
 
   def test_grouped_keeps_the_target_support(self):
     """A token the target excludes (top-k) is never accepted, though its group holds

@@ -81,6 +81,12 @@ class NeighborRowsTest(parameterized.TestCase):
                  lambda: jax.jit(rule.accept_prob)(draft, target)):
       with self.assertRaisesRegex(ValueError, r'12 rows but the vocabulary has V=20'):
         call()
+    # More rows than tokens is refused too (a table built for a larger vocabulary).
+    draft, target = dirichlet_pair(0, 16)
+    rule = make(neighbors=jnp.asarray(offset_vocabulary_table()[1]), k=2)  # 20 rows
+    for call in (lambda: rule.accept_prob(draft, target), lambda: rule.check_vocab(16)):
+      with self.assertRaisesRegex(ValueError, r'20 rows but the vocabulary has V=16'):
+        call()
 
 
 if __name__ == '__main__':

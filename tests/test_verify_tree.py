@@ -104,6 +104,10 @@ class TreeMonteCarloTest(parameterized.TestCase):
       verify.StaticTree.from_paths([(0, 0)])
     with self.assertRaisesRegex(ValueError, 'skips sibling'):
       verify.StaticTree.from_paths([(0,), (2,)])
+    with self.assertRaisesRegex(ValueError, r'path \(1,\) skips sibling 0'):
+      verify.StaticTree.from_paths([(1,)])  # a second sample without the first
+    with self.assertRaisesRegex(ValueError, r'bad path \(-1,\); .* indices >= 0'):
+      verify.StaticTree.from_paths([(-1,)])
 
   def test_bad_sibling_probs_are_refused(self):
     tree, draft_probs, target_probs, _ = tree_setup()
