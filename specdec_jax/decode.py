@@ -203,7 +203,7 @@ def _decode(plan: _Plan, target_params, draft_params, cond, draft_cond, row_keys
     with jax.named_scope('metrics'):
       metrics = state.metrics.record(active, verdict.num_accepted, emitted, forwards)
       # Drafts are checked where made, for the rows verifying them next: no old drafts kept.
-      metrics = metrics.record_nonfinite(active, target_probs)
+      metrics = metrics.record_nonfinite(active, target_probs, committed=(verdict.path, emitted))
       metrics = metrics.record_nonfinite(keep, None, drafts.probs)
     return LoopState(
         step=state.step + 1,
@@ -362,7 +362,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
     then (host overhead a few ms: README, "Results").
   Raises:
     ValueError (naming a bad argument, before any compilation), or
-    metrics.NonFiniteProbabilitiesError (NaN/inf target probabilities; drafts warn).
+    metrics.NonFiniteProbabilitiesError (NaN/inf in a target law that gave a token).
   """
   num_tokens = checks.check_num_tokens(num_tokens)  # before it keys the cache
   options = checks.compiler_options_key(compiler_options)

@@ -7,7 +7,9 @@ unfinished: one target forward (plus its drafting). Tokens per target forward
 (step compression) is the mean over verify steps of the tokens the step
 committed (accepted drafts + 1, as LANTERN and EAGLE report it), counting
 only tokens inside the image: an image's last step may accept drafts past
-its last token, and those are not credited. Vanilla decoding gives exactly 1.
+its last token, and those are not credited. Vanilla decoding gives exactly 1
+(for images of two tokens or more: a one-token image has no verify step, its
+token comes from the prefill, and the ratio reads 0).
 """
 
 from __future__ import annotations
@@ -124,23 +126,32 @@ class DecodeMetrics:
                       draft_forwards=step * draft_forwards, accepted_tokens=accepted,
                       committed_tokens=committed * step, accepted_per_position=accepted_at)
 
-  def record_nonfinite(self, active, target_probs, draft_probs=None) -> 'DecodeMetrics':
-    """Counts a step for rows with active[b] (bool[B]) whose target probs [B, ..., V]
+  def record_nonfinite(self, active, target_probs, draft_probs=None,
+                       committed=None) -> 'DecodeMetrics':
+    """Counts a step for rows with active[b] (bool[B]) whose target probs [B, T, V]
     or draft probs [B, ..., V] (None: not checked) hold a NaN or inf.
 
     A mode that computes the target's distributions on demand passes its raw
-    logits instead (an object with `.logits` [B, ...]): NaN or +inf there
+    logits instead (an object with `.logits` [B, G, T, V]): NaN or +inf there
     is what makes a distribution non-finite (-inf logits are masked tokens).
+    committed: (path, emitted) of the step (`used_entries`): only the target
+    laws that gave its tokens in the image are checked; the others decide
+    nothing (those after a rejected draft, or past the image's end), so a NaN
+    there does not make the tokens wrong.
     """
     def broken(probs):
       if probs is None:
         return jnp.zeros(active.shape, jnp.int32)
       if hasattr(probs, 'logits'):
-        bad = jnp.isnan(probs.logits) | (probs.logits == jnp.inf)
+        bad = jnp.isnan(probs.logits) | (probs.logits == jnp.inf)  # [B, G, T, V]
+        if committed is not None:
+          bad = bad & used_entries(committed, bad.shape[2])[:, None, :, None]
       elif not probs.size:
         return jnp.zeros(active.shape, jnp.int32)
       else:
-        bad = ~jnp.isfinite(probs)
+        bad = ~jnp.isfinite(probs)  # [B, T, V]
+        if committed is not None:
+          bad = bad & used_entries(committed, bad.shape[1])[:, :, None]
       finite = ~jnp.any(bad, axis=tuple(range(1, bad.ndim)))
       return (active & ~finite).astype(jnp.int32)
 
@@ -164,6 +175,20 @@ class DecodeMetrics:
         'tokens_per_target_forward': float((host.committed_tokens / steps).mean()),
         'acceptance_per_position': (host.accepted_per_position / steps[:, None]).mean(0).tolist(),
     }
+
+
+def used_entries(committed, width: int) -> jax.Array:
+  """bool[B, T]: the verify-window entries whose laws gave a step's tokens in the image.
+
+  committed: (path int32[B, K+1], the window indices of the step's committed
+  tokens, -1 padded; emitted int32[B], how many of them are inside the image).
+  The law at path[j] drew (or accepted) committed token j + 1 of the step, so
+  entries path[0 .. emitted - 1] are the ones used.
+  """
+  path, emitted = committed
+  inside = jnp.arange(path.shape[1])[None] < emitted[:, None]  # [B, K+1]
+  on_path = path[:, :, None] == jnp.arange(width)[None, None]  # [B, K+1, T]
+  return jnp.any(on_path & inside[:, :, None], axis=1)
 
 
 class NonFiniteProbabilitiesError(FloatingPointError):

@@ -7,6 +7,8 @@ word. Needs the loop to record `DecodeMetrics.record_nonfinite`.
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,6 +123,53 @@ class NanTargetTest(parameterized.TestCase):
                       draft_params=draft_params,
                       sampling=logits.Sampling(temperature=0.0, cfg_scale=cfg_scale),
                       compiler_options=FAST)
+
+  @parameterized.named_parameters(('jacobi', decode.Jacobi(3, init='random')),
+                                  ('chain', decode.ChainDraft(2, 'model')),
+                                  ('tree', decode.TreeDraft(TREE, 'model')),
+                                  ('sjd_pac', decode.JacobiPAC(3, branches=2, depth=1,
+                                                               init='random')))
+  def test_nan_laws_after_a_rejected_draft_decide_nothing(self, mode):
+    """The target never emits token 3 and its law after a 3 is NaN: a 3 is only ever a
+    draft (a random Jacobi draft; the draft model's, about a quarter of its drafts),
+    always rejected, and the NaN law in the window entry after it decides no token.
+    The decode raised NonFiniteProbabilitiesError on such steps (float16 overflow
+    after a random Jacobi draft) with every token right; now the tokens keep the
+    target's law. Jacobi re-drafts from those laws, which the draft count reports."""
+    target_params, draft_params, _ = _params()
+    never = target_params['table'].at[:, :, 3].set(-jnp.inf)
+    law = TARGET.joint_law({'table': never}, 0, NUM_TOKENS)
+    self.assertEqual(law.reshape(VOCAB, -1)[3].sum(), 0.0)
+    table = never.at[:, 3].set(jnp.nan).at[3].set(jnp.nan)  # after (., 3) or (3, .)
+    jacobi = isinstance(mode, (decode.Jacobi, decode.JacobiPAC))
+    with (self.assertWarnsRegex(RuntimeWarning, 'draft probabilities held NaN') if jacobi
+          else contextlib.nullcontext()):
+      result = decode.generate(
+          TARGET, {'table': table}, jnp.zeros((2 ** 13,), jnp.int32), num_tokens=NUM_TOKENS,
+          key=jax.random.key(4), mode=mode, rule=rules.Lossless(), draft=DRAFT,
+          draft_params=draft_params, compiler_options=FAST)
+    np.testing.assert_array_equal(result.metrics.nonfinite_target_steps, 0)
+    self.assertGreater(_chi_square_pvalue(np.asarray(result.tokens), law), P_THRESHOLD)
+    if jacobi:
+      self.assertGreater(int(np.sum(result.metrics.nonfinite_draft_steps)), 0)
+
+  @parameterized.named_parameters(('chain', decode.ChainDraft(2, 'model')),
+                                  ('jacobi', decode.Jacobi(3, init='random')))
+  def test_nan_laws_on_the_committed_path_are_named_wherever_they_are(self, mode):
+    """The law after token 2 is NaN, and the target emits 2: every image with a 2 before
+    its last token drew the next one from a NaN law, also where the 2 was an accepted
+    draft inside the window (not its first entry), and exactly those are named."""
+    target_params, draft_params, _ = _params()
+    table = target_params['table'].at[:, 2].set(jnp.nan)  # after (., 2)
+    with self.assertRaises(metrics.NonFiniteProbabilitiesError) as raised:
+      decode.generate(TARGET, {'table': table}, jnp.zeros((512,), jnp.int32),
+                      num_tokens=NUM_TOKENS, key=jax.random.key(6), mode=mode,
+                      rule=rules.Lossless(), draft=DRAFT, draft_params=draft_params,
+                      compiler_options=FAST)
+    tokens = np.asarray(raised.exception.result.tokens)
+    met_nan = np.flatnonzero(np.any(tokens[:, :-1] == 2, axis=1))
+    self.assertGreater(len(met_nan), 50)
+    np.testing.assert_array_equal(raised.exception.images, met_nan)
 
   def test_only_the_images_that_met_nan_are_named(self):
     """NaN logits after class 1's prefix only: class-0 images decode soundly."""
