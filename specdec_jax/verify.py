@@ -78,9 +78,7 @@ def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
   if _is_concrete(position) and not np.all(np.asarray(position) >= 1):
     raise ValueError(f'output_law: position is the 1-based draft position (>= 1), got '
                      f'{position}.')
-  # The law in float32 at least, whatever the rule computes in (bfloat16 inputs).
-  dtype = jnp.promote_types(jnp.result_type(draft_probs, target_probs), jnp.float32)
-  draft_probs, target_probs = jnp.asarray(draft_probs, dtype), jnp.asarray(target_probs, dtype)
+  draft_probs, target_probs = at_least_float32(draft_probs, target_probs)
   accept = rule.accept_prob(draft_probs, target_probs, position)
   accepted = draft_probs * accept
   if not rule.residual_depends_on_token:
@@ -100,6 +98,14 @@ def excess_acceptance(rule, draft_probs, target_probs, position=1) -> jax.Array:
   """sum_x [d(x) f(x) - t(x)]_+: TV(out, t) under G*, and a lower bound for any G."""
   accept = rule.accept_prob(draft_probs, target_probs, position)
   return jnp.sum(jnp.maximum(draft_probs * accept - target_probs, 0.0), axis=-1)
+
+
+def at_least_float32(*probs):
+  """The probability arrays in float32 at least (bfloat16 inputs are promoted): the
+  rules' min(1, t/d) and residuals in bfloat16 would sample another law than
+  `output_law` gives."""
+  dtype = jnp.promote_types(jnp.result_type(*probs), jnp.float32)
+  return tuple(jnp.asarray(p, dtype) for p in probs)
 
 
 def verify_chain(rule, key, draft_tokens, draft_probs, target_probs):
@@ -151,6 +157,7 @@ def verify_chain_with_uniforms(rule, uniforms, draft_tokens, draft_probs, target
     if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
       raise ValueError(f'draft_tokens must be in [0, {vocab}), got {tokens.tolist()}.')
 
+  draft_probs, target_probs = at_least_float32(draft_probs, target_probs)
   positions = jnp.arange(1, num_drafts + 1)
   accept = jax.vmap(rule.accept_prob_at)(
       draft_probs, target_probs[:num_drafts], positions, draft_tokens)
@@ -225,6 +232,7 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
   else:
     _check_rank('target_probs', target_probs, 2, '[N, V]')
     check_probs('target_probs', target_probs, draft_probs.shape[-1])
+    (target_probs,) = at_least_float32(target_probs)
     target_at = lambda node: target_probs[node]
     rows = target_probs.shape[0]
   if (node_tokens.shape[0], draft_probs.shape[0], rows) != (num_nodes,) * 3:
@@ -237,10 +245,12 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
       raise ValueError(f'verify_tree: sibling_probs must have draft_probs\' shape '
                        f'{jnp.shape(draft_probs)}, got {jnp.shape(sibling_probs)}.')
     check_probs('sibling_probs', sibling_probs)
+    (sibling_probs,) = at_least_float32(sibling_probs)
 
   if jnp.shape(uniforms) != (tree_uniforms(tree),):
     raise ValueError(f'verify_tree: uniforms must be [D * C + 1] = [{tree_uniforms(tree)}], '
                      f'got {jnp.shape(uniforms)}.')
+  (draft_probs,) = at_least_float32(draft_probs)
   tail = tree.chain_tail
   return _walk_tree(rule, uniforms, jnp.asarray(tree.children), tree.max_depth, node_tokens,
                     draft_probs, target_at, tree.children_per_depth, sibling_probs,

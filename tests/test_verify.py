@@ -204,6 +204,30 @@ class BFloat16Test(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'target_probs rows must sum to 1'):
       verify.output_law(rules.Lossless(), draft32, target32 * 1.005)
 
+  def test_verification_of_bf16_rows_decides_in_float32(self):
+    """verify_chain and verify_tree test min(1, t/d) in float32 as output_law does: a
+    uniform between the bf16 and the float32 acceptance of a token decides as in
+    float32 (in bf16 the tokens' f is off by up to about 2e-3, and the sampled law is
+    not output_law's)."""
+    logits = jax.random.normal(jax.random.key(0), (2, 64)).astype(jnp.bfloat16) * 2
+    target, draft = jax.nn.softmax(logits), jax.nn.softmax(logits * 0.8)
+    f32 = np.asarray(rules.Lossless().accept_prob(draft[0].astype(jnp.float32),
+                                                  target[0].astype(jnp.float32)))
+    f16 = np.asarray(rules.Lossless().accept_prob(draft[0], target[0]), np.float32)
+    token = int(np.argmax(np.abs(f32 - f16)))
+    self.assertGreater(abs(f32[token] - f16[token]), 1e-3)  # bf16 would decide otherwise
+    between = (f32[token] + f16[token]) / 2
+    uniforms = jnp.array([between, 0.5], jnp.float32)
+    tokens = jnp.array([token], jnp.int32)
+    accepted, _ = verify.verify_chain_with_uniforms(rules.Lossless(), uniforms, tokens,
+                                                    draft[:1], target)
+    self.assertEqual(int(accepted), int(between < f32[token]))
+    tree = verify.StaticTree.from_paths(((0,),))
+    path, accepted, _ = verify.verify_tree_with_uniforms(
+        rules.Lossless(), uniforms, tree, jnp.array([0, token], jnp.int32),
+        jnp.stack([draft[0], draft[0]]), target)
+    self.assertEqual(int(accepted), int(between < f32[token]))
+
 
 class ChainEdgeTest(absltest.TestCase):
   """A uniform of exactly 0 (jax.random.uniform gives one with probability
