@@ -539,6 +539,13 @@ class SampleErrorsTest(absltest.TestCase):
       with self.assertRaisesRegex(cli.ConfigError, rf"config.model.{field}='.*mine' is not read "
                                   "by kind 'fashion'.*kind=llamagen"):
         sample.check_config(config)
+    # The bundle decodes in float32 as trained: a dtype was ignored, and not recorded.
+    for field, value in (('dtype', 'bfloat16'), ('scan_layers', True)):
+      config = self.config(method='eagle')
+      config.model[field] = value
+      with self.assertRaisesRegex(cli.ConfigError, rf"config.model.{field}={value!r} is not "
+                                  "read by kind 'fashion'.*float32"):
+        sample.check_config(config)
     config = sample_llamagen_c2i.get_config()
     config.model.bundle_dir = BUNDLE
     with self.assertRaisesRegex(cli.ConfigError, "config.model.bundle_dir=.* is not read by "

@@ -94,8 +94,9 @@ def _require_checkpoint(field: str, path: str) -> pathlib.Path:
 
 def check_model_config(model: ml_collections.ConfigDict) -> None:
   """Raises cli.ConfigError early (before JAX starts) on an unknown kind, missing
-  checkpoint paths, or paths the kind would ignore (a drafter given to the
-  bundle would silently decode with the bundle's own)."""
+  checkpoint paths, or paths and settings the kind would ignore (a drafter
+  given to the bundle would silently decode with the bundle's own; a dtype
+  with the bundle's float32)."""
   if model.kind not in KINDS:
     raise cli.ConfigError(f'config.model.kind={model.kind!r} is unknown; known: {KINDS}.')
   ignored = ('checkpoint', 'vq', *DRAFTER_FIELDS.values()) if model.kind == 'fashion' else (
@@ -108,6 +109,11 @@ def check_model_config(model: ml_collections.ConfigDict) -> None:
              'sample converted ones.' if model.kind == 'fashion' else
              'it names the bundle (kind fashion); leave it empty.'))
   if model.kind == 'fashion':
+    for field, default in (('dtype', 'auto'), ('scan_layers', False)):
+      if model[field] != default:
+        raise cli.ConfigError(
+            f'config.model.{field}={model[field]!r} is not read by kind \'fashion\': the bundle '
+            f'decodes in float32 as trained; leave it {default!r}.')
     config_checks.check_bundle_dir(model.bundle_dir, 'config.model.bundle_dir', required=True)
     return
   _require_checkpoint('checkpoint', model.checkpoint)
