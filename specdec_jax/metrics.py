@@ -128,8 +128,9 @@ class DecodeMetrics:
 
   def record_nonfinite(self, active, target_probs, draft_probs=None,
                        committed=None) -> 'DecodeMetrics':
-    """Counts a step for rows with active[b] (bool[B]) whose target probs [B, T, V]
-    or draft probs [B, ..., V] (None: not checked) hold a NaN or inf.
+    """Counts a step for rows with active[b] (bool[B]) whose target probs [B, ..., V]
+    ([B, T, V] with `committed`) or draft probs [B, ..., V] (None: not checked) hold
+    a NaN or inf.
 
     A mode that computes the target's distributions on demand passes its raw
     logits instead (an object with `.logits` [B, G, T, V]): NaN or +inf there

@@ -128,17 +128,20 @@ class NanTargetTest(parameterized.TestCase):
                                   ('chain', decode.ChainDraft(2, 'model')),
                                   ('tree', decode.TreeDraft(TREE, 'model')),
                                   ('sjd_pac', decode.JacobiPAC(3, branches=2, depth=1,
-                                                               init='random')))
-  def test_nan_laws_after_a_rejected_draft_decide_nothing(self, mode):
+                                                               init='random')),
+                                  ('tree_top_k', decode.TreeDraft(TREE, 'model'), 3))
+  def test_nan_laws_after_a_rejected_draft_decide_nothing(self, mode, top_k=0):
     """The target never emits token 3 and its law after a 3 is NaN: a 3 is only ever a
     draft (a random Jacobi draft; the draft model's, about a quarter of its drafts),
     always rejected, and the NaN law in the window entry after it decides no token.
     The decode raised NonFiniteProbabilitiesError on such steps (float16 overflow
     after a random Jacobi draft) with every token right; now the tokens keep the
-    target's law. Jacobi re-drafts from those laws, which the draft count reports."""
+    target's law. Jacobi re-drafts from those laws, which the draft count reports.
+    With top-k a tree reads the raw logits at the nodes it visits (`ImageLogits`)."""
     target_params, draft_params, _ = _params()
     never = target_params['table'].at[:, :, 3].set(-jnp.inf)
-    law = TARGET.joint_law({'table': never}, 0, NUM_TOKENS)
+    sampling = logits.Sampling(top_k=top_k)
+    law = TARGET.joint_law({'table': never}, 0, NUM_TOKENS, sampling)
     self.assertEqual(law.reshape(VOCAB, -1)[3].sum(), 0.0)
     table = never.at[:, 3].set(jnp.nan).at[3].set(jnp.nan)  # after (., 3) or (3, .)
     jacobi = isinstance(mode, (decode.Jacobi, decode.JacobiPAC))
@@ -147,7 +150,7 @@ class NanTargetTest(parameterized.TestCase):
       result = decode.generate(
           TARGET, {'table': table}, jnp.zeros((2 ** 13,), jnp.int32), num_tokens=NUM_TOKENS,
           key=jax.random.key(4), mode=mode, rule=rules.Lossless(), draft=DRAFT,
-          draft_params=draft_params, compiler_options=FAST)
+          draft_params=draft_params, sampling=sampling, compiler_options=FAST)
     np.testing.assert_array_equal(result.metrics.nonfinite_target_steps, 0)
     self.assertGreater(_chi_square_pvalue(np.asarray(result.tokens), law), P_THRESHOLD)
     if jacobi:

@@ -19,6 +19,7 @@ import numpy as np
 
 from specdec_jax import decode
 from specdec_jax import logits
+from specdec_jax import verify
 from specdec_jax.app import cli
 from specdec_jax.app import config_checks
 from specdec_jax.app import demo
@@ -315,7 +316,8 @@ class GenerateTest(absltest.TestCase):
     plain = dict(decode.CPU_LATENCY_OPTIONS)
     other = {'xla_cpu_enable_fast_math': False}
     trees = (decode.DynamicTreeDraft(total_tokens=8, depth=2, top_k=2),
-             decode.JacobiPAC(window=4))
+             decode.JacobiPAC(window=4),
+             decode.TreeDraft(verify.StaticTree.from_paths(((0,), (1,))), 'eagle'))
     for mode in trees:
       self.assertIsNone(generate.mode_compiler_options(mode, plain), mode)
     for mode in (decode.Vanilla(), decode.ChainDraft(k=4), decode.Jacobi(window=4)):

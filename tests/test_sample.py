@@ -398,10 +398,14 @@ class SampleErrorsTest(absltest.TestCase):
     meta_path = folders[1] / 'specdec_meta.json'
     written_by = json.loads(meta_path.read_text())['written_by']
     self.assertEqual(written_by['specdec_jax'], specdec_jax.__version__)
-    self.assertIn('pytest', written_by['command'])  # the command line that converted it
+    # The command line that converted it (here this test process's).
+    self.assertEqual(written_by['command'],
+                     ' '.join([pathlib.Path(sys.executable).name, *sys.argv]))
     # Another version or command converting the same file is the same model.
-    meta_path.write_text(meta_path.read_text().replace(
-        f'"specdec_jax": "{specdec_jax.__version__}"', '"specdec_jax": "9.9.9"'))
+    text = meta_path.read_text()
+    meta_path.write_text(text.replace(f'"specdec_jax": "{specdec_jax.__version__}"',
+                                      '"specdec_jax": "9.9.9"'))
+    self.assertNotEqual(meta_path.read_text(), text)
     same = [sample_model.identity(model(folder), 'float32') for folder in folders]
     self.assertEqual(same[0], same[1])
     older = [sample_model.identity(model(folder), 'float32', True) for folder in folders]

@@ -40,8 +40,11 @@ from specdec_jax.app import files
 FINAL_LR_SCALE = 0.05  # both schedules end at 5% of the peak rate
 RUN_CONFIG_FILE = 'run_config.json'
 # Config fields a resumed run may change: how often it logs and saves, evaluation
-# batch sizes, and input paths (a moved workdir; what the inputs hold is in the manifests).
-RESUMABLE_FIELDS = frozenset({'log_every', 'save_every', 'eval_batch_size'})
+# settings, compile speed, and input paths (a moved workdir; what the files hold is
+# not compared: the family trainer's stage fingerprints do that, and the manifests
+# record their hashes).
+RESUMABLE_FIELDS = frozenset({'log_every', 'save_every', 'eval_batch_size', 'eval_examples',
+                              'fast_compile'})
 LENGTH_FIELDS = frozenset({'num_steps', 'train_minutes'})  # may change: logged, re-recorded
 
 
@@ -200,13 +203,20 @@ def _compared_fields(config) -> dict:
   return flat
 
 
+def _schedule_kind_changed(recorded, current, field: str) -> bool:
+  """train_minutes 0 (step schedule) against > 0 (time budget): another schedule,
+  not another length."""
+  return field.split('.')[-1] == 'train_minutes' and (not recorded) != (not current)
+
+
 def check_resume(workdir: str, config) -> None:
   """Raises cli.ConfigError when `workdir` holds checkpoints of a run whose recorded
   config (RUN_CONFIG_FILE) differs from `config` in a field that shapes the training.
 
   A resumed run continues the recorded one step for step, so another learning
   rate, batch size, seed, model shape or data source would make a run that
-  neither config describes. LENGTH_FIELDS may change (`fit` logs it). Nothing
+  neither config describes. LENGTH_FIELDS may change (`fit` logs it), but not
+  train_minutes between 0 and > 0 (the step and the time schedules). Nothing
   to check without checkpoints, or for a workdir from before such records
   (`fit` logs that).
   """
@@ -217,7 +227,8 @@ def check_resume(workdir: str, config) -> None:
     recorded = json.load(f)
   current = _compared_fields(config)
   changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k)
-                   and k.split('.')[-1] not in LENGTH_FIELDS)
+                   and (k.split('.')[-1] not in LENGTH_FIELDS or _schedule_kind_changed(
+                       recorded.get(k), current.get(k), k)))
   if changed:
     listed = ', '.join(f'config.{k}={current.get(k)!r} (the checkpoints\' run: '
                        f'{recorded.get(k)!r})' for k in changed)
