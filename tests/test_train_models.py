@@ -21,6 +21,7 @@ from specdec_jax.app import cli
 from specdec_jax.app import training
 from specdec_jax.app.train import drafter as train_drafter
 from specdec_jax.app.train import gpt as train_gpt
+from specdec_jax.app.train import target_samples
 from specdec_jax.app.train import vq as train_vq
 from specdec_jax.converters import lantern_drafter
 from specdec_jax.converters import llamagen as llamagen_converter
@@ -304,8 +305,8 @@ class DrafterTrainerTest(absltest.TestCase, ManifestMixin):
 
     config = drafter_config(data_source='target', num_target_samples=4)
     with tempfile.TemporaryDirectory() as workdir, mock.patch.object(
-        train_drafter, 'sample_from_target', fake_sample):
-      sequences = lambda config: train_drafter.training_sequences(
+        target_samples, 'sample_from_target', fake_sample):
+      sequences = lambda config: target_samples.training_sequences(
           config, workdir, target, target_params, None)[0]
       self.assertEqual(sequences(config)[0, 0], 1)
       self.assertEqual(sequences(config)[0, 0], 1)  # cached
@@ -322,7 +323,7 @@ class DrafterTrainerTest(absltest.TestCase, ManifestMixin):
   def test_greedy_target_samples_and_features_follow_the_target(self):
     target, target_params = tiny_target()
     labels = np.array([0, 3, 4], np.int32)  # 4 = the null class
-    tokens = train_drafter.sample_from_target(
+    tokens = target_samples.sample_from_target(
         target, target_params, labels, key=jax.random.key(0), batch_size=3, temperature=0.0,
         compiler_options=train_vq.FAST_COMPILE)
     chex.assert_shape(tokens, (3, NUM_TOKENS))

@@ -5,12 +5,8 @@ target GPT, drafters). A training job is a pure `step(state, batch, key) ->
 (state, metrics)` plus a batch iterator; `fit` runs it, logs progress, saves
 every `save_every` steps and resumes from the latest checkpoint in `workdir`.
 
-A run records its config in `workdir/run_config.json`; resuming with a config
-that differs in a field that shapes the training (model, optimizer, data,
-seed) is refused (`check_resume`), so a resumed run is the run its manifest
-describes. The length (`num_steps`, `train_minutes`) may change: a run can be
-extended, and the log says that the schedule after the resume follows the new
-length.
+A run records its config in its workdir, and a resume with another one is
+refused (`run_record`), so a resumed run is the run its manifest describes.
 
 Two learning-rate schedules: by step count (linear warm-up, cosine decay to
 5% over `total_steps`), or by wall time (`TimeBudget`: linear warm-up over
@@ -35,17 +31,10 @@ import orbax.checkpoint as ocp
 
 from specdec_jax.app import cli
 from specdec_jax.app import files
+from specdec_jax.app import run_record
 
 
 FINAL_LR_SCALE = 0.05  # both schedules end at 5% of the peak rate
-RUN_CONFIG_FILE = 'run_config.json'
-# Config fields a resumed run may change: how often it logs and saves, evaluation
-# settings, compile speed, and input paths (a moved workdir; what the files hold is
-# not compared: the family trainer's stage fingerprints do that, and the manifests
-# record their hashes).
-RESUMABLE_FIELDS = frozenset({'log_every', 'save_every', 'eval_batch_size', 'eval_examples',
-                              'fast_compile'})
-LENGTH_FIELDS = frozenset({'num_steps', 'train_minutes'})  # may change: logged, re-recorded
 
 
 @flax.struct.dataclass
@@ -176,87 +165,6 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
   return jax.device_put(state, jax.devices()[0])
 
 
-def _checkpoint_dir(workdir: str) -> str:
-  return os.path.abspath(os.path.join(workdir, 'checkpoints'))
-
-
-def has_checkpoints(workdir: str) -> bool:
-  """Whether `workdir` holds a finished checkpoint (a step folder; not a killed save's
-  `N.orbax-checkpoint-tmp`)."""
-  folder = _checkpoint_dir(workdir)
-  return os.path.isdir(folder) and any(n.isdigit() for n in os.listdir(folder))
-
-
-def _compared_fields(config) -> dict:
-  """{dotted field: JSON value} of a config (ConfigDict or dict), without the fields
-  a resumed run may change (RESUMABLE_FIELDS, `*_path`, `*_dir`)."""
-  flat = {}
-
-  def walk(node, prefix):
-    for key, value in node.items():
-      if hasattr(value, 'items'):
-        walk(value, f'{prefix}{key}.')
-      elif not (key in RESUMABLE_FIELDS or key.endswith(('_path', '_dir'))):
-        flat[prefix + key] = json.loads(json.dumps(value, default=str))
-
-  walk(config.to_dict() if hasattr(config, 'to_dict') else config, '')
-  return flat
-
-
-def _schedule_kind_changed(recorded, current, field: str) -> bool:
-  """train_minutes 0 (step schedule) against > 0 (time budget): another schedule,
-  not another length."""
-  return field.split('.')[-1] == 'train_minutes' and (not recorded) != (not current)
-
-
-def check_resume(workdir: str, config) -> None:
-  """Raises cli.ConfigError when `workdir` holds checkpoints of a run whose recorded
-  config (RUN_CONFIG_FILE) differs from `config` in a field that shapes the training.
-
-  A resumed run continues the recorded one step for step, so another learning
-  rate, batch size, seed, model shape or data source would make a run that
-  neither config describes. LENGTH_FIELDS may change (`fit` logs it), but not
-  train_minutes between 0 and > 0 (the step and the time schedules). Nothing
-  to check without checkpoints, or for a workdir from before such records
-  (`fit` logs that).
-  """
-  path = os.path.join(workdir, RUN_CONFIG_FILE)
-  if config is None or not has_checkpoints(workdir) or not os.path.isfile(path):
-    return
-  with open(path) as f:
-    recorded = json.load(f)
-  current = _compared_fields(config)
-  changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k)
-                   and (k.split('.')[-1] not in LENGTH_FIELDS or _schedule_kind_changed(
-                       recorded.get(k), current.get(k), k)))
-  if changed:
-    listed = ', '.join(f'config.{k}={current.get(k)!r} (the checkpoints\' run: '
-                       f'{recorded.get(k)!r})' for k in changed)
-    raise cli.ConfigError(
-        f'{workdir!r} holds checkpoints of a run with another config: {listed}. Resume with '
-        f'the recorded values ({path}), or use a new --workdir to train afresh.')
-
-
-def _record_run_config(workdir: str, config, name: str, resumed: bool) -> None:
-  """Writes RUN_CONFIG_FILE for a new run, or for a resumed one whose length changed."""
-  path = os.path.join(workdir, RUN_CONFIG_FILE)
-  current = _compared_fields(config)
-  if resumed:
-    if not os.path.isfile(path):
-      logging.warning('%s: %s has no %s (a workdir from before such records); the config '
-                      'is not checked against its checkpoints', name, workdir, RUN_CONFIG_FILE)
-      return
-    with open(path) as f:
-      recorded = json.load(f)
-    if recorded == current:
-      return
-    logging.warning('%s: resumed with another length (%s); the learning-rate schedule from '
-                    'here on follows it', name, ', '.join(
-                        f'{k} {recorded.get(k)} -> {current.get(k)}' for k in sorted(current)
-                        if recorded.get(k) != current.get(k)))
-  files.write_atomic(path, json.dumps(current, indent=1, sort_keys=True).encode())
-
-
 def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator], *,
         num_steps: int, workdir: str, key: jax.Array, log_every: int = 50,
         save_every: int = 500, name: str = 'train',
@@ -275,7 +183,7 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
       time_budget=True)`); training stops when `budget.minutes` of training
       time (summed over resumes) are spent, or at `num_steps`.
     config: the trainer's config, recorded in `workdir` when the run starts and
-      checked against the record when it resumes (`check_resume`).
+      checked against the record when it resumes (`run_record.check_resume`).
   Returns:
     (final state, history of logged metrics). The history is also written to
     `{name}_history.json` with every checkpoint; a resumed run keeps the entries
@@ -286,10 +194,10 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
       not fit `state` (another model shape or optimizer).
   """
   _check_every(log_every=log_every, save_every=save_every)
-  check_resume(workdir, config)
+  run_record.check_resume(workdir, config)
   os.makedirs(workdir, exist_ok=True)
-  manager = ocp.CheckpointManager(
-      _checkpoint_dir(workdir), options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+  manager = ocp.CheckpointManager(run_record.checkpoint_dir(workdir),
+                                  options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
   latest = manager.latest_step()
   if latest is not None and latest > num_steps:
     manager.close()
@@ -297,7 +205,7 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
                           f'config.num_steps={num_steps}; set num_steps to {latest} or more, '
                           'or use a new --workdir to train afresh.')
   if config is not None:
-    _record_run_config(workdir, config, name, resumed=latest is not None)
+    run_record.record(workdir, config, name, resumed=latest is not None)
   if latest is not None:
     try:
       state = manager.restore(latest, args=ocp.args.StandardRestore(state))
@@ -305,9 +213,9 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
       manager.close()
       reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
       raise cli.ConfigError(
-          f'{name}: the checkpoint of step {latest} in {_checkpoint_dir(workdir)} does not fit '
-          f'this run\'s model or optimizer ({reason}); resume with the config it was trained '
-          'with, or use a new --workdir to train afresh.') from error
+          f'{name}: the checkpoint of step {latest} in {run_record.checkpoint_dir(workdir)} does '
+          f'not fit this run\'s model or optimizer ({reason}); resume with the config it was '
+          'trained with, or use a new --workdir to train afresh.') from error
     logging.info('%s: resumed from step %d in %s', name, latest, workdir)
   start = int(state.step)
   elapsed_before, began = float(state.elapsed_s), time.time()

@@ -54,9 +54,11 @@ import optax
 
 from specdec_jax.app import cli
 from specdec_jax.app import files
+from specdec_jax.app import run_record
 from specdec_jax.app import training
 from specdec_jax.app.train import command
 from specdec_jax.app.train import gpt as train_gpt
+from specdec_jax.app.train import target_samples
 from specdec_jax.app.train import vq as train_vq
 from specdec_jax.configs import fashion_eagle as fashion_eagle_config
 from specdec_jax.converters import common
@@ -65,12 +67,7 @@ from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
 
 DRAFTER_DIR = 'drafter'
-SAMPLES_FILE = 'target_samples.npz'
-# The config fields the cached target samples depend on (recorded in the file).
-SAMPLE_SETTINGS = ('seed', 'num_target_samples', 'sample_batch_size', 'sample_temperature',
-                   'sample_cfg_scale')
 FROZEN = ('embed_tokens', 'lm_head')
-DATA_SOURCES = ('dataset', 'target')
 
 
 # -------------------------------------------------------- target features ---
@@ -252,73 +249,6 @@ def evaluate(target: llamagen.LlamaGenGPT, drafter: eagle.EagleDrafter, target_p
   return {k: v / count for k, v in sums.items()}
 
 
-# ------------------------------------------------------------------ data ---
-
-
-def sample_from_target(target: llamagen.LlamaGenGPT, target_params: Any, labels: np.ndarray,
-                       *, key: jax.Array, batch_size: int, temperature: float = 1.0,
-                       cfg_scale: float = 1.0, top_k: int = 0,
-                       compiler_options: dict | None = None) -> np.ndarray:
-  """Image-token sequences int32[len(labels), N] sampled from the target.
-
-  Uses the engine's vanilla loop (`specdec_jax.decode.generate`); with
-  cfg_scale != 1 the rows are [cond; uncond] as LlamaGen samples them;
-  temperature 0 is greedy. `compiler_options` go to XLA (tests pass
-  `decode.FAST_COMPILE`).
-  """
-  from specdec_jax import decode  # pylint: disable=g-import-not-at-top
-  from specdec_jax import logits as logits_lib  # pylint: disable=g-import-not-at-top
-
-  sampling = logits_lib.Sampling(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k)
-  chunks = []
-  for start in range(0, len(labels), batch_size):
-    chunk = jnp.asarray(labels[start:start + batch_size], jnp.int32)
-    cond = target.cfg_cond(target_params, chunk) if sampling.uses_cfg else chunk
-    result = decode.generate(target, target_params, cond,
-                             num_tokens=target.config.block_size,
-                             key=jax.random.fold_in(key, start), mode=decode.Vanilla(),
-                             sampling=sampling, compiler_options=compiler_options)
-    chunks.append(np.asarray(result.tokens, np.int32))
-    logging.info('drafter: sampled %d / %d target sequences', start + len(chunk), len(labels))
-  return np.concatenate(chunks)
-
-
-def check_data_source(config) -> None:
-  if config.data_source not in DATA_SOURCES:
-    raise cli.ConfigError(f'config.data_source must be one of {DATA_SOURCES}, got '
-                          f'{config.data_source!r}.')
-
-
-def training_sequences(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any,
-                       data: dict) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens int32[S, N], labels int32[S]) the drafter trains on."""
-  check_data_source(config)
-  if config.data_source == 'dataset':
-    return data['train_tokens'], data['train_labels']
-  path = os.path.join(workdir, SAMPLES_FILE)
-  settings = json.dumps({k: config[k] for k in SAMPLE_SETTINGS}, sort_keys=True)
-  if os.path.isfile(path):  # a resumed run trains on the same samples
-    with np.load(path) as f:
-      recorded = str(f['settings']) if 'settings' in f else None
-      if recorded in (None, settings):  # None: a cache from before settings were recorded
-        return f['tokens'], f['labels']
-    if training.has_checkpoints(workdir):
-      raise cli.ConfigError(f'{path} was sampled with {recorded}, not {settings}, and the '
-                            'checkpoints beside it trained on it; use a new --workdir.')
-    logging.info('drafter: %s was sampled with %s; sampling again with %s', path, recorded,
-                 settings)
-  rng = np.random.default_rng(config.seed)
-  labels = rng.integers(0, target.config.num_classes, config.num_target_samples).astype(np.int32)
-  tokens = sample_from_target(target, target_params, labels,
-                              key=jax.random.key(config.seed + 7),
-                              batch_size=config.sample_batch_size,
-                              temperature=config.sample_temperature,
-                              cfg_scale=config.sample_cfg_scale)
-  with files.atomic_file(path) as f:  # creates workdir
-    np.savez(f, tokens=tokens, labels=labels, settings=np.array(settings))
-  return tokens, labels
-
-
 # ----------------------------------------------------------------- train ---
 
 
@@ -342,7 +272,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
     raise cli.ConfigError(f'train: tokens vocab {data["vocab_size"]} != target vocab '
                           f'{target.config.vocab_size}; set config.tokens_path to the VQ run '
                           'the target was trained on.')
-  training.check_resume(workdir, config)  # before the cached target samples are read
+  run_record.check_resume(workdir, config)  # before the cached target samples are read
   target_params = jax.tree_util.tree_map(jnp.asarray, target_params)
   drafter_config = drafter_config_from(config, target.config)
   drafter = eagle.EagleDrafter(drafter_config)
@@ -351,10 +281,11 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
   optimizer = optimizer_from(config)
   state = training.init_state(trainable, optimizer)
 
-  tokens, labels = training_sequences(config, workdir, target, target_params, data)
+  tokens, labels = target_samples.training_sequences(config, workdir, target, target_params,
+                                                     data)
   sequences_info = {'source': config.data_source, 'count': int(len(tokens))}
   if config.data_source == 'target':
-    sequences_info['sha256'] = files.sha256(os.path.join(workdir, SAMPLES_FILE))
+    sequences_info['sha256'] = files.sha256(os.path.join(workdir, target_samples.SAMPLES_FILE))
   num_eval = min(config.eval_examples, len(data['test_tokens']))
   eval_data = (data['test_tokens'][:num_eval], data['test_labels'][:num_eval])
   initial = evaluate(target, drafter, target_params, dict(trainable, **frozen), *eval_data,
@@ -396,7 +327,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
 def main(argv):
   del argv
   config = flags.FLAGS.config
-  check_data_source(config)  # before the target is loaded
+  target_samples.check_data_source(config)  # before the target is loaded
   if not os.path.isdir(config.target_dir):
     raise FileNotFoundError(
         f'config.target_dir {config.target_dir!r} is not a folder: train the target first '
