@@ -149,6 +149,17 @@ def json_text(value, *, indent: int | None = 1, sort_keys: bool = False) -> str:
                     allow_nan=False, default=str)
 
 
+def dotted_fields(nested, prefix: str = '') -> dict:
+  """{'a.b.c': leaf} of nested mappings (dicts, ConfigDicts: anything with `items`)."""
+  flat = {}
+  for name, value in nested.items():
+    if hasattr(value, 'items'):
+      flat.update(dotted_fields(value, f'{prefix}{name}.'))
+    else:
+      flat[prefix + name] = value
+  return flat
+
+
 def json_lines(records) -> bytes:
   """JSON Lines: one strict, key-sorted JSON object per record."""
   return ''.join(json_text(r, indent=None, sort_keys=True) + '\n' for r in records).encode()

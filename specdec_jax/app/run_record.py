@@ -44,17 +44,9 @@ def has_checkpoints(workdir: str) -> bool:
 def _compared_fields(config) -> dict:
   """{dotted field: JSON value} of a config (ConfigDict or dict), without the fields
   a resumed run may change (RESUMABLE_FIELDS, `*_path`, `*_dir`)."""
-  flat = {}
-
-  def walk(node, prefix):
-    for key, value in node.items():
-      if hasattr(value, 'items'):
-        walk(value, f'{prefix}{key}.')
-      elif not (key in RESUMABLE_FIELDS or key.endswith(('_path', '_dir'))):
-        flat[prefix + key] = json.loads(json.dumps(value, default=str))
-
-  walk(config.to_dict() if hasattr(config, 'to_dict') else config, '')
-  return flat
+  fields = files.dotted_fields(config.to_dict() if hasattr(config, 'to_dict') else config)
+  return {name: json.loads(json.dumps(value, default=str)) for name, value in fields.items()
+          if not (name.split('.')[-1] in RESUMABLE_FIELDS or name.endswith(('_path', '_dir')))}
 
 
 def _schedule_kind_changed(recorded, current, field: str) -> bool:

@@ -66,17 +66,6 @@ def agreed(what: str, step: Callable[[], T], *, process_0_only: bool = False) ->
   return result
 
 
-def _flat(fields: dict, prefix: str = '') -> dict:
-  """{dotted name: JSON text} of nested JSON-like fields."""
-  flat = {}
-  for name, value in fields.items():
-    if isinstance(value, dict):
-      flat.update(_flat(value, f'{prefix}{name}.'))
-    else:
-      flat[prefix + name] = json.dumps(value, sort_keys=True, default=str)
-  return flat
-
-
 def _digest(text: str) -> np.ndarray:
   return np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8)
 
@@ -91,7 +80,8 @@ def check_same_settings(fields: dict) -> None:
   """
   if jax.process_count() == 1:
     return
-  flat = _flat(fields)
+  flat = {name: json.dumps(value, sort_keys=True, default=str)
+          for name, value in files.dotted_fields(fields).items()}
   names = sorted(flat)
   same_names = np.asarray(multihost_utils.process_allgather(_digest(json.dumps(names))))
   if (same_names != same_names[0]).any():
