@@ -52,6 +52,21 @@ class FilesTest(absltest.TestCase):
       path.write_bytes(b'')
       self.assertEqual(files.sha256(path), hashlib.sha256(b'').hexdigest())
 
+  def test_tree_sha256_follows_values_dtypes_shapes_and_paths(self):
+    tree = {'a': np.arange(6, dtype=np.float32).reshape(2, 3), 'b': jnp.ones(2, jnp.bfloat16)}
+    digest = files.tree_sha256(tree)
+    self.assertEqual(files.tree_sha256(dict(tree, a=np.array(tree['a']))), digest)
+    for name, other in (('value', dict(tree, b=jnp.zeros(2, jnp.bfloat16))),
+                        ('dtype', dict(tree, a=tree['a'].astype(np.float64))),
+                        ('shape', dict(tree, a=tree['a'].reshape(3, 2))),
+                        ('path', {'c': tree['a'], 'b': tree['b']})):
+      with self.subTest(name):
+        self.assertNotEqual(files.tree_sha256(other), digest)
+
+  def test_dotted_fields_of_nested_mappings(self):
+    self.assertEqual(files.dotted_fields({'a': {'b': 1, 'c': {'d': [2]}}, 'e': None}, 'x:'),
+                     {'x:a.b': 1, 'x:a.c.d': [2], 'x:e': None})
+
   def test_atomic_file_replaces_whole_or_keeps_the_old_file(self):
     with tempfile.TemporaryDirectory() as tmp:
       path = pathlib.Path(tmp, 'sub', 'out.bin')  # the folder is created

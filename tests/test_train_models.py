@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from specdec_jax.app import cli
+from specdec_jax.app import files
 from specdec_jax.app import training
 from specdec_jax.app.train import drafter as train_drafter
 from specdec_jax.app.train import gpt as train_gpt
@@ -293,6 +294,20 @@ class DrafterTrainerTest(absltest.TestCase, ManifestMixin):
                                     target_params['tok_embeddings']['embedding'])
       np.testing.assert_array_equal(params['fc']['kernel'], state.params['fc']['kernel'])
 
+  def test_a_resume_against_another_target_or_tokens_is_refused(self):
+    target, target_params = tiny_target()
+    data = token_data(64, 32)
+    with tempfile.TemporaryDirectory() as workdir:
+      config = drafter_config(num_steps=2, save_every=1, eval_examples=4)
+      train_drafter.train(config, workdir, target, target_params, data)
+      other_target = jax.tree_util.tree_map(lambda x: x * 0.5, target_params)
+      other_tokens = dict(data, train_tokens=data['train_tokens'][::-1])
+      for name, args in (('target_params_sha256', (target, other_target, data)),
+                         ('train_tokens_sha256', (target, target_params, other_tokens))):
+        with self.subTest(name), self.assertRaisesRegex(
+            cli.ConfigError, f'another config or input files: input {name} '):
+          train_drafter.train(config, workdir, *args)
+
   def test_cached_target_samples_are_those_of_the_config(self):
     """The cache records the settings it was sampled with: other settings sample again
     before any checkpoint, and are refused once checkpoints trained on the cache."""
@@ -314,11 +329,28 @@ class DrafterTrainerTest(absltest.TestCase, ManifestMixin):
                               sample_temperature=0.5)
       self.assertEqual(sequences(hotter)[0, 0], 2)  # sampled again at the new temperature
       self.assertEqual(calls[-1]['temperature'], 0.5)
+      other_target = jax.tree_util.tree_map(lambda x: x + 1.0, target_params)
+      self.assertEqual(target_samples.training_sequences(  # another target: sampled again
+          hotter, workdir, target, other_target, None)[0][0, 0], 3)
+      self.assertEqual(target_samples.training_sequences(  # the hash the caller computed
+          hotter, workdir, target, target_params, None,
+          files.tree_sha256(other_target))[0][0, 0], 3)
       os.makedirs(os.path.join(workdir, 'checkpoints', '10'))
       with self.assertRaisesRegex(cli.ConfigError, 'was sampled with .*"sample_temperature": '
                                   '0.5.*the checkpoints beside it trained on it'):
         sequences(config)
-      self.assertLen(calls, 2)
+      self.assertLen(calls, 3)
+
+  def test_target_samples_cached_before_the_target_hash_was_recorded_are_reused(self):
+    target, target_params = tiny_target()
+    config = drafter_config(data_source='target', num_target_samples=4)
+    settings = {k: config[k] for k in target_samples.SAMPLE_SETTINGS}
+    with tempfile.TemporaryDirectory() as workdir:
+      np.savez(os.path.join(workdir, target_samples.SAMPLES_FILE),
+               tokens=np.full((4, NUM_TOKENS), 7, np.int32), labels=np.zeros(4, np.int32),
+               settings=np.array(json.dumps(settings, sort_keys=True)))
+      tokens, _ = target_samples.training_sequences(config, workdir, target, target_params, None)
+      self.assertEqual(tokens[0, 0], 7)
 
   def test_greedy_target_samples_and_features_follow_the_target(self):
     target, target_params = tiny_target()

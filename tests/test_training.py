@@ -130,13 +130,39 @@ class ResumeConfigTest(absltest.TestCase):
         changed = _run_config()
         changed.update_from_flattened_dict({field: value})
         with self.subTest(field), self.assertRaisesRegex(
-            cli.ConfigError, rf"holds checkpoints of a run with another config: "
+            cli.ConfigError, rf"holds checkpoints of a run with another config or input files: "
             rf"config.{field}={value!r} \(the checkpoints' run: {recorded!r}\)"):
           self.fit(workdir, changed)
       # How often it logs and saves, how fast it compiles and where its inputs are may change.
       state, _ = self.fit(workdir, _run_config(log_every=1, save_every=2, fast_compile=True,
                                                tokens_path='b/tokens.npz'))
       self.assertEqual(int(state.step), 8)
+
+  def test_a_resume_with_other_input_files_is_refused(self):
+    """The files a run reads (`inputs`: their hashes) are compared where both the record
+    and the caller know them."""
+    with tempfile.TemporaryDirectory() as workdir:
+      fit = lambda inputs: _fit(workdir, self.batches, num_steps=8, log_every=2, save_every=4,
+                                config=_run_config(), inputs=inputs)
+      _fit(workdir, lambda start: itertools.islice(self.batches(start), 5 - start),
+           num_steps=8, log_every=2, save_every=4, config=_run_config(),
+           inputs={'tokens_sha256': 'aa'})
+      with self.assertRaisesRegex(cli.ConfigError, "another config or input files: input "
+                                  r"tokens_sha256 'bb' \(the checkpoints' run: 'aa'\)"):
+        fit({'tokens_sha256': 'bb'})
+      state, _ = fit(None)  # a caller that does not hash its inputs
+      self.assertEqual(int(state.step), 8)
+      with open(os.path.join(workdir, run_record.RUN_CONFIG_FILE)) as f:
+        self.assertEqual(json.load(f)[run_record.INPUTS_PREFIX + 'tokens_sha256'], 'aa')
+
+  def test_a_record_without_inputs_accepts_them_and_keeps_them(self):
+    with tempfile.TemporaryDirectory() as workdir:
+      self.fit(workdir, _run_config(), stop_at=5)  # recorded without inputs
+      state, _ = _fit(workdir, self.batches, num_steps=8, log_every=2, save_every=4,
+                      config=_run_config(), inputs={'tokens_sha256': 'cc'})
+      self.assertEqual(int(state.step), 8)
+      with open(os.path.join(workdir, run_record.RUN_CONFIG_FILE)) as f:
+        self.assertEqual(json.load(f)[run_record.INPUTS_PREFIX + 'tokens_sha256'], 'cc')
 
   def test_a_run_may_be_extended_but_not_cut_below_its_checkpoint(self):
     with tempfile.TemporaryDirectory() as workdir:

@@ -178,6 +178,17 @@ class FolderLockedError(RuntimeError):
   """Another job holds the folder's lock."""
 
 
+def tree_sha256(tree) -> str:
+  """Hex SHA-256 of a pytree of arrays: each leaf's path, dtype, shape and bytes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    array = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f'{jax.tree_util.keystr(path)} {array.dtype} {array.shape};'.encode())
+    digest.update(array.reshape(-1).view(np.uint8))
+  return digest.hexdigest()
+
+
 def _read_holder(path: pathlib.Path) -> dict:
   try:
     return json.loads(path.read_text())

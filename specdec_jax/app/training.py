@@ -168,7 +168,8 @@ def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
 def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator], *,
         num_steps: int, workdir: str, key: jax.Array, log_every: int = 50,
         save_every: int = 500, name: str = 'train',
-        budget: TimeBudget | None = None, config=None) -> tuple[TrainState, list[dict]]:
+        budget: TimeBudget | None = None, config=None,
+        inputs: dict | None = None) -> tuple[TrainState, list[dict]]:
   """Runs step_fn until `num_steps` (or the time budget), resuming from `workdir`.
 
   Args:
@@ -184,6 +185,8 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
       time (summed over resumes) are spent, or at `num_steps`.
     config: the trainer's config, recorded in `workdir` when the run starts and
       checked against the record when it resumes (`run_record.check_resume`).
+    inputs: {name: hash} of the files the run reads (tokens, target weights),
+      recorded and checked with the config.
   Returns:
     (final state, history of logged metrics). The history is also written to
     `{name}_history.json` with every checkpoint; a resumed run keeps the entries
@@ -194,7 +197,7 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
       not fit `state` (another model shape or optimizer).
   """
   _check_every(log_every=log_every, save_every=save_every)
-  run_record.check_resume(workdir, config)
+  run_record.check_resume(workdir, config, inputs)
   os.makedirs(workdir, exist_ok=True)
   manager = ocp.CheckpointManager(run_record.checkpoint_dir(workdir),
                                   options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
@@ -205,7 +208,7 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
                           f'config.num_steps={num_steps}; set num_steps to {latest} or more, '
                           'or use a new --workdir to train afresh.')
   if config is not None:
-    run_record.record(workdir, config, name, resumed=latest is not None)
+    run_record.record(workdir, config, name, resumed=latest is not None, inputs=inputs)
   if latest is not None:
     try:
       state = manager.restore(latest, args=ocp.args.StandardRestore(state))

@@ -24,6 +24,7 @@ import optax
 
 from specdec_jax.app import evaluation
 from specdec_jax.app import fashion_mnist
+from specdec_jax.app import files
 from specdec_jax.app import training
 from specdec_jax.app.train import command
 from specdec_jax.configs import classifier as classifier_config
@@ -74,7 +75,8 @@ def train(config, workdir, train_data, test_data):
       make_step(model, optimizer), state,
       training.epoch_batches(train_data, config.batch_size, config.seed),
       num_steps=config.num_steps, workdir=workdir, key=key, log_every=config.log_every,
-      save_every=config.save_every, name='classifier', budget=budget, config=config)
+      save_every=config.save_every, name='classifier', budget=budget, config=config,
+      inputs={'train_data_sha256': files.tree_sha256(list(train_data))})
   logits, features = predict(model, state.params, test_data[0])
   accuracy = evaluation.class_accuracy(logits, test_data[1])
   mean, cov = evaluation.feature_statistics(features)

@@ -272,7 +272,9 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
     raise cli.ConfigError(f'train: tokens vocab {data["vocab_size"]} != target vocab '
                           f'{target.config.vocab_size}; set config.tokens_path to the VQ run '
                           'the target was trained on.')
-  run_record.check_resume(workdir, config)  # before the cached target samples are read
+  inputs = dict(train_gpt.training_inputs(data),
+                target_params_sha256=files.tree_sha256(target_params))
+  run_record.check_resume(workdir, config, inputs)  # before the cached samples are read
   target_params = jax.tree_util.tree_map(jnp.asarray, target_params)
   drafter_config = drafter_config_from(config, target.config)
   drafter = eagle.EagleDrafter(drafter_config)
@@ -282,7 +284,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
   state = training.init_state(trainable, optimizer)
 
   tokens, labels = target_samples.training_sequences(config, workdir, target, target_params,
-                                                     data)
+                                                     data, inputs['target_params_sha256'])
   sequences_info = {'source': config.data_source, 'count': int(len(tokens))}
   if config.data_source == 'target':
     sequences_info['sha256'] = files.sha256(os.path.join(workdir, target_samples.SAMPLES_FILE))
@@ -296,7 +298,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
       training.epoch_batches((tokens, labels), config.batch_size, config.seed),
       num_steps=config.num_steps, workdir=workdir, key=jax.random.key(config.seed + 1),
       log_every=config.log_every, save_every=config.save_every, name='drafter',
-      budget=training.time_budget_from(config), config=config)
+      budget=training.time_budget_from(config), config=config, inputs=inputs)
   final = evaluate(target, drafter, target_params, dict(state.params, **frozen), *eval_data,
                    config.eval_batch_size, config)
   metrics = dict(final, initial=initial, steps=int(state.step), eval_examples=num_eval)

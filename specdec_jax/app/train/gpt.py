@@ -198,6 +198,13 @@ def export(workdir: str, gpt: llamagen.GPTConfig, params, source_files=(), **met
 # ----------------------------------------------------------------- train ---
 
 
+def training_inputs(data: dict) -> dict:
+  """{name: sha256} of the token grids a run trains on (`load_tokens` output), for
+  the resume check (`training.fit`'s inputs)."""
+  return {'train_tokens_sha256': files.tree_sha256(
+      [data['train_tokens'], data['train_labels'], data['vocab_size']])}
+
+
 def train(config, workdir: str, data: dict):
   """Trains on `data` (as returned by `load_tokens`) and evaluates on its test split.
 
@@ -226,7 +233,7 @@ def train(config, workdir: str, data: dict):
                              config.seed),
       num_steps=config.num_steps, workdir=workdir, key=jax.random.key(config.seed + 1),
       log_every=config.log_every, save_every=config.save_every, name='gpt', budget=budget,
-      config=config)
+      config=config, inputs=training_inputs(data))
   metrics = evaluate_nll(state.params, gpt, data['test_tokens'], data['test_labels'],
                          config.eval_batch_size)
   metrics['steps'] = int(state.step)

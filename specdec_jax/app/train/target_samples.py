@@ -2,8 +2,9 @@
 
 With `config.data_source='target'` the sequences are sampled from the target
 with the engine's vanilla loop and cached in `<workdir>/target_samples.npz`,
-with the settings they were sampled with: a rerun with other settings samples
-again, or is refused when checkpoints trained on the cache.
+with the settings they were sampled with and the target's hash: a rerun with other
+settings or another target samples again, or is refused when checkpoints trained
+on the cache.
 """
 
 from __future__ import annotations
@@ -63,18 +64,35 @@ def check_data_source(config) -> None:
                           f'{config.data_source!r}.')
 
 
+def _same_settings(recorded: str | None, settings: str) -> bool:
+  """Whether a cache's recorded settings are `settings`. A cache from before settings
+  (None) or the target's hash were recorded is compared on what it recorded."""
+  if recorded is None:
+    return True
+  stored, current = json.loads(recorded), json.loads(settings)
+  if 'target_params_sha256' not in stored:
+    current.pop('target_params_sha256', None)
+  return stored == current
+
+
 def training_sequences(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any,
-                       data: dict) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens int32[S, N], labels int32[S]) the drafter trains on."""
+                       data: dict, target_sha256: str | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens int32[S, N], labels int32[S]) the drafter trains on.
+
+  `target_sha256` (`files.tree_sha256` of target_params; computed when None) is
+  recorded with the cached samples' settings: another target samples again.
+  """
   check_data_source(config)
   if config.data_source == 'dataset':
     return data['train_tokens'], data['train_labels']
   path = os.path.join(workdir, SAMPLES_FILE)
-  settings = json.dumps({k: config[k] for k in SAMPLE_SETTINGS}, sort_keys=True)
+  settings = json.dumps(dict({k: config[k] for k in SAMPLE_SETTINGS}, target_params_sha256=(
+      target_sha256 or files.tree_sha256(target_params))), sort_keys=True)
   if os.path.isfile(path):  # a resumed run trains on the same samples
     with np.load(path) as f:
       recorded = str(f['settings']) if 'settings' in f else None
-      if recorded in (None, settings):  # None: a cache from before settings were recorded
+      if _same_settings(recorded, settings):
         return f['tokens'], f['labels']
     if run_record.has_checkpoints(workdir):
       raise cli.ConfigError(f'{path} was sampled with {recorded}, not {settings}, and the '

@@ -272,7 +272,8 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
       step, state,
       training.epoch_batches((train_data[0],), config.batch_size, config.seed),
       num_steps=config.num_steps, workdir=workdir, key=jax.random.key(config.seed),
-      log_every=config.log_every, save_every=config.save_every, name='vq', config=config)
+      log_every=config.log_every, save_every=config.save_every, name='vq', config=config,
+      inputs={'train_images_sha256': files.tree_sha256(train_data[0])})
 
   logging.info('vq: encoding %d train and %d test images', len(train_data[0]),
                len(test_data[0]))
