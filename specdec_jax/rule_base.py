@@ -33,12 +33,12 @@ def _check(rule: str, name: str, value, ok, requirement: str) -> None:
   """Raises unless a concrete hyperparameter is one finite number meeting `ok`.
 
   Tracers and the placeholder leaves pytree transformations build are skipped;
-  None, a string or a concrete array with more than one entry (a hyperparameter
-  is one number per rule) is refused.
+  None, a string, a list or tuple, or a concrete array with more than one entry
+  (a hyperparameter is one number per rule) is refused.
   """
   if value is None:
     raise ValueError(f'{rule}: {name} must be a number ({requirement}), got None.')
-  if isinstance(value, str) or (isinstance(value, (np.ndarray, jax.Array))
+  if isinstance(value, (str, list, tuple)) or (isinstance(value, (np.ndarray, jax.Array))
                                 and not isinstance(value, jax.core.Tracer)
                                 and np.ndim(value) > 0):
     raise ValueError(f'{rule}: {name} must be one number ({requirement}), got {value!r}.')

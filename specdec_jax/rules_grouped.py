@@ -92,7 +92,8 @@ class Grouped(Rule):
     keep = valid & (jnp.abs(target_probs[members] - target_probs[tokens][..., None])
                     < self.prob_threshold)
     if self.embeddings is not None:
-      diff = self.embeddings[members] - self.embeddings[tokens][..., None, :]
+      embeddings = jnp.asarray(self.embeddings)  # NumPy cannot be indexed by traced tokens
+      diff = embeddings[members] - embeddings[tokens][..., None, :]
       keep &= jnp.sum(diff * diff, axis=-1) < self.dist_threshold
     group_target = jnp.sum(jnp.where(keep, target_probs[members], 0.0), axis=-1)
     group_draft = jnp.sum(jnp.where(keep, draft_probs[members], 0.0), axis=-1)

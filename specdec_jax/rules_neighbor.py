@@ -101,7 +101,7 @@ class _NeighborRelaxed(Rule):
           'a vocabulary whose image tokens are offset (Lumina-mGPT: token = code + 4) build it '
           'with models.neighbors.neighbor_table(codebook, k, token_offset=4, '
           f'vocab_size={vocab}).')
-    return self.neighbors
+    return jnp.asarray(self.neighbors)  # a NumPy table cannot be indexed by traced tokens
 
   def check_vocab(self, vocab_size: int) -> None:
     self._table(vocab_size)

@@ -22,46 +22,12 @@ import numpy as np
 from specdec_jax import categorical
 from specdec_jax import checks
 from specdec_jax import static_tree
+from specdec_jax import verify_inputs
 
 
-_PROB_SUM_TOLERANCE = 1e-3
-
-
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
-
-
-def check_probs(name: str, probs, vocab_size: int | None = None) -> None:
-  """Raises ValueError naming `name` if probs [..., V] are not distributions."""
-  shape = jnp.shape(probs)
-  if len(shape) < 1:
-    raise ValueError(f'{name} must have a vocabulary axis [..., V], got shape {shape}.')
-  if vocab_size is not None and shape[-1] != vocab_size:
-    raise ValueError(f'{name} has vocabulary size {shape[-1]} but {vocab_size} was '
-                     'expected: draft and target must share one vocabulary.')
-  if not _is_concrete(probs):
-    return
-  dtype = np.dtype(getattr(probs, 'dtype', np.float32))
-  # Row sums of rounded probabilities are off by up to eps / 2 of their dtype
-  # (bfloat16 softmax rows sum to 1 +- 0.004): allow twice the dtype's eps.
-  tolerance = max(_PROB_SUM_TOLERANCE, 2 * float(jnp.finfo(dtype).eps)
-                  if jnp.issubdtype(dtype, jnp.floating) else 0.0)
-  values = np.asarray(probs, dtype=np.float64)
-  if not np.all(np.isfinite(values)):
-    raise ValueError(f'{name} contains NaN or inf; check the logits that produced it.')
-  if np.any(values < 0):
-    raise ValueError(f'{name} has negative entries (min {values.min():.3g}); pass '
-                     'probabilities, not logits.')
-  sums = values.sum(-1)
-  if np.any(np.abs(sums - 1) > tolerance):
-    worst = float(sums.reshape(-1)[np.argmax(np.abs(sums - 1))])
-    raise ValueError(f'{name} rows must sum to 1 (found a row summing to {worst:.6g}); '
-                     'pass probabilities, e.g. from logits.process_logits.')
-
-
-def _check_rank(name: str, x, rank: int, what: str) -> None:
-  if jnp.ndim(x) != rank:
-    raise ValueError(f'{name} must be {what} (rank {rank}), got shape {jnp.shape(x)}.')
+check_probs = verify_inputs.check_probs
+_check_rank = verify_inputs.check_rank
+_is_concrete = verify_inputs.is_concrete
 
 
 def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
@@ -75,6 +41,7 @@ def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
   check_probs('draft_probs', draft_probs)
   check_probs('target_probs', target_probs, jnp.shape(draft_probs)[-1])
   _check_rank('draft_probs', draft_probs, 1, 'a distribution [V]')
+  _check_rank('target_probs', target_probs, 1, 'a distribution [V]')
   if _is_concrete(position) and not np.all(np.asarray(position) >= 1):
     raise ValueError(f'output_law: position is the 1-based draft position (>= 1), got '
                      f'{position}.')
@@ -90,12 +57,20 @@ def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
 
 
 def tv_distance(p, q) -> jax.Array:
-  """Total variation 0.5 * sum |p - q| over the last axis."""
+  """Total variation 0.5 * sum |p - q| over the last axis (p and q of one shape)."""
+  if jnp.shape(p) != jnp.shape(q):
+    raise ValueError(f'tv_distance: p and q must have one shape, got {jnp.shape(p)} and '
+                     f'{jnp.shape(q)}.')
   return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
 
 
 def excess_acceptance(rule, draft_probs, target_probs, position=1) -> jax.Array:
   """sum_x [d(x) f(x) - t(x)]_+: TV(out, t) under G*, and a lower bound for any G."""
+  check_probs('draft_probs', draft_probs)
+  check_probs('target_probs', target_probs, jnp.shape(draft_probs)[-1])
+  if jnp.shape(draft_probs) != jnp.shape(target_probs):
+    raise ValueError(f'excess_acceptance: draft_probs {jnp.shape(draft_probs)} and '
+                     f'target_probs {jnp.shape(target_probs)} must have one shape.')
   accept = rule.accept_prob(draft_probs, target_probs, position)
   return jnp.sum(jnp.maximum(draft_probs * accept - target_probs, 0.0), axis=-1)
 
@@ -135,6 +110,7 @@ def verify_chain_with_uniforms(rule, uniforms, draft_tokens, draft_probs, target
     accepted; next_token is drawn from the rule's residual at position n+1,
     or from target_probs[k] (the bonus) when n == k.
   """
+  draft_tokens = verify_inputs.tokens_array('draft_tokens', draft_tokens)
   _check_rank('draft_tokens', draft_tokens, 1, 'int [k]')
   _check_rank('draft_probs', draft_probs, 2, '[k, V]')
   _check_rank('target_probs', target_probs, 2, '[k+1, V]')
@@ -152,10 +128,8 @@ def verify_chain_with_uniforms(rule, uniforms, draft_tokens, draft_probs, target
                      f'{jnp.shape(uniforms)}.')
   check_probs('draft_probs', draft_probs)
   check_probs('target_probs', target_probs, vocab)
-  if _is_concrete(draft_tokens):
-    tokens = np.asarray(draft_tokens)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
-      raise ValueError(f'draft_tokens must be in [0, {vocab}), got {tokens.tolist()}.')
+  verify_inputs.check_token_range('draft_tokens', draft_tokens, vocab)
+  verify_inputs.check_drafts_have_mass(draft_tokens, draft_probs)
 
   draft_probs, target_probs = at_least_float32(draft_probs, target_probs)
   positions = jnp.arange(1, num_drafts + 1)
@@ -223,11 +197,13 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
     (path int32[D+1]: accepted node ids starting with the root 0, -1 padded;
      num_accepted int32[]; next_token int32[]).
   """
+  node_tokens = verify_inputs.tokens_array('node_tokens', node_tokens)
   _check_rank('node_tokens', node_tokens, 1, 'int [N]')
   _check_rank('draft_probs', draft_probs, 2, '[N, V]')
   num_nodes = tree.num_nodes
   if callable(target_probs):
     target_at = target_probs
+    verify_inputs.target_vocab(target_at, draft_probs.shape[-1], 'verify_tree')
     rows = num_nodes
   else:
     _check_rank('target_probs', target_probs, 2, '[N, V]')
@@ -240,6 +216,7 @@ def verify_tree_with_uniforms(rule, uniforms, tree: StaticTree, node_tokens, dra
                      f'node_tokens {node_tokens.shape}, draft_probs {draft_probs.shape}, '
                      f'target_probs with {rows} rows.')
   check_probs('draft_probs', draft_probs)
+  verify_inputs.check_token_range('node_tokens', node_tokens, draft_probs.shape[-1])
   if sibling_probs is not None:
     if jnp.shape(sibling_probs) != jnp.shape(draft_probs):
       raise ValueError(f'verify_tree: sibling_probs must have draft_probs\' shape '
@@ -288,6 +265,8 @@ def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, 
     (path int32[D+1], num_accepted int32[], next_token int32[]) as
     `verify_tree_with_uniforms`.
   """
+  children = verify_inputs.tokens_array('children', children)
+  node_tokens = verify_inputs.tokens_array('node_tokens', node_tokens)
   _check_rank('children', children, 2, 'int [N, C]')
   _check_rank('node_tokens', node_tokens, 1, 'int [N]')
   rows = {'node_tokens': node_tokens.shape[0]}
@@ -299,6 +278,10 @@ def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, 
                      f'root included) but got {rows} rows.')
   if draft_probs is not None:
     check_probs('draft_probs', draft_probs)
+  vocab = verify_inputs.target_vocab(
+      target_at, None if draft_probs is None else draft_probs.shape[-1], 'verify_dynamic_tree')
+  verify_inputs.check_token_range('node_tokens', node_tokens, vocab)
+  verify_inputs.check_children(children)
   expected = (max_depth * children.shape[1] + 1,)
   if jnp.shape(uniforms) != expected:
     raise ValueError(f'verify_dynamic_tree: uniforms must be [D * C + 1] = [{expected[0]}], '

@@ -197,6 +197,8 @@ class ValidationTest(parameterized.TestCase):
       (lambda: rules.CoolSD(delta=2.0, mu=float('nan')), 'mu'),
       (lambda: rules.CoolSD(delta=np.array([1.0, 2.0])), 'delta must be one number'),
       (lambda: rules.ContentAware(lam='0.1'), 'lam must be one number'),
+      (lambda: rules.UniformRelaxed([-2.0]), 'omega must be one number'),
+      (lambda: rules.CoolSD(delta=(2.0,)), 'delta must be one number'),
       (lambda: rules.Grouped(dist_threshold=0.0), 'dist_threshold'),
       (lambda: rules.Grouped(below=-1), 'below/above must be >= 0'),
       (lambda: rules.Grouped(above=-1), 'below/above must be >= 0'),
@@ -225,6 +227,25 @@ class ValidationTest(parameterized.TestCase):
       with self.assertRaisesRegex(ValueError, f'below={below} and above={above} .* must be '
                                   'below the vocabulary size V=4'):
         rules.Grouped(below=below, above=above).check_vocab(4)
+
+  def test_numpy_tables_work_like_jax_arrays_in_chains_and_under_jit(self):
+    """`neighbor_table` returns NumPy; indexing it by traced tokens used to fail."""
+    table = np.asarray(line_neighbors(8, 4))
+    embeddings = np.asarray(jax.random.normal(jax.random.key(1), (8, 3)))
+    pairs = [dirichlet_pair(seed, 8) for seed in range(3)]
+    draft = jnp.asarray(np.stack([d for d, _ in pairs]), jnp.float32)
+    target = jnp.asarray(np.stack([t for _, t in pairs]), jnp.float32)
+    tokens = jnp.argmax(draft[:2], axis=-1)
+    for rule in (rules.Lantern(neighbors=table, k=2, delta=0.3),
+                 rules.LanternPP(neighbors=table, k=2),
+                 rules.Grouped(embeddings=embeddings, below=1, above=1, dist_threshold=4.0)):
+      on_device = jax.tree.map(jnp.asarray, rule)
+      with self.subTest(type(rule).__name__):
+        np.testing.assert_array_equal(
+            verify.verify_chain(rule, jax.random.key(0), tokens, draft[:2], target),
+            verify.verify_chain(on_device, jax.random.key(0), tokens, draft[:2], target))
+        np.testing.assert_array_equal(jax.jit(rule.accept_prob)(draft[0], target[0], 1),
+                                      on_device.accept_prob(draft[0], target[0], 1))
 
   def test_coolsd_mean_normalised_needs_window(self):
     draft, target = dirichlet_pair(0, 8)

@@ -63,6 +63,33 @@ class ClosedFormTest(parameterized.TestCase):
     self.assertAlmostEqual(float(rules.CoolSD(delta=9.0, nu=0.5, mu=0.1).weight(2)),
                            9.0 * math.exp(-1.0 - 0.1), places=5)
 
+  def test_coolsd_schedule_with_a_steep_decay_stays_finite(self):
+    """exp(-nu i) underflows float32 for nu above about 87; mu is a logsumexp, so the
+    window mean of the unfloored weights is still delta: w_1 = L delta, the rest 1."""
+    for nu in (90.0, 200.0):
+      with self.subTest(nu=nu):
+        np.testing.assert_allclose(rules.CoolSD(delta=2.0, nu=nu, window=4).weight(
+            jnp.arange(1, 5)), [8.0, 1.0, 1.0, 1.0], rtol=1e-5)
+    law = verify.output_law(rules.CoolSD(delta=2.0, nu=90.0, window=4),
+                            jnp.array([.7, .1, .1, .1]), jnp.array([.1, .3, .3, .3]), position=3)
+    np.testing.assert_allclose(law, [.1, .3, .3, .3], atol=1e-6)  # w_3 = 1: lossless
+
+  def test_coolsd_schedule_functions_refuse_values_the_rule_refuses(self):
+    for call, message in (
+        (lambda: schedules.coolsd_weights(0, delta=2.0), 'window must be an int >= 1'),
+        (lambda: schedules.coolsd_weights(2.5, delta=2.0), 'window must be an int >= 1'),
+        (lambda: schedules.coolsd_weights(0, delta=2.0, mu=0.0), 'window must be an int >= 1'),
+        (lambda: schedules.coolsd_weights(4, delta=-2.0), 'delta must be > 0'),
+        (lambda: schedules.coolsd_weights(4, delta=float('nan')), 'delta must be > 0'),
+        (lambda: schedules.coolsd_weights(4, delta=2.0, nu=-1.0), 'nu must be >= 0'),
+        (lambda: schedules.mean_normalised_mu(-0.5, 4), 'nu must be >= 0'),
+        (lambda: schedules.coolsd_weight(-5, delta=2.0, nu=0.7, mu=0.0), '1-based'),
+        (lambda: schedules.coolsd_weight(1, delta=2.0, nu=0.7, mu=float('inf')), 'mu must be')):
+      with self.subTest(message), self.assertRaisesRegex(ValueError, message):
+        call()
+    traced = jax.jit(lambda nu, i: schedules.coolsd_weight(i, delta=2.0, nu=nu, mu=0.0))
+    self.assertAlmostEqual(float(traced(0.5, 1)), 2.0 * math.exp(-0.5), places=5)
+
   @parameterized.parameters(True, False)
   def test_coolsd_accept_prob_closed_form(self, floor_at_one):
     draft, target = dirichlet_pair(1, 16)

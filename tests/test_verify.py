@@ -177,6 +177,32 @@ class ValidationTest(parameterized.TestCase):
       verify.output_law(rules.CoolSD(delta=2.0, window=4), draft, target, position=0)
 
 
+  def test_tokens_of_the_wrong_kind_or_without_draft_mass_are_refused(self):
+    draft, target = dirichlet_pair(0, 8)
+    d2, t3 = jnp.stack([draft, draft]), jnp.stack([target] * 3)
+    verify_chain = functools.partial(verify.verify_chain, rules.Lossless(), jax.random.key(0))
+    for tokens, message in ((jnp.array([1., 2.]), 'draft_tokens must be an int array.*float32'),
+                            (jnp.array([True, False]), 'draft_tokens must be an int array.*bool')):
+      with self.subTest(message), self.assertRaisesRegex(ValueError, message):
+        verify_chain(tokens, d2, t3)
+    self.assertEqual(verify_chain([1, 2], d2, t3), verify_chain(jnp.array([1, 2]), d2, t3))
+    point = jnp.zeros(8).at[1].set(1.0)
+    with self.assertRaisesRegex(ValueError, r'draft_tokens\[1\]=0 has probability 0 under '
+                                r'draft_probs\[1\]'):
+      verify_chain(jnp.array([1, 0]), jnp.stack([draft, point]), t3)
+
+  def test_laws_of_another_rank_or_shape_are_refused(self):
+    draft, target = dirichlet_pair(0, 8)
+    with self.assertRaisesRegex(ValueError, r'target_probs must be a distribution \[V\]'):
+      verify.output_law(rules.Lossless(), draft, jnp.stack([target, target]))
+    with self.assertRaisesRegex(ValueError, 'tv_distance: p and q must have one shape'):
+      verify.tv_distance(draft, jnp.array([1.0]))
+    with self.assertRaisesRegex(ValueError, 'target_probs rows must sum to 1'):
+      verify.excess_acceptance(rules.Lossless(), draft, target * 4)
+    with self.assertRaisesRegex(ValueError, 'excess_acceptance: draft_probs .* one shape'):
+      verify.excess_acceptance(rules.Lossless(), draft, jnp.stack([target, target]))
+
+
 class BFloat16Test(absltest.TestCase):
   """bfloat16 probabilities (what a bf16 model's softmax gives) pass the value checks
   outside jit as they do inside, and output_law is float32 for every rule."""

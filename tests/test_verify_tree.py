@@ -2,6 +2,7 @@
 rules). Power and controls as in tests/test_verify.py.
 """
 
+import functools
 from typing import Any
 
 from absl.testing import absltest
@@ -183,11 +184,39 @@ def node_outcome_law(draft, target, num_children, accept, residual):
   return accepted, resampled
 
 
+class TreeInputsTest(absltest.TestCase):
+
+  def test_tokens_nodes_and_target_vocabularies_outside_the_tree_are_refused(self):
+    tree = verify.StaticTree.from_paths([(0,), (0, 0)])
+    uniform = jnp.full((3, 4), 0.25)
+    static = functools.partial(verify.verify_tree, rules.Lossless(), jax.random.key(0), tree)
+    with self.assertRaisesRegex(ValueError, r'node_tokens must be in \[0, 4\)'):
+      static(jnp.array([0, 3, -1]), uniform, uniform)
+    with self.assertRaisesRegex(ValueError, 'node_tokens must be an int array'):
+      static(jnp.array([0., 3., 1.]), uniform, uniform)
+    with self.assertRaisesRegex(ValueError, r'verify_tree: the target function returns shape '
+                                r"\(5,\), expected \[V\] = \[4\] \(the drafts' vocabulary\)"):
+      static(jnp.array([0, 3, 1]), uniform, lambda node: jnp.full(5, 0.2))
+    dynamic = functools.partial(verify.verify_dynamic_tree_with_uniforms, rules.Lossless(),
+                                jnp.zeros(3))
+    target_at = lambda node: jnp.full(4, 0.25)
+    with self.assertRaisesRegex(ValueError, r'node_tokens must be in \[0, 4\)'):
+      dynamic(jnp.array([[1, -1], [-1, -1]]), 1, jnp.array([0, 9]), target_at)
+    with self.assertRaisesRegex(ValueError, r'children entries must be node ids in \[0, 2\) '
+                                'or -1'):
+      dynamic(jnp.array([[5, -1], [-1, -1]]), 1, jnp.array([0, 1]), target_at)
+    with self.assertRaisesRegex(ValueError, r'the target function returns shape \(5,\)'):
+      dynamic(jnp.array([[1, -1], [-1, -1]]), 1, jnp.array([0, 1]),
+              lambda node: jnp.full(5, 0.2), draft_probs=jnp.full((2, 4), 0.25))
+    path, _, _ = dynamic(jnp.array([[1, -1], [-1, -1]]), 1, jnp.array([0, 1]), target_at)
+    self.assertEqual(int(path[0]), 0)
+
+
 class LazyTargetTest(absltest.TestCase):
 
   def test_target_function_gives_the_array_results_and_reads_only_visited_nodes(self):
     """A target given as node -> distribution verifies exactly as the [N, V] array,
-    and is evaluated at the root and the accepted nodes only (D + 1 calls)."""
+    and is evaluated at the root and the accepted nodes only (D + 1 calls in the walk)."""
     tree, draft_probs, target_probs, _ = tree_setup()
     node_tokens, _, _, _ = sample_tree(rules.Lossless(), tree, draft_probs, target_probs,
                                        num_samples=64)
@@ -204,7 +233,9 @@ class LazyTargetTest(absltest.TestCase):
         rules.Lossless(), u, tree, t, draft_probs, target_at))(uniforms, node_tokens)
     for got, want in zip(by_function, by_array):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    self.assertLen(calls, tree.max_depth + 1)
+    # D + 1 in the walk, plus the abstract trace (jax.eval_shape) that checks the
+    # function's vocabulary against draft_probs' before the walk.
+    self.assertLen(calls, tree.max_depth + 2)
 
 
 class ChildrenPerDepthTest(absltest.TestCase):
