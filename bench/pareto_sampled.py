@@ -1,6 +1,6 @@
 """Speed-drift frontier of the relaxed rules, each point a large set drawn by the sampler (not a test).
 
-  nohup python bench/pareto_sampled.py --root runs/pareto --out bench/results/pareto > pareto.log &
+  nohup python bench/pareto_sampled.py --root runs/pareto --out bench/results/pareto_sampled > pareto.log &
   python bench/pareto_sampled.py --root /tmp/p --num_images 200 --points vanilla,vanilla_seed1,coolsd_2
 
 Every point of the sweep (a method of the main command's catalogue with one
@@ -199,7 +199,7 @@ def plot(rows: list, floor: float, path: str) -> None:
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--root', default='runs/pareto', help='One sampler folder per point.')
-  parser.add_argument('--out', default='bench/results/pareto')
+  parser.add_argument('--out', default='bench/results/pareto_sampled')
   parser.add_argument('--num_images', type=int, default=2000)
   parser.add_argument('--batch', type=int, default=50, help='Images per decode call.')
   parser.add_argument('--points', default='', help='Comma-separated point names (default all).')

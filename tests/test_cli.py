@@ -175,6 +175,21 @@ class EntryPointErrorsTest(parameterized.TestCase):
     self.assertIn(listed, result.stdout)
     self.assertEqual(result.returncode, 0, result.stderr[-2000:])
 
+  def test_the_console_script_shows_the_main_commands_help_and_refusals(self):
+    """`specdec-generate` (pyproject's [project.scripts]) calls generate.run: absl lists
+    the flags of the program's module, so it must run the module as the program."""
+    with tempfile.TemporaryDirectory() as cache:
+      env = dict(os.environ, JAX_PLATFORMS='cpu', XDG_CACHE_HOME=cache)
+      script = 'from specdec_jax.app.generate import run; run()'
+      for flag, code, listed in (('--help', 0, '--out: Folder for PNG grids'),
+                                 ('--config.bogus=1', 2, "config has no field 'bogus'")):
+        result = subprocess.run([sys.executable, '-c', script, flag], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=300)
+        with self.subTest(flag):
+          self.assertIn(listed, result.stdout + result.stderr)
+          self.assertEqual(result.returncode, code, result.stderr[-2000:])
+          self.assertNotIn('RuntimeWarning', result.stderr)
+
   def assert_refused_before_writing(self, module: str, *args: str, message: str):
     """Refused with `message`, and the output folder ({out} in args) not created."""
     with tempfile.TemporaryDirectory() as tmp:

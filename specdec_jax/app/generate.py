@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import runpy
 import time
 
 from absl import flags
@@ -388,9 +389,10 @@ def main(argv):
 
 
 def run():
-  """Console-script entry point (`specdec-generate`)."""
-  cli.run_command(main, define_flags, os.path.abspath(default_config.__file__))
+  """Console-script entry point (`specdec-generate`): runs this module as the program,
+  as `python -m` does, so absl's --help shows its docstring and flags."""
+  runpy.run_path(__file__, run_name='__main__')
 
 
 if __name__ == '__main__':
-  run()
+  cli.run_command(main, define_flags, os.path.abspath(default_config.__file__))
