@@ -4,10 +4,14 @@ farthest from its centre; the next empty one the next farthest), k-means++ seeds
 one centre per well-separated cluster, and sampled patches are in the tokenizer's
 [-1, 1] pixel space."""
 
+import tempfile
+
 from absl.testing import absltest
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+from specdec_jax.app import cli
 from specdec_jax.app.train import kmeans_tokenizer
 
 
@@ -53,6 +57,21 @@ class SamplePatchesTest(absltest.TestCase):
     values = sorted({round(float(v), 5) for v in patches.reshape(-1)})
     self.assertEqual(values, [-1.0, -0.6, 1.0])
 
+
+
+class TooFewPatchesTest(absltest.TestCase):
+
+  def test_fewer_patches_than_codes_is_a_config_error(self):
+    """A small max_examples can leave k-means fewer (distinct) patches than codes."""
+    images = np.zeros((2, 28, 28, 1), np.uint8)  # 2 images of 49 patches, all alike
+    images[1] = 255
+    config = ml_collections.ConfigDict(dict(init='random', num_patches=512, codebook_size=16,
+                                            patch_size=4, iterations=2, seed=0,
+                                            eval_batch_size=2))
+    with tempfile.TemporaryDirectory() as workdir, self.assertRaisesRegex(
+        cli.ConfigError, r'kmeans: only 2 distinct patches for 16 codes \(2 training images\): '
+        'raise config.max_examples'):
+      kmeans_tokenizer.train(config, workdir, (images, np.zeros(2)), (images, np.zeros(2)))
 
 if __name__ == '__main__':
   absltest.main()

@@ -151,8 +151,13 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   patches = sample_patches(train_data[0], config.patch_size, config.num_patches, config.seed)
   logging.info('kmeans: %d codes on %d patches of %d values', config.codebook_size,
                len(patches), patches.shape[1])
-  codebook, history = fit_kmeans(patches, config.codebook_size, config.iterations, config.seed,
-                                 init)
+  try:
+    codebook, history = fit_kmeans(patches, config.codebook_size, config.iterations,
+                                   config.seed, init)
+  except ValueError as error:  # fewer (distinct) patches than codes
+    raise cli.ConfigError(f'kmeans: {str(error).rstrip(".")} ({len(train_data[0])} training '
+                          'images): raise config.max_examples (0 = every image) or lower '
+                          'config.codebook_size.') from error
   params = patch_tokenizer.init_params(tokenizer.config, codebook)
   fit_seconds = time.time() - start
 
