@@ -235,6 +235,8 @@ def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool
   Args:
     logits: float32 [..., V] (after temperature).
     top_k: 0 (or >= V) disables; top_p: may be traced; nucleus: top-p is on.
+  A NaN logit is never dropped, so the softmax of its row is NaN, whatever the
+  filters (the decode's check for broken target rows relies on it).
   """
   vocab = logits.shape[-1]
   use_top_k = _top_k_active(top_k, vocab)
@@ -252,7 +254,10 @@ def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool
     probs = jnp.exp(candidates - candidates[..., :1]) / jnp.sum(shifted, -1, keepdims=True)
     survivors = jnp.sum(keep_k, axis=-1, keepdims=True, dtype=jnp.int32)
     keep = keep_k & _nucleus_keep(logits, candidates, probs, top_p, survivors, blocks)
-    return jnp.where(keep, logits, _NEG_INF)
-  candidates = jnp.sort(logits, axis=-1, descending=True)  # [..., V]
-  probs = jax.nn.softmax(candidates, axis=-1)
-  return jnp.where(_nucleus_keep(logits, candidates, probs, top_p), logits, _NEG_INF)
+  else:
+    candidates = jnp.sort(logits, axis=-1, descending=True)  # [..., V]
+    probs = jax.nn.softmax(candidates, axis=-1)
+    keep = _nucleus_keep(logits, candidates, probs, top_p)
+  # NaN logits stay, so their rows' softmax is NaN: with top-k on, `logits >= kth`
+  # drops a NaN and the nucleus, on NaN masses, keeps the largest finite logits.
+  return jnp.where(keep | jnp.isnan(logits), logits, _NEG_INF)

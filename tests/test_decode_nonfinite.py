@@ -124,6 +124,20 @@ class NanTargetTest(parameterized.TestCase):
                       sampling=logits.Sampling(temperature=0.0, cfg_scale=cfg_scale),
                       compiler_options=FAST)
 
+  @parameterized.named_parameters(('vanilla', decode.Vanilla()),
+                                  ('chain', decode.ChainDraft(2, 'model')))
+  def test_one_nan_logit_raises_under_top_k_and_top_p(self, mode):
+    """One NaN logit (token 1's, in every context) under top-k and top-p together:
+    the filter dropped the NaN and the decode sampled on from the other tokens."""
+    target_params, draft_params, _ = _params()
+    table = target_params['table'].at[..., 1].set(jnp.nan)
+    with self.assertRaisesRegex(metrics.NonFiniteProbabilitiesError,
+                                r'target probabilities held NaN or inf for 4 image\(s\)'):
+      decode.generate(TARGET, {'table': table}, jnp.zeros((4,), jnp.int32),
+                      num_tokens=NUM_TOKENS, key=jax.random.key(0), mode=mode,
+                      rule=rules.Lossless(), draft=DRAFT, draft_params=draft_params,
+                      sampling=logits.Sampling(top_k=3, top_p=0.95), compiler_options=FAST)
+
   @parameterized.named_parameters(('jacobi', decode.Jacobi(3, init='random')),
                                   ('chain', decode.ChainDraft(2, 'model')),
                                   ('tree', decode.TreeDraft(TREE, 'model')),

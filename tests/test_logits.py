@@ -410,5 +410,31 @@ class TieEdgeTest(absltest.TestCase):
     np.testing.assert_array_equal(out, [0, 1, 0, 0])  # jnp/torch argmax: first maximum
 
 
+class NonFiniteLogitsTest(parameterized.TestCase):
+  """A NaN or +inf logit makes its row's probabilities all NaN under every filter,
+  which is how the decode detects broken target rows (NonFiniteProbabilitiesError);
+  top-k and top-p together used to drop a NaN and return a clean law."""
+
+  @parameterized.named_parameters(
+      ('top_k', dict(top_k=3)), ('top_p', dict(top_p=0.95)),
+      ('top_k_top_p', dict(top_k=3, top_p=0.95)),
+      ('blocks', dict(top_k=3, topk_blocks=2)),
+      ('blocks_top_p', dict(top_k=3, top_p=0.95, topk_blocks=2)),
+      ('approx', dict(top_k=3, topk_method='approx')),
+      ('approx_top_p', dict(top_k=3, top_p=0.95, topk_method='approx')),
+      ('temperature_top_k_top_p', dict(temperature=0.5, top_k=2, top_p=0.5)),
+      ('greedy', dict(temperature=0.0, top_k=3, top_p=0.95)))
+  def test_nan_and_inf_rows_are_nan(self, kwargs):
+    nan, inf = np.nan, np.inf
+    rows = jnp.array([[1.0, nan, 3.0, 4.0], [nan, 1.0, 3.0, 4.0], [1.0, 2.0, 3.0, nan],
+                      [1.0, inf, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]])
+    sampling = logits.Sampling(**kwargs)
+    for probs in (sampling.probs(rows), jax.jit(lambda s: s.probs(rows))(sampling)):
+      probs = np.asarray(probs)
+      np.testing.assert_array_equal(np.isnan(probs[:4]), True, err_msg=str(probs))
+      self.assertTrue(np.all(np.isfinite(probs[4])), probs[4])
+      np.testing.assert_allclose(probs[4].sum(), 1.0, rtol=1e-6)
+
+
 if __name__ == '__main__':
   absltest.main()
