@@ -18,8 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.topk import check_int
+from specdec_jax.topk import check_number
+from specdec_jax.topk import check_settings
 # Re-exported: the filtering lives in `topk`; callers and tests use these names.
-from specdec_jax.topk import TOPK_METHODS
+from specdec_jax.topk import TOPK_METHODS  # pylint: disable=unused-import
 from specdec_jax.topk import filter_logits
 from specdec_jax.topk import top_k_mask  # pylint: disable=unused-import
 from specdec_jax.topk import top_p_mask  # pylint: disable=unused-import
@@ -29,9 +32,14 @@ def cfg_combine(cond_logits: jax.Array, uncond_logits: jax.Array, scale) -> jax.
   """Classifier-free guidance: uncond + scale * (cond - uncond), in float32.
 
   Args:
-    cond_logits, uncond_logits: [..., V].
+    cond_logits, uncond_logits: [..., V], the same shape (one unconditional row
+      per conditional row; broadcasting is refused).
     scale: guidance scale (1.0 returns the conditional logits).
   """
+  if jnp.shape(cond_logits) != jnp.shape(uncond_logits):
+    raise ValueError(f'cfg_combine: uncond_logits must have the shape of cond_logits '
+                     f'{jnp.shape(cond_logits)} (one unconditional row of V logits per '
+                     f'conditional row), got {jnp.shape(uncond_logits)}.')
   cond = cond_logits.astype(jnp.float32)
   uncond = uncond_logits.astype(jnp.float32)
   return uncond + scale * (cond - uncond)
@@ -48,7 +56,10 @@ def process_logits(logits: jax.Array, *, temperature=1.0, top_k: int = 0, top_p=
   temperature and top_p may be traced if the static decisions are given:
   greedy (default temperature == 0) and nucleus (default top_p < 1).
   topk_method, topk_recall, topk_blocks: see `filter_logits`.
+  Concrete values are checked as `Sampling` checks them (ValueError).
   """
+  check_temperature('process_logits: temperature', temperature, traced_ok=True)
+  check_settings('process_logits: ', top_k, top_p, topk_method, topk_recall, topk_blocks)
   logits = logits.astype(jnp.float32)
   greedy = bool(temperature == 0) if greedy is None else greedy
   nucleus = bool(top_p < 1.0) if nucleus is None else nucleus
@@ -94,23 +105,19 @@ SAMPLING_PRESETS: dict[str, dict] = {
 }
 
 
-def _check_number(name: str, value, ok, requirement: str) -> None:
-  """Raises unless `value` is one finite number meeting `ok` (a Python or NumPy
-  scalar, or a 0-d array)."""
-  number = None
-  if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
-    number = float(value)
-  elif isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0 and not isinstance(
-      value, jax.core.Tracer) and jnp.issubdtype(jnp.result_type(value), jnp.number):
-    number = float(value)
-  if number is None or not (np.isfinite(number) and ok(number)):
-    raise ValueError(f'Sampling.{name} must be a finite number {requirement}, got {value!r}.')
+# The smallest temperature > 0: float32's smallest normal number. Its reciprocal,
+# the factor the logits are scaled by, is finite in float32; below it the
+# reciprocal overflows (or XLA flushes the subnormal temperature to 0) and every
+# probability is NaN.
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
 
 
-def _check_int(name: str, value, least: int, requirement: str) -> None:
-  """Raises unless `value` is a Python or NumPy int >= least (not a bool or float)."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-    raise ValueError(f'Sampling.{name} must be an int {requirement}, got {value!r}.')
+def check_temperature(label: str, value, traced_ok: bool = False) -> None:
+  """Raises unless `value` is 0 (greedy) or a finite number >= MIN_TEMPERATURE."""
+  check_number(label, value, lambda v: v == 0 or v >= MIN_TEMPERATURE,
+               f'>= 0 (0: greedy) and, if not 0, >= {MIN_TEMPERATURE:.8g} (float32\'s '
+               'smallest normal number: below it 1 / temperature is not finite in float32)',
+               traced_ok=traced_ok)
 
 
 # The float fields of `Sampling` that are pytree children (traced under jit,
@@ -153,7 +160,8 @@ class Sampling:
       its prefill samples (index 0) and decode-loop step i (which samples token
       i + 1) while i <= c (`decode_n_tokens` in autoregressive/models/
       generate.py).
-    temperature: finite, > 0, or 0 for greedy.
+    temperature: finite, >= MIN_TEMPERATURE (1/temperature finite in float32),
+      or 0 for greedy.
     top_k: an int; 0 disables.
     top_p: 1.0 disables.
     topk_method: 'exact' or 'approx' (`jax.lax.approx_max_k`, for TPU;
@@ -189,22 +197,18 @@ class Sampling:
   guide_below_one: bool = False
 
   def __post_init__(self):
-    _check_number('cfg_scale', self.cfg_scale, lambda v: v >= 0,
-                  '>= 0 (CFG is on above 1.0, or at every scale but 1.0 with guide_below_one)')
+    check_number('Sampling.cfg_scale', self.cfg_scale, lambda v: v >= 0,
+                 '>= 0 (CFG is on above 1.0, or at every scale but 1.0 with guide_below_one)')
     if not isinstance(self.guide_below_one, bool):
       raise ValueError('Sampling.guide_below_one must be a bool (True: CFG at every scale but '
                        f'1.0, as Lumina-mGPT and Janus), got {self.guide_below_one!r}.')
-    _check_number('temperature', self.temperature, lambda v: v >= 0, '>= 0 (0: greedy)')
-    _check_number('top_p', self.top_p, lambda v: 0 < v <= 1, 'in (0, 1] (1.0 disables)')
-    _check_int('top_k', self.top_k, 0, '>= 0 (0 disables)')
-    _check_int('cfg_interval', self.cfg_interval, -1, '>= -1 (-1 guides every token)')
-    _check_int('topk_blocks', self.topk_blocks, 1, '>= 1')
-    if self.topk_method not in TOPK_METHODS:
-      raise ValueError(f'Sampling.topk_method must be one of {TOPK_METHODS}, got '
-                       f'{self.topk_method!r}.')
-    _check_number('topk_recall', self.topk_recall, lambda v: 0 < v <= 1, 'in (0, 1]')
+    check_temperature('Sampling.temperature', self.temperature)
+    check_number('Sampling.top_p', self.top_p, lambda v: 0 < v <= 1, 'in (0, 1] (1.0 disables)')
+    check_int('Sampling.cfg_interval', self.cfg_interval, -1, '>= -1 (-1 guides every token)')
+    check_settings('Sampling.', self.top_k, self.top_p, self.topk_method, self.topk_recall,
+                   self.topk_blocks)
     # One kind of leaf per field, whatever the caller passed (an int, a NumPy
-    # scalar, a 0-d jnp array: concrete here, `_check_number` refuses tracers):
+    # scalar, a 0-d jnp array: concrete here, `check_number` refuses tracers):
     # each would otherwise compile its own, identical, program.
     for name in TRACED_FIELDS:
       object.__setattr__(self, name, float(getattr(self, name)))

@@ -17,11 +17,49 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _NEG_INF = -jnp.inf
 
 
 TOPK_METHODS = ('exact', 'approx')
+
+
+def check_number(label: str, value, ok, requirement: str, traced_ok: bool = False) -> None:
+  """Raises unless `value` is one finite number meeting `ok` (a Python or NumPy
+  scalar, or a 0-d array); `label` names it (e.g. 'Sampling.top_p'). With
+  traced_ok a tracer passes unchecked (its value is not known at trace time)."""
+  if traced_ok and isinstance(value, jax.core.Tracer):
+    return
+  number = None
+  if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+    number = float(value)
+  elif isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0 and not isinstance(
+      value, jax.core.Tracer) and jnp.issubdtype(jnp.result_type(value), jnp.number):
+    number = float(value)
+  if number is None or not (np.isfinite(number) and ok(number)):
+    raise ValueError(f'{label} must be a finite number {requirement}, got {value!r}.')
+
+
+def check_int(label: str, value, least: int, requirement: str) -> None:
+  """Raises unless `value` is a Python or NumPy int >= least (not a bool or float)."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+    raise ValueError(f'{label} must be an int {requirement}, got {value!r}.')
+
+
+def check_settings(where: str, top_k, top_p=1.0, method: str = 'exact', recall=0.95,
+                   blocks=1) -> None:
+  """The checks `logits.Sampling` makes, for the functions that take these settings
+  bare (`filter_logits`, `top_k_mask`, `logits.process_logits`); `where` prefixes
+  the names in the message (e.g. 'filter_logits: '). A traced top_p is not
+  checked. Python at trace time: nothing is added to the compiled program."""
+  check_int(f'{where}top_k', top_k, 0, '>= 0 (0 disables)')
+  check_number(f'{where}top_p', top_p, lambda v: 0 < v <= 1, 'in (0, 1] (1.0 disables)',
+               traced_ok=True)
+  if not isinstance(method, str) or method not in TOPK_METHODS:
+    raise ValueError(f'{where}topk_method must be one of {TOPK_METHODS}, got {method!r}.')
+  check_number(f'{where}topk_recall', recall, lambda v: 0 < v <= 1, 'in (0, 1]')
+  check_int(f'{where}topk_blocks', blocks, 1, '>= 1')
 
 
 def _top_k_active(top_k: int, vocab: int) -> bool:
@@ -39,6 +77,7 @@ def top_k_mask(logits: jax.Array, top_k: int, method: str = 'exact',
   given recall target (TPU; exact on other backends). blocks > 1 (exact only)
   takes it from `block_candidates`.
   """
+  check_settings('top_k_mask: ', top_k, method=method, recall=recall, blocks=blocks)
   if not _top_k_active(top_k, logits.shape[-1]):
     return logits
   if method == 'exact' and blocks == 1:
@@ -234,10 +273,11 @@ def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p=1.0, nucleus: bool
 
   Args:
     logits: float32 [..., V] (after temperature).
-    top_k: 0 (or >= V) disables; top_p: may be traced; nucleus: top-p is on.
+    top_k: 0 (or >= V) disables; top_p: in (0, 1], may be traced; nucleus: top-p is on.
   A NaN logit is never dropped, so the softmax of its row is NaN, whatever the
   filters (the decode's check for broken target rows relies on it).
   """
+  check_settings('filter_logits: ', top_k, top_p, topk_method, topk_recall, topk_blocks)
   vocab = logits.shape[-1]
   use_top_k = _top_k_active(top_k, vocab)
   blocks = topk_blocks if use_top_k and topk_method == 'exact' else 1

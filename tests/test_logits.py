@@ -156,6 +156,7 @@ class SamplingTest(parameterized.TestCase):
       (dict(top_p=1.5), 'top_p'),
       (dict(top_k=-2), 'top_k'),
       (dict(cfg_interval=-3), 'cfg_interval'),
+      (dict(temperature=1e-39), 'temperature.*1 / temperature is not finite in float32'),
   )
   def test_bad_values_raise(self, kwargs, name):
     with self.assertRaisesRegex(ValueError, name):
@@ -434,6 +435,78 @@ class NonFiniteLogitsTest(parameterized.TestCase):
       np.testing.assert_array_equal(np.isnan(probs[:4]), True, err_msg=str(probs))
       self.assertTrue(np.all(np.isfinite(probs[4])), probs[4])
       np.testing.assert_allclose(probs[4].sum(), 1.0, rtol=1e-6)
+
+
+class ProcessLogitsChecksTest(parameterized.TestCase):
+  """process_logits, filter_logits and top_k_mask refuse what Sampling refuses."""
+
+  @parameterized.parameters(
+      (dict(temperature=-1.0), 'process_logits: temperature'),
+      (dict(temperature=np.nan), 'process_logits: temperature'),
+      (dict(temperature=1e-39), 'temperature.*1 / temperature is not finite in float32'),
+      (dict(top_k=2.5), 'process_logits: top_k must be an int'),
+      (dict(top_k=-2), 'process_logits: top_k'),
+      (dict(top_p=0.0), 'process_logits: top_p'),
+      (dict(top_p=-0.5), 'process_logits: top_p'),
+      (dict(top_p=1.5), 'process_logits: top_p'),
+      (dict(top_p=np.nan), 'process_logits: top_p'),
+      (dict(topk_method='aprox'), "process_logits: topk_method .* got 'aprox'"),
+      (dict(top_k=2, topk_blocks=0), 'process_logits: topk_blocks'),
+      (dict(top_k=2, topk_blocks=-1), 'process_logits: topk_blocks'),
+      (dict(top_k=2, topk_method='approx', topk_recall=0.0), 'process_logits: topk_recall'),
+      (dict(temperature=0.0, top_k=-1), 'process_logits: top_k'),  # greedy checks them too
+  )
+  def test_bad_values_raise(self, kwargs, message):
+    x = jnp.array([[1.0, 2.0, 3.0, 4.0]])
+    with self.assertRaisesRegex(ValueError, message):
+      logits.process_logits(x, **kwargs)
+
+  def test_filter_logits_and_top_k_mask_check_their_settings(self):
+    x = jnp.array([1.0, 2.0, 3.0, 4.0])
+    for kwargs, message in ((dict(top_k=2, topk_method='aprox'), 'filter_logits: topk_method'),
+                            (dict(top_k=2.5), 'filter_logits: top_k'),
+                            (dict(top_k=2, topk_blocks=0), 'filter_logits: topk_blocks'),
+                            (dict(top_p=0.0), 'filter_logits: top_p')):
+      with self.assertRaisesRegex(ValueError, message):
+        logits.filter_logits(x, **kwargs)
+    with self.assertRaisesRegex(ValueError, "top_k_mask: topk_method .* got 'aprox'"):
+      logits.top_k_mask(x, 2, method='aprox')
+    with self.assertRaisesRegex(ValueError, 'top_k_mask: topk_recall'):
+      logits.top_k_mask(x, 2, method='approx', recall=0.0)
+
+  def test_traced_temperature_and_top_p_are_accepted(self):
+    x = jax.random.normal(jax.random.key(5), (3, 40))
+    traced = jax.jit(lambda t, p: logits.process_logits(x, temperature=t, top_k=9, top_p=p,
+                                                        greedy=False, nucleus=True))
+    np.testing.assert_allclose(traced(0.7, 0.9),
+                               logits.process_logits(x, temperature=0.7, top_k=9, top_p=0.9),
+                               rtol=1e-6)
+
+  def test_smallest_temperature_is_finite(self):
+    """MIN_TEMPERATURE's reciprocal is finite in float32, also traced (where XLA
+    flushes a subnormal temperature, 3e-39 gave NaN)."""
+    x = jnp.array([1.0, 2.0])
+    sampling = logits.Sampling(temperature=logits.MIN_TEMPERATURE)
+    for probs in (sampling.probs(x), jax.jit(lambda s: s.probs(x))(sampling),
+                  logits.process_logits(x, temperature=logits.MIN_TEMPERATURE)):
+      np.testing.assert_array_equal(probs, [0.0, 1.0])
+
+
+class CfgShapeTest(parameterized.TestCase):
+  """Conditional and unconditional logits must have one shape: broadcasting a
+  [B, 1] or [1, V] uncond silently guided with the wrong rows."""
+
+  @parameterized.named_parameters(('one_logit', (2, 1)), ('one_row', (1, 4)),
+                                  ('vocab', (2, 3)), ('rank', (4,)))
+  def test_shape_mismatch_raises(self, uncond_shape):
+    cond, uncond = jnp.zeros((2, 4)), jnp.ones(uncond_shape)
+    message = r'uncond_logits must have the shape of cond_logits \(2, 4\)'
+    with self.assertRaisesRegex(ValueError, message):
+      logits.cfg_combine(cond, uncond, 2.0)
+    with self.assertRaisesRegex(ValueError, message):
+      logits.Sampling(cfg_scale=2.0).probs(cond, uncond)
+    with self.assertRaisesRegex(ValueError, message):
+      jax.jit(lambda s, c, u: s.probs(c, u))(logits.Sampling(cfg_scale=2.0), cond, uncond)
 
 
 if __name__ == '__main__':
