@@ -51,6 +51,13 @@ def bins_match(counts, probs, *, sigmas: float = 6.0, slack: float = 5.0) -> Bin
   return BinReport(ok, worst, float(z[worst]), zero_violations, message)
 
 
+# How far from 1 the probs of `chi_square_pvalue` may sum: float32 laws, and the
+# joint laws of a few tokens multiplied from them, sum to 1 within about 1e-7
+# (toy.MarkovToy's 3- and 5-token laws: at most 1e-7); a law off by more than
+# 1e-5 is another law.
+PROBS_SUM_TOLERANCE = 1e-5
+
+
 def chi_square_pvalue(counts, probs, *, min_expected: float = 5.0) -> tuple[float, int]:
   """Pearson chi-square p-value of counts [M] against probs [M].
 
@@ -60,10 +67,24 @@ def chi_square_pvalue(counts, probs, *, min_expected: float = 5.0) -> tuple[floa
   pool made any mass landing in it invisible), and mass moved between rare bins
   of different probability stays visible (one pool of every rare bin hid it).
   Any count in a zero-probability bin gives p = 0.
+  probs must be a law: finite, >= 0 and summing to 1 within PROBS_SUM_TOLERANCE
+  (a law that is off, e.g. not normalised, is refused, not renormalised).
   Returns (p_value, degrees_of_freedom).
   """
   counts = np.asarray(counts, np.float64).reshape(-1)
   probs = np.asarray(probs, np.float64).reshape(-1)
+  if counts.shape != probs.shape:
+    raise ValueError(f'chi_square_pvalue: counts ({counts.size} bins) and probs '
+                     f'({probs.size} bins) must have one entry per bin each.')
+  for name, values in (('counts', counts), ('probs', probs)):
+    bad = np.flatnonzero(~(values >= 0) | ~np.isfinite(values))
+    if bad.size:
+      raise ValueError(f'chi_square_pvalue: {name} must be finite and >= 0, got '
+                       f'{values[bad[0]]} at bin {bad[0]} ({bad.size} such bins).')
+  if abs(probs.sum() - 1.0) > PROBS_SUM_TOLERANCE:
+    raise ValueError(f'chi_square_pvalue: probs must sum to 1 (within {PROBS_SUM_TOLERANCE:g}), '
+                     f'got a sum of {probs.sum():.10g}; pass the law itself (e.g. probs / '
+                     f'probs.sum() if the weights are meant to be normalised).')
   total = counts.sum()
   if np.any((probs <= 0) & (counts > 0)):
     return 0.0, 0
@@ -84,7 +105,7 @@ def chi_square_pvalue(counts, probs, *, min_expected: float = 5.0) -> tuple[floa
   obs[smallest] += group_obs
   exp[smallest] += group_exp
   obs, exp = np.array(obs), np.array(exp)
-  exp = exp * obs.sum() / exp.sum()  # probs summing to 1 within float error
+  exp = exp * obs.sum() / exp.sum()  # probs summing to 1 within PROBS_SUM_TOLERANCE
   statistic = float(np.sum((obs - exp) ** 2 / exp))
   dof = len(obs) - 1
   if dof < 1:
@@ -102,8 +123,22 @@ def histogram(samples, num_bins: int) -> np.ndarray:
 
 
 def sequence_index(sequences, vocab_size: int) -> np.ndarray:
-  """Maps int sequences [n, L] to integers in [0, V^L) (for joint-law tests)."""
-  sequences = np.asarray(sequences, np.int64)
+  """Maps int sequences [n, L] of tokens in [0, V) to integers in [0, V^L) (for
+  joint-law tests), one to one: V^L must fit in int64."""
+  sequences = np.asarray(sequences)
+  if sequences.size and not np.issubdtype(sequences.dtype, np.integer):
+    raise ValueError(f'sequence_index: sequences must hold ints, got dtype {sequences.dtype}.')
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or (
+      vocab_size < 1):
+    raise ValueError(f'sequence_index: vocab_size must be an int >= 1, got {vocab_size!r}.')
+  length = sequences.shape[-1] if sequences.ndim else 0
+  if int(vocab_size) ** length > 2 ** 63:
+    raise ValueError(f'sequence_index: {vocab_size}^{length} sequences do not fit in int64 '
+                     f'(distinct sequences would share an index); index fewer tokens.')
+  if sequences.size and (sequences.min() < 0 or sequences.max() >= vocab_size):
+    raise ValueError(f'sequence_index: tokens must be in [0, {vocab_size}), got min '
+                     f'{sequences.min()}, max {sequences.max()}.')
+  sequences = sequences.astype(np.int64)
   weights = vocab_size ** np.arange(sequences.shape[-1] - 1, -1, -1, dtype=np.int64)
   return sequences @ weights
 

@@ -54,5 +54,45 @@ class ChiSquareTest(absltest.TestCase):
         pooled(draw(reversed_law, 0)), pooled(LAW))[0], 1e-4)
 
 
+class ChecksTest(absltest.TestCase):
+
+  def test_probs_must_be_a_law(self):
+    """[1, 1, 1, 1] was renormalised silently (p = 1.0)."""
+    for probs, message in (([1.0, 1.0, 1.0, 1.0], 'must sum to 1 .* sum of 4'),
+                           ([0.5, 0.5, 0.1, -0.1], r'probs must be finite and >= 0, got -0.1'),
+                           ([0.5, 0.5, np.nan, 0.0], 'probs must be finite'),
+                           ([0.5, 0.5, 0.0], r'counts \(4 bins\) and probs \(3 bins\)')):
+      with self.assertRaisesRegex(ValueError, message):
+        testing.chi_square_pvalue([2500] * 4, probs)
+    with self.assertRaisesRegex(ValueError, 'counts must be finite and >= 0'):
+      testing.chi_square_pvalue([-1, 2], [0.5, 0.5])
+
+  def test_probs_within_the_tolerance_pass(self):
+    law = np.array([0.25, 0.25, 0.5]) * (1 + 0.5 * testing.PROBS_SUM_TOLERANCE)
+    self.assertEqual(testing.chi_square_pvalue([25, 25, 50], law), (1.0, 2))
+    law32 = np.asarray(np.random.default_rng(0).dirichlet(np.ones(1000)), np.float32)
+    testing.chi_square_pvalue(np.ones(1000), law32)
+
+
+class SequenceIndexTest(absltest.TestCase):
+
+  def test_one_to_one_in_range(self):
+    tokens = np.array(list(np.ndindex(3, 3, 3)))
+    np.testing.assert_array_equal(testing.sequence_index(tokens, 3), np.arange(27))
+
+  def test_int64_overflow_raises(self):
+    """65536^5 > 2^63: [0, 0, 0, 0, 1] and [1, 0, 0, 0, 1] both mapped to 1."""
+    with self.assertRaisesRegex(ValueError, r'65536\^5 sequences do not fit in int64'):
+      testing.sequence_index([[0, 0, 0, 0, 1], [1, 0, 0, 0, 1]], 65536)
+    self.assertLen(set(testing.sequence_index([[0, 0, 1], [1, 0, 1]], 65536)), 2)
+
+  def test_tokens_outside_the_vocabulary_raise(self):
+    for tokens in ([[0, 4]], [[0, -1]]):  # [0, 4] and [1, 0] had the same index
+      with self.assertRaisesRegex(ValueError, r'tokens must be in \[0, 4\)'):
+        testing.sequence_index(tokens, 4)
+    with self.assertRaisesRegex(ValueError, 'sequences must hold ints'):
+      testing.sequence_index([[0.5, 1.0]], 4)
+
+
 if __name__ == '__main__':
   absltest.main()
