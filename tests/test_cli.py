@@ -11,6 +11,7 @@ from absl.testing import parameterized
 import ml_collections
 
 from specdec_jax.app import cli
+from specdec_jax.app import files
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -106,6 +107,34 @@ class EntryPointErrorsTest(parameterized.TestCase):
                         "--config.x: config has no field 'x'")
     self.assert_refused(run_entry_point('specdec_jax.generate', '--config=absent.py'),
                         "--config 'absent.py': 'absent.py' is not a file")
+
+  def test_main_command_arguments_and_output_folder(self):
+    """A word that is not a flag (a mistyped --out) is refused, not ignored; so is an
+    empty --out; a folder another run holds is refused before any work."""
+    self.assert_refused_before_writing(
+        'specdec_jax.generate', 'myout', '--out={out}',
+        message="unexpected argument(s) ['myout']: this command takes flags only")
+    self.assert_refused(run_entry_point('specdec_jax.generate', '--out='),
+                        "--out='': an empty name")
+    self.assert_refused(run_entry_point('specdec_jax.sample', 'extra'),
+                        "unexpected argument(s) ['extra']")
+    with tempfile.TemporaryDirectory() as tmp:
+      with files.FolderLock(tmp) as lock:  # held by this (live) process
+        result = run_entry_point('specdec_jax.generate', f'--out={tmp}')
+        self.assert_refused(result, f'{tmp} is in use by another job')
+        self.assertIn(f'delete {lock.path}.', result.stderr)  # the main command has no
+        self.assertNotIn('break_lock', result.stderr)         # break_lock setting
+      self.assertFalse(lock.path.exists())
+
+  def test_ctrl_c_is_one_line_with_status_130(self):
+    script = ('import sys; from absl import flags; from specdec_jax.app import cli\n'
+              'def main(argv): raise KeyboardInterrupt\n'
+              'cli.run_command(main, lambda: flags.DEFINE_string("config", None, ""), '
+              f'{os.path.join(REPO, "configs", "generate.py")!r})')
+    result = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+    self.assertEqual(result.returncode, cli.EXIT_INTERRUPTED, result.stderr[-2000:])
+    self.assertEqual(result.stderr.strip(), 'interrupted (Ctrl-C)')
 
   def test_sampler(self):
     self.assert_refused_before_writing(

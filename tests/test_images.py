@@ -1,5 +1,6 @@
 """PNG grids decode back to the same pixels; their labels sit where the layout says."""
 
+import json
 import os
 import tempfile
 import zlib
@@ -80,6 +81,22 @@ HI = """
 
 def ink(pattern: str) -> np.ndarray:
   return np.array([[c == '#' for c in row] for row in pattern.split()], bool)
+
+
+class RemoveEarlierFiguresTest(absltest.TestCase):
+
+  def test_only_grids_an_earlier_run_listed_are_removed(self):
+    with tempfile.TemporaryDirectory() as out:
+      for name in ('vanilla', 'uniform', 'coolsd', 'mine'):
+        open(os.path.join(out, f'{name}.png'), 'w').close()
+      images.remove_earlier_figures(out, kept=['vanilla'])  # no results.json: a user's folder
+      self.assertCountEqual(os.listdir(out), ['vanilla.png', 'uniform.png', 'coolsd.png',
+                                              'mine.png'])
+      with open(os.path.join(out, 'results.json'), 'w') as f:
+        json.dump({'method_order': ['vanilla', 'uniform', '../x']}, f)
+      images.remove_earlier_figures(out, kept=['vanilla'])
+      self.assertCountEqual(os.listdir(out), ['vanilla.png', 'coolsd.png', 'mine.png',
+                                              'results.json'])
 
 
 class FontTest(absltest.TestCase):

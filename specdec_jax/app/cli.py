@@ -27,6 +27,7 @@ from absl import flags
 import ml_collections
 
 EXIT_CONFIG_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 class ConfigError(ValueError):
@@ -185,9 +186,10 @@ def run_command(main: Callable, define_flags: Callable, default_config_file: str
                 refusals: tuple = ()) -> None:
   """`app.run(main)` for an entry point with a `--config` flag.
 
-  Unknown `--config.x` or other bad flags (`parse_flags`), and ConfigError or
-  any of `refusals` raised by main, print their message alone and exit with
-  status 2; other errors are crashes and keep their traceback.
+  Unknown `--config.x` or other bad flags (`parse_flags`), an argument that is
+  not a flag, and ConfigError or any of `refusals` raised by main, print their
+  message alone and exit with status 2; Ctrl-C prints one line and exits with
+  EXIT_INTERRUPTED; other errors are crashes and keep their traceback.
   """
   try:
     check_overrides(sys.argv, default_config_file)
@@ -197,8 +199,14 @@ def run_command(main: Callable, define_flags: Callable, default_config_file: str
 
   def checked_main(argv):
     try:
+      if len(argv) > 1:  # absl passes what is not a flag; a mistyped `--out` would be lost
+        raise ConfigError(f'unexpected argument(s) {argv[1:]}: this command takes flags only '
+                          '(e.g. --out=DIR or --workdir=DIR; --help lists them).')
       return main(argv)
     except (ConfigError, *refusals) as error:
       exit_with(error)
+    except KeyboardInterrupt:
+      print('interrupted (Ctrl-C)', file=sys.stderr, flush=True)
+      sys.exit(EXIT_INTERRUPTED)
 
   app.run(checked_main, flags_parser=parse_flags)

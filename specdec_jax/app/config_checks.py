@@ -168,8 +168,8 @@ def check_for_family(hyperparameters, family: family_lib.Family, where: str,
 
 def check_output_folder(path: str, where: str) -> None:
   """Raises ConfigError when the output folder `path` cannot be made (it, or a
-  folder above it, is a file)."""
-  problem = files.folder_problem(path)
+  folder above it, is a file, or the name is empty)."""
+  problem = 'an empty name' if not str(path).strip() else files.folder_problem(path)
   if problem:
     raise cli.ConfigError(f'{where}={path!r}: {problem}. Name a folder (a new one, or one '
                           'this command wrote).')

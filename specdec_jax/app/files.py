@@ -218,8 +218,12 @@ class FolderLock:
   delete the file by hand).
   """
 
-  def __init__(self, folder: str | os.PathLike, name: str = 'job.lock'):
+  def __init__(self, folder: str | os.PathLike, name: str = 'job.lock',
+               break_hint: str = 'rerun with --config.break_lock=True or delete {path}'):
+    """break_hint: how the refusal tells the user to take over a stale lock ({path}:
+    the lock file)."""
     self.path = pathlib.Path(folder) / name
+    self.break_hint = break_hint
     # token: tells this lock from another one of the same process and second
     self.holder = dict(host=socket.gethostname(), pid=os.getpid(),
                        started=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
@@ -287,7 +291,14 @@ class FolderLock:
     raise FolderLockedError(
         f'{self.path.parent} is in use by another job: {self.path} is held by '
         f'{self.describe(old)}. Wait for that job to end or write to another folder; {gone}, '
-        f'rerun with --config.break_lock=True or delete {self.path}.')
+        f'{self.break_hint.format(path=self.path)}.')
+
+  def __enter__(self) -> 'FolderLock':
+    self.acquire()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.release()
 
   def release(self) -> None:
     """Removes the lock file if this lock still holds it."""

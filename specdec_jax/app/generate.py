@@ -320,7 +320,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
                ', '.join(f'{name} {row["speedup"]:.2f}x' for name, row in results.items()))
   images_lib.write_figures(out_dir, pictures, fashion_mnist.CLASS_NAMES[:family.num_classes],
                            config.side_by_side_per_class, config.grid_scale)
-  images_lib.remove_figures(out_dir, [m for m in methods_lib.METHOD_NAMES if m not in results])
+  images_lib.remove_earlier_figures(out_dir, kept=results)
   output = dict(
       methods=results,
       method_order=list(results),
@@ -343,8 +343,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
 
 
 def define_flags() -> None:
-  """Defines the command-line flags (only when run as a program, so importing this
-  module next to other absl apps does not clash on flag names)."""
+  """Defines the flags (only when run as a program: no clash with other absl apps)."""
   config_flags.DEFINE_config_file('config', os.path.abspath(default_config.__file__),
                                   'Generation configuration.')
   flags.DEFINE_string('out', 'results', 'Folder for PNG grids and results.json.')
@@ -375,24 +374,25 @@ def main(argv):
   config, out_dir = flags.FLAGS.config, flags.FLAGS.out
   check_config(config)
   config_checks.check_output_folder(out_dir, '--out')
-  if config.xla_cpu_single_thread and not use_single_thread_xla():
-    logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
-  compile_cache.enable(config.compilation_cache)
-  if not config.bundle_dir and not family_lib.bundle_available():
-    logging.warning('The bundled Fashion-MNIST model family is not part of this build yet '
-                    '(see README, "Bundled model"); running the core demo on toy Markov '
-                    'models instead.')
-    demo.evaluate(config, out_dir)
-    return
-  family = family_lib.load(config.bundle_dir or None)
-  evaluate(config, family, out_dir)
+  with files.FolderLock(out_dir, break_hint='delete {path}'):  # one run per folder
+    if config.xla_cpu_single_thread and not use_single_thread_xla():
+      logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
+    compile_cache.enable(config.compilation_cache)
+    if not config.bundle_dir and not family_lib.bundle_available():
+      logging.warning('The bundled Fashion-MNIST model family is not part of this build yet '
+                      '(see README, "Bundled model"); running the core demo on toy Markov '
+                      'models instead.')
+      demo.evaluate(config, out_dir)
+      return
+    family = family_lib.load(config.bundle_dir or None)
+    evaluate(config, family, out_dir)
 
 
 def run():
-  """Console-script entry point (`specdec-generate`): runs this module as the program,
-  as `python -m` does, so absl's --help shows its docstring and flags."""
+  """`specdec-generate`: runs this file as the program, as `python -m` does (--help)."""
   runpy.run_path(__file__, run_name='__main__')
 
 
 if __name__ == '__main__':
-  cli.run_command(main, define_flags, os.path.abspath(default_config.__file__))
+  cli.run_command(main, define_flags, os.path.abspath(default_config.__file__),
+                  refusals=(files.FolderLockedError,))

@@ -9,6 +9,7 @@ pixels, C in {1, 3} channels.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from typing import Sequence
@@ -123,10 +124,18 @@ def write_figures(out_dir: str, images_by_method: dict[str, np.ndarray],
   return paths
 
 
-def remove_figures(out_dir: str, names: Sequence[str]) -> None:
-  """Removes the `<name>.png` grids that exist in out_dir (an earlier run's methods
-  that this run does not have, so the folder shows what its results list)."""
-  for name in names:
+def remove_earlier_figures(out_dir: str, kept: Sequence[str]) -> None:
+  """Removes the `<method>.png` grids of an earlier main-command run in out_dir (the
+  methods its `results.json` lists) that are not in `kept`, so the folder shows what
+  its results list. Files the command did not list are left alone."""
+  try:
+    with open(os.path.join(out_dir, 'results.json')) as f:
+      earlier = json.load(f).get('method_order', [])
+  except (OSError, ValueError, AttributeError):  # none, unreadable, or not the command's
+    return
+  for name in earlier:
+    if name in kept or not isinstance(name, str) or os.sep in name:
+      continue
     path = os.path.join(out_dir, f'{name}.png')
     if os.path.isfile(path):
       os.remove(path)
