@@ -192,11 +192,15 @@ class EntryPointErrorsTest(parameterized.TestCase):
   def test_trainer_help_lists_its_flags(self):
     result = run_entry_point('specdec_jax.app.train.drafter', '--help')
     self.assertIn('--config: Training configuration', result.stdout + result.stderr)
+    self.assertIn('set one with --config.<field>=<value>', result.stdout)
+    self.assertIn('\n  num_steps = ', result.stdout)  # the config's fields, with values
     self.assertIn('--workdir: Output folder', result.stdout + result.stderr)
     self.assertEqual(result.returncode, 0)
 
   @parameterized.parameters(('specdec_jax.generate', '--help', '--out: '),
+                            ('specdec_jax.generate', '--help', '\n  sampling.cfg_scale = 2.0'),
                             ('specdec_jax.sample', '--helpfull', '--config: '),
+                            ('specdec_jax.sample', '--help', '\n  num_images = '),
                             ('specdec_jax.converters.vq', '--help', '--kind: '))
   def test_help_exits_with_status_0(self, module, flag, listed):
     """absl's help flags exit with status 1, which scripts read as a failure."""

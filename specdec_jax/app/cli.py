@@ -26,6 +26,8 @@ from absl import app
 from absl import flags
 import ml_collections
 
+from specdec_jax.app import files
+
 EXIT_CONFIG_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
@@ -120,14 +122,9 @@ def _load_config_file(spec: str):
   return module.get_config(argument) if argument else module.get_config()
 
 
-def check_overrides(argv: list[str], default_config_file: str, name: str = 'config') -> None:
-  """Raises ConfigError for a `--config` file that does not exist, or a
-  `--config.x=...` whose field the config does not have.
-
-  ml_collections would fail with a traceback (OSError, AttributeError or
-  KeyError) when the flag is defined; this names the flag instead, and the
-  fields there are.
-  """
+def _config_file_and_overrides(argv: list[str], default_config_file: str,
+                               name: str) -> tuple[str, list[str]]:
+  """The config file `--{name}` names (else the default) and the overridden fields."""
   config_file, overrides = default_config_file, []
   for index, arg in enumerate(argv[1:], start=1):
     given = re.match(rf'^--?{name}(=(.*))?$', arg)
@@ -136,6 +133,30 @@ def check_overrides(argv: list[str], default_config_file: str, name: str = 'conf
     override = re.match(rf'^--?(?:no)?{name}\.([^=]+)', arg)
     if override:
       overrides.append(override.group(1))
+  return config_file, overrides
+
+
+def config_fields_help(argv: list[str], default_config_file: str, name: str = 'config') -> str:
+  """The config's fields with their values, for --help (absl lists only --config)."""
+  config_file, _ = _config_file_and_overrides(argv, default_config_file, name)
+  try:
+    config = _load_config_file(config_file)
+  except Exception:  # pylint: disable=broad-except  (the run reports it in its own words)
+    return ''
+  fields = files.dotted_fields(config.to_dict())
+  return (f'\n{name} fields ({config_file}; set one with --{name}.<field>=<value>):\n'
+          + ''.join(f'  {field} = {value!r}\n' for field, value in fields.items()))
+
+
+def check_overrides(argv: list[str], default_config_file: str, name: str = 'config') -> None:
+  """Raises ConfigError for a `--config` file that does not exist, or a
+  `--config.x=...` whose field the config does not have.
+
+  ml_collections would fail with a traceback (OSError, AttributeError or
+  KeyError) when the flag is defined; this names the flag instead, and the
+  fields there are.
+  """
+  config_file, overrides = _config_file_and_overrides(argv, default_config_file, name)
   path = config_file.partition(':')[0]
   if not os.path.isfile(path):
     raise ConfigError(f'--{name} {config_file!r}: {path!r} is not a file. Give the path of a '
@@ -209,4 +230,12 @@ def run_command(main: Callable, define_flags: Callable, default_config_file: str
       print('interrupted (Ctrl-C)', file=sys.stderr, flush=True)
       sys.exit(EXIT_INTERRUPTED)
 
-  app.run(checked_main, flags_parser=parse_flags)
+  def parse_and_list_fields(argv):
+    try:
+      return parse_flags(argv)
+    except SystemExit as exit_:
+      if exit_.code == 0:  # a help flag: absl printed the flags
+        print(config_fields_help(argv, default_config_file), flush=True)
+      raise
+
+  app.run(checked_main, flags_parser=parse_and_list_fields)
