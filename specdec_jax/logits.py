@@ -108,7 +108,9 @@ SAMPLING_PRESETS: dict[str, dict] = {
 # The smallest temperature > 0: float32's smallest normal number. Its reciprocal,
 # the factor the logits are scaled by, is finite in float32; below it the
 # reciprocal overflows (or XLA flushes the subnormal temperature to 0) and every
-# probability is NaN.
+# probability is NaN. Near it, logits * (1 / temperature) still overflows for any
+# logit above about 3.4e38 * temperature in magnitude (then the row is NaN, and the
+# decode reports non-finite probabilities): for near-greedy decoding use 0.
 MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)
 
 

@@ -265,7 +265,7 @@ def verify_dynamic_tree_with_uniforms(rule, uniforms, children, max_depth: int, 
     (path int32[D+1], num_accepted int32[], next_token int32[]) as
     `verify_tree_with_uniforms`.
   """
-  children = verify_inputs.tokens_array('children', children)
+  children = verify_inputs.tokens_array('children', children, 'node ids')
   node_tokens = verify_inputs.tokens_array('node_tokens', node_tokens)
   _check_rank('children', children, 2, 'int [N, C]')
   _check_rank('node_tokens', node_tokens, 1, 'int [N]')

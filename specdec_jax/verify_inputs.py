@@ -52,14 +52,14 @@ def check_rank(name: str, x, rank: int, what: str) -> None:
     raise ValueError(f'{name} must be {what} (rank {rank}), got shape {jnp.shape(x)}.')
 
 
-def tokens_array(name: str, tokens) -> jax.Array:
+def tokens_array(name: str, tokens, ids: str = 'token ids') -> jax.Array:
   """`tokens` as an integer array (a list or tuple is converted); raises on float or
   bool ids, which JAX's indexing would refuse with an unrelated message."""
   if isinstance(tokens, (list, tuple)):
     tokens = jnp.asarray(tokens)
   dtype = getattr(tokens, 'dtype', None)
   if dtype is None or dtype == jnp.bool_ or not jnp.issubdtype(dtype, jnp.integer):
-    raise ValueError(f'{name} must be an int array of token ids, got '
+    raise ValueError(f'{name} must be an int array of {ids}, got '
                      f'{getattr(dtype, "name", type(tokens).__name__)}.')
   return tokens
 

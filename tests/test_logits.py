@@ -482,9 +482,10 @@ class ProcessLogitsChecksTest(parameterized.TestCase):
                                logits.process_logits(x, temperature=0.7, top_k=9, top_p=0.9),
                                rtol=1e-6)
 
-  def test_smallest_temperature_is_finite(self):
+  def test_smallest_temperature_has_a_finite_reciprocal(self):
     """MIN_TEMPERATURE's reciprocal is finite in float32, also traced (where XLA
-    flushes a subnormal temperature, 3e-39 gave NaN)."""
+    flushes a subnormal temperature, 3e-39 gave NaN). Only logits below about
+    3.4e38 * MIN_TEMPERATURE = 2 in magnitude stay finite once scaled by it."""
     x = jnp.array([1.0, 2.0])
     sampling = logits.Sampling(temperature=logits.MIN_TEMPERATURE)
     for probs in (sampling.probs(x), jax.jit(lambda s: s.probs(x))(sampling),

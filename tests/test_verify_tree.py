@@ -205,6 +205,8 @@ class TreeInputsTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'children entries must be node ids in \[0, 2\) '
                                 'or -1'):
       dynamic(jnp.array([[5, -1], [-1, -1]]), 1, jnp.array([0, 1]), target_at)
+    with self.assertRaisesRegex(ValueError, 'children must be an int array of node ids'):
+      dynamic(jnp.array([[1., -1.], [-1., -1.]]), 1, jnp.array([0, 1]), target_at)
     with self.assertRaisesRegex(ValueError, r'the target function returns shape \(5,\)'):
       dynamic(jnp.array([[1, -1], [-1, -1]]), 1, jnp.array([0, 1]),
               lambda node: jnp.full(5, 0.2), draft_probs=jnp.full((2, 4), 0.25))

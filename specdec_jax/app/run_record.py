@@ -3,9 +3,10 @@
 `training.fit` records the trainer's config in `workdir/run_config.json` when a
 run starts; a resume whose config differs in a field that shapes the training
 (model, optimizer, data source, seed) is refused, naming each field, so a
-resumed run is the run its manifest describes. So are the files the run reads
-(`inputs`: the tokens file's, the target weights' sha256), compared where the
-record holds them. The length (`num_steps`,
+resumed run is the run its manifest describes. So is what the run reads
+(`inputs`: `files.tree_sha256` of the arrays it trains on and, for an EAGLE
+head, of the target's weights; not the files' sha256 the manifests record),
+compared where the record holds them. The length (`num_steps`,
 `train_minutes`) may change: a run can be extended, and the log says that the
 schedule after the resume follows the new length.
 """
@@ -69,7 +70,7 @@ def _schedule_kind_changed(recorded, current, field: str) -> bool:
 def check_resume(workdir: str, config, inputs: dict | None = None) -> None:
   """Raises cli.ConfigError when `workdir` holds checkpoints of a run whose recorded
   config (RUN_CONFIG_FILE) differs from `config` in a field that shapes the training,
-  or whose recorded `inputs` ({name: hash of a file the run reads}) differ.
+  or whose recorded `inputs` ({name: hash of arrays the run reads}) differ.
 
   A resumed run continues the recorded one step for step, so another learning
   rate, batch size, seed, model shape or data source would make a run that

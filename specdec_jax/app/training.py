@@ -185,8 +185,8 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
       time (summed over resumes) are spent, or at `num_steps`.
     config: the trainer's config, recorded in `workdir` when the run starts and
       checked against the record when it resumes (`run_record.check_resume`).
-    inputs: {name: hash} of the files the run reads (tokens, target weights),
-      recorded and checked with the config.
+    inputs: {name: hash} of the arrays the run reads (`files.tree_sha256` of the
+      training data, the target's weights), recorded and checked with the config.
   Returns:
     (final state, history of logged metrics). The history is also written to
     `{name}_history.json` with every checkpoint; a resumed run keeps the entries

@@ -83,6 +83,10 @@ def kmeans_plus_plus(points: np.ndarray, num_codes: int, seed: int) -> np.ndarra
 INITS = ('kmeans++', 'random')
 
 
+class TooFewPatchesError(ValueError):
+  """Fewer (distinct) patches than codes."""
+
+
 def fit_kmeans(patches: np.ndarray, num_codes: int, iterations: int, seed: int,
                init: str = 'kmeans++') -> tuple:
   """k-means codebook float32[V, D] of patches float[M, D]; returns (codebook, history).
@@ -92,10 +96,11 @@ def fit_kmeans(patches: np.ndarray, num_codes: int, iterations: int, seed: int,
   if init not in INITS:
     raise ValueError(f'k-means init must be one of {INITS}, got {init!r}.')
   if len(patches) < num_codes:
-    raise ValueError(f'k-means needs at least {num_codes} patches, got {len(patches)}.')
+    raise TooFewPatchesError(f'k-means needs at least {num_codes} patches, got '
+                             f'{len(patches)}.')
   unique = np.unique(patches, axis=0)
   if len(unique) < num_codes:
-    raise ValueError(f'only {len(unique)} distinct patches for {num_codes} codes.')
+    raise TooFewPatchesError(f'only {len(unique)} distinct patches for {num_codes} codes.')
   if init == 'kmeans++':
     centres = kmeans_plus_plus(np.asarray(patches, np.float32), num_codes, seed)
   else:
@@ -154,7 +159,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   try:
     codebook, history = fit_kmeans(patches, config.codebook_size, config.iterations,
                                    config.seed, init)
-  except ValueError as error:  # fewer (distinct) patches than codes
+  except TooFewPatchesError as error:
     raise cli.ConfigError(f'kmeans: {str(error).rstrip(".")} ({len(train_data[0])} training '
                           'images): raise config.max_examples (0 = every image) or lower '
                           'config.codebook_size.') from error
