@@ -150,6 +150,50 @@ class EntryPointErrorsTest(parameterized.TestCase):
     self.assert_refused(run_entry_point('specdec_jax.app.train.family', '--config.target.lrr=1'),
                         "config.target has no field 'lrr'")
 
+  @parameterized.parameters(
+      (('--workdir=',), "--workdir='': must name the output folder"),
+      (('--config.tokenizer.data_dir={out}/absent',), 'Fashion-MNIST not found in'),
+      (("--config.stages=('eagle',)",), "stage eagle reads the outputs of ['tokenizer', "
+       "'target'], which are missing"),
+      (('--config.target.model.n_head=3',), 'config.target.model makes no GPT: GPTConfig: dim '
+       '64 must be divisible by n_head 3'),
+  )
+  def test_family_trainer_refusals(self, args, message):
+    """Tracebacks (exit 1) that left an empty workdir behind."""
+    self.assert_refused_before_writing('specdec_jax.app.train.family', '--workdir={out}', *args,
+                                       message=message)
+
+  @parameterized.parameters(('classifier', '--config.data_dir={junk}'),
+                            ('kmeans_tokenizer', '--config.data_dir={junk}'),
+                            ('family', '--config.tokenizer.data_dir={junk}'))
+  def test_corrupt_data_files_are_refused(self, name, arg):
+    with tempfile.TemporaryDirectory() as junk:
+      for path in ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz',
+                   't10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz'):
+        pathlib.Path(junk, path).write_bytes(b'junk')
+      self.assert_refused_before_writing(
+          f'specdec_jax.app.train.{name}', '--workdir={out}', arg.replace('{junk}', junk),
+          message='train-images-idx3-ubyte.gz does not match the SHA-256 of the official file')
+
+  @parameterized.parameters(('gpt', '--config.tokens_path={out}/absent.npz'),
+                            ('family', "--config.stages=('eagle',)"))
+  def test_a_workdir_in_use_is_refused_naming_its_holder(self, name, arg):
+    """Two runs on one workdir mixed their checkpoints (the second crashed in orbax)."""
+    with tempfile.TemporaryDirectory() as out:
+      lock = files.FolderLock(out)
+      lock.acquire()
+      result = run_entry_point(f'specdec_jax.app.train.{name}', f'--workdir={out}',
+                               arg.format(out=out))
+      self.assert_refused(result, f'{out} is in use by another job: {lock.path} is held by '
+                          f'pid {os.getpid()}')
+      self.assertNotIn('break_lock', result.stderr)  # trainers have no such flag
+      self.assertEqual(files._read_holder(lock.path), lock.holder)  # still ours
+      lock.release()
+      # Free again: the run is refused for what it reads, and releases the lock.
+      self.assert_refused(run_entry_point(f'specdec_jax.app.train.{name}', f'--workdir={out}',
+                                          arg.format(out=out)), '')
+      self.assertEqual(os.listdir(out), [])
+
   def test_family_trainer_workdir_that_is_a_file(self):
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, 'a_file')
@@ -170,6 +214,13 @@ class EntryPointErrorsTest(parameterized.TestCase):
        "('dataset', 'target'), got 'targett'"),
       ('kmeans_tokenizer', ('--config.num_patches=10', '--config.codebook_size=16'),
        'config.num_patches=10 is below config.codebook_size=16'),
+      ('kmeans_tokenizer', ('--workdir=',), "--workdir='': must name the output folder"),
+      ('gpt', ('--config.model.dim=63',),
+       'config.model makes no GPT: GPTConfig: dim 63 must be divisible by n_head 2'),
+      ('gpt', ('--config.model.n_layer=0',), 'config.model.n_layer=0: must be an integer >= 1'),
+      ('gpt', ('--config.num_classes=0',), 'config.num_classes=0: must be an integer >= 1'),
+      ('gpt', ('--config.tokens_path=README.md',), "tokens file 'README.md' is not a tokens.npz"),
+      ('vq', ('--config.vq.norm_groups=7',), 'config.vq makes no tokenizer: VQConfig: channel'),
   )
   def test_trainers(self, name, args, message):
     self.assert_refused_before_writing(f'specdec_jax.app.train.{name}', '--workdir={out}',

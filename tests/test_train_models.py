@@ -135,6 +135,17 @@ class VQTrainerTest(absltest.TestCase, ManifestMixin):
                        [5, 10, 15, 20, 25])  # the resumed run keeps the earlier entries
       self.assert_manifest(workdir, 25)
 
+  def test_tokenizer_shapes_no_vq_has_are_refused(self):
+    """VQConfig's ValueErrors were tracebacks."""
+    for field, value, message in (('norm_groups', 7, 'not divisible by norm_groups=7'),
+                                  ('ch_mult', (), 'ch_mult must be non-empty'),
+                                  ('codebook_dim', 0, 'codebook_dim must be >= 1')):
+      config = self.config()
+      config.vq[field] = value
+      with self.subTest(field), self.assertRaisesRegex(
+          cli.ConfigError, f'config.vq makes no tokenizer: .*{message}.*Set config.vq'):
+        train_vq.tokenizer_from_config(config)
+
   def test_token_dtype_holds_every_id(self):
     """tokens.npz ids fit their dtype (the k-means trainer cast to int16 always)."""
     for vocab in (256, 32768, 32769, 70000):
@@ -200,6 +211,42 @@ class GPTTrainerTest(absltest.TestCase, ManifestMixin):
       self.assertEqual(loaded['vocab_size'], VOCAB)
       self.assertEqual(loaded['grid'], (GRID, GRID))
       self.assertEqual(len(loaded['data_info']['tokens_sha256']), 64)
+
+  def test_files_that_are_not_tokens_files_are_refused(self):
+    with tempfile.TemporaryDirectory() as workdir:
+      path = os.path.join(workdir, 'images.gz')
+      with open(path, 'wb') as f:
+        f.write(b'\x1f\x8bnot a zip archive')
+      with self.assertRaisesRegex(cli.ConfigError, 'is not a tokens.npz.*tokens_path'):
+        train_gpt.load_tokens(path)  # numpy: 'pickled (object) data', a traceback
+      np.save(os.path.join(workdir, 'one.npy'), np.zeros(3))
+      with self.assertRaisesRegex(cli.ConfigError, 'one array, not an .npz'):
+        train_gpt.load_tokens(os.path.join(workdir, 'one.npy'))
+      np.savez(os.path.join(workdir, 'other.npz'), x=np.zeros(3))
+      with self.assertRaisesRegex(cli.ConfigError, "lacks 'train_tokens'"):
+        train_gpt.load_tokens(os.path.join(workdir, 'other.npz'))
+
+  def test_models_no_gpt_has_and_labels_beyond_num_classes_are_refused_before_writing(self):
+    """GPTConfig's ValueError, init_cache's (n_layer 0) and a ZeroDivisionError were
+    tracebacks; labels >= num_classes were clamped by the class embedding, silently."""
+    base = dict(seed=0, num_classes=CLASSES, model=dict(dim=32, n_layer=2, n_head=2,
+                                                        multiple_of=32, vocab_size=0))
+    refused = [(dict(model=dict(dim=63)), 'config.model makes no GPT: .*dim 63 must be '
+                'divisible by n_head 2'),
+               (dict(model=dict(n_layer=0)), r'config.model.n_layer=0: must be an integer >= 1'),
+               (dict(model=dict(n_head=0)), r'config.model.n_head=0: must be'),
+               (dict(model=dict(multiple_of=0)), r'config.model.multiple_of=0: must be'),
+               (dict(num_classes=0), r'config.num_classes=0: must be an integer >= 1'),
+               (dict(num_classes=CLASSES - 1), rf'config.num_classes={CLASSES - 1}: must cover '
+                rf'the labels in the tokens file \(0..{CLASSES - 1}\); set it to {CLASSES}')]
+    for change, message in refused:
+      config = ml_collections.ConfigDict(base)
+      config.update_from_flattened_dict(files.dotted_fields(change))
+      with self.subTest(message), tempfile.TemporaryDirectory() as tmp:
+        workdir = os.path.join(tmp, 'gpt')
+        with self.assertRaisesRegex(cli.ConfigError, message):
+          train_gpt.train(config, workdir, token_data(8, 4))
+        self.assertFalse(os.path.exists(workdir))
 
   def test_learns_rule_and_exports(self):
     config = ml_collections.ConfigDict(dict(
@@ -267,6 +314,24 @@ class DrafterTrainerTest(absltest.TestCase, ManifestMixin):
     c2i = train_drafter.drafter_config_from(ml_collections.ConfigDict(),
                                             llamagen.gpt_config('GPT-B', image_size=256))
     self.assertEqual(c2i.cls_token_num, 0)
+
+  def test_drafter_overrides_no_drafter_has_are_refused(self):
+    target = llamagen.gpt_config('GPT-B', image_size=256)
+    for overrides, message in ((dict(num_layers=0), 'config.drafter.num_layers=0: must be'),
+                               (dict(num_heads=7), 'makes no drafter.*divisible by num_heads 7'),
+                               (dict(layers=2), "makes no drafter.*'layers'")):
+      with self.subTest(message), self.assertRaisesRegex(cli.ConfigError, message):
+        train_drafter.drafter_config_from(ml_collections.ConfigDict(dict(drafter=overrides)),
+                                          target)
+
+  def test_labels_beyond_the_targets_classes_are_refused(self):
+    target, target_params = tiny_target()
+    data = token_data(8, 4)
+    data['test_labels'][0] = target.config.num_classes
+    with tempfile.TemporaryDirectory() as workdir:
+      with self.assertRaisesRegex(cli.ConfigError, "the target's num_classes=.*must cover the "
+                                  'labels.*set config.tokens_path'):
+        train_drafter.train(ml_collections.ConfigDict(), workdir, target, target_params, data)
 
   def test_trains_keeps_frozen_parts_and_exports(self):
     target, target_params = tiny_target()

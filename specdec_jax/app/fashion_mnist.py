@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import os
 import pathlib
+import zlib
 
 import numpy as np
 
@@ -40,6 +41,10 @@ INSTALL_HINT = ('Install it with `sudo apt-get install -y dataset-fashion-mnist`
                 'the four official *-ubyte.gz files.')
 
 
+class DataFileError(ValueError):
+  """A data file that is not the official one (corrupt, truncated, another data set)."""
+
+
 def data_dir(directory: str | None = None) -> pathlib.Path:
   """The folder with the IDX files: the argument, $FASHION_MNIST_DIR, or Debian's."""
   path = pathlib.Path(directory or os.environ.get(ENV_VAR) or DEFAULT_DIR)
@@ -52,17 +57,21 @@ def data_dir(directory: str | None = None) -> pathlib.Path:
 
 def read_idx(path: pathlib.Path) -> np.ndarray:
   """Parses a gzipped IDX file (magic 0x0801 labels, 0x0803 images)."""
-  with gzip.open(path, 'rb') as f:
-    data = f.read()
+  try:
+    with gzip.open(path, 'rb') as f:
+      data = f.read()
+  except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+    raise DataFileError(f'{path} is not a readable gzip file ({error}). '
+                        + INSTALL_HINT) from None
   if len(data) < 8 or data[:2] != b'\x00\x00' or data[2] != 0x08:
-    raise ValueError(f'{path} is not an unsigned-byte IDX file (bad magic {data[:4]!r}).')
+    raise DataFileError(f'{path} is not an unsigned-byte IDX file (bad magic {data[:4]!r}).')
   ndim = data[3]
   shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim))
   offset = 4 + 4 * ndim
   expected = int(np.prod(shape))
   if len(data) - offset != expected:
-    raise ValueError(f'{path} is truncated or corrupt: header says {shape} '
-                     f'({expected} bytes), file holds {len(data) - offset}.')
+    raise DataFileError(f'{path} is truncated or corrupt: header says {shape} '
+                        f'({expected} bytes), file holds {len(data) - offset}.')
   return np.frombuffer(data, np.uint8, offset=offset).reshape(shape)
 
 
@@ -75,12 +84,13 @@ def load(split: str, directory: str | None = None, verify_hash: bool = True):
   for part in ('images', 'labels'):
     name, digest = FILES[f'{split}_{part}']
     if verify_hash and files.sha256(path / name) != digest:
-      raise ValueError(f'{path / name} does not match the SHA-256 of the official file '
-                       f'({digest}); it is corrupt or a different data set. ' + INSTALL_HINT)
+      raise DataFileError(f'{path / name} does not match the SHA-256 of the official file '
+                          f'({digest}); it is corrupt or a different data set. ' + INSTALL_HINT)
     arrays.append(read_idx(path / name))
   images, labels = arrays
   if images.shape[0] != labels.shape[0]:
-    raise ValueError(f'{split}: {images.shape[0]} images but {labels.shape[0]} labels.')
+    raise DataFileError(f'{path}: {split} has {images.shape[0]} images but {labels.shape[0]} '
+                        'labels; it is corrupt or a different data set. ' + INSTALL_HINT)
   return images, labels.astype(np.int32)
 
 

@@ -219,11 +219,11 @@ class FolderLock:
   """
 
   def __init__(self, folder: str | os.PathLike, name: str = 'job.lock',
-               break_hint: str = 'rerun with --config.break_lock=True or delete {path}'):
-    """break_hint: how the refusal tells the user to take over a stale lock ({path}:
-    the lock file)."""
+               break_flag: str | None = '--config.break_lock=True'):
+    """break_flag: the flag that breaks the lock, named in the refusal (None: the
+    command has none; the refusal says to delete the lock file)."""
     self.path = pathlib.Path(folder) / name
-    self.break_hint = break_hint
+    self.break_flag = break_flag
     # token: tells this lock from another one of the same process and second
     self.holder = dict(host=socket.gethostname(), pid=os.getpid(),
                        started=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
@@ -291,7 +291,8 @@ class FolderLock:
     raise FolderLockedError(
         f'{self.path.parent} is in use by another job: {self.path} is held by '
         f'{self.describe(old)}. Wait for that job to end or write to another folder; {gone}, '
-        f'{self.break_hint.format(path=self.path)}.')
+        + (f'rerun with {self.break_flag} or ' if self.break_flag else '')
+        + f'delete {self.path}.')
 
   def __enter__(self) -> 'FolderLock':
     self.acquire()

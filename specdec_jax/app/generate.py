@@ -374,7 +374,7 @@ def main(argv):
   config, out_dir = flags.FLAGS.config, flags.FLAGS.out
   check_config(config)
   config_checks.check_output_folder(out_dir, '--out')
-  with files.FolderLock(out_dir, break_hint='delete {path}'):  # one run per folder
+  with files.FolderLock(out_dir, break_flag=None):  # one run per folder
     if config.xla_cpu_single_thread and not use_single_thread_xla():
       logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
     compile_cache.enable(config.compilation_cache)

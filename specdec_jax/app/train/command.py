@@ -3,20 +3,26 @@
 `run(main, default_config_file)` defines `--config` (default: the trainer's
 config file under configs/) and `--workdir` as the program's own flags, so
 `--help` lists them; checks the config's counts, rates and probabilities
-(`check_train_config`) before any work; and prints a config error, a missing
-input file or an unreadable checkpoint as one message (exit status 2), the
-way the main command does. The family trainer checks each stage's config with
-`check_train_config` too.
+(`check_train_config`) before any work; holds the workdir's lock for the
+whole run (`locked_workdir`: a second run on the same workdir is refused,
+naming the holder) and removes the folders it made when nothing was written
+in them; and prints a config error, a missing or corrupt input file, a locked
+workdir or an unreadable checkpoint as one message (exit status 2, `REFUSALS`),
+the way the main command does. The family trainer checks each stage's config
+with `check_train_config` too, and takes its workdir's lock once for all stages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
 from absl import flags
+from absl import logging
 
 from specdec_jax.app import cli
+from specdec_jax.app import fashion_mnist
 from specdec_jax.app import files
 from specdec_jax.converters import command as converter_command
 from specdec_jax.converters import common as converters_common
@@ -44,11 +50,37 @@ def check_train_config(config, where: str = 'config') -> None:
       raise cli.ConfigError(f'{where}.{field}={config[field]!r}: must be {check.accepted}.')
 
 
+# What a trainer refuses in one line (exit 2) besides cli.ConfigError.
+REFUSALS = (FileNotFoundError, fashion_mnist.DataFileError, files.FolderLockedError,
+            converters_common.CheckpointReadError)
+
+
 def check_workdir(workdir: str) -> None:
-  """Raises cli.ConfigError when --workdir cannot be a folder (a file is in the way)."""
+  """Raises cli.ConfigError when --workdir is empty or cannot be a folder (a file is
+  in the way)."""
+  if not workdir:
+    raise cli.ConfigError(f'--workdir={workdir!r}: must name the output folder, e.g. '
+                          '--workdir=runs/my_run.')
   problem = files.folder_problem(os.path.abspath(workdir))
   if problem:
     raise cli.ConfigError(f'--workdir={workdir!r}: {problem}.')
+
+
+@contextlib.contextmanager
+def locked_workdir(workdir: str):
+  """Holds `workdir`'s lock (files.FolderLock; FolderLockedError, naming the holder,
+  if another job holds it) until the block ends; then removes the folders that
+  taking it created if nothing else was written in them (a refused run)."""
+  created = files.missing_folders(os.path.abspath(workdir))
+  lock = files.FolderLock(workdir, break_flag=None)
+  taken_over = lock.acquire()
+  if taken_over:
+    logging.warning('took over the lock %s: %s', lock.path, taken_over)
+  try:
+    yield lock
+  finally:
+    lock.release()
+    files.remove_empty(created)
 
 
 def run(main: Callable, default_config_file: str) -> None:
@@ -64,8 +96,8 @@ def run(main: Callable, default_config_file: str) -> None:
   def checked_main(argv):
     check_train_config(flags.FLAGS.config)
     check_workdir(flags.FLAGS.workdir)
-    return main(argv)
+    with locked_workdir(flags.FLAGS.workdir):
+      return main(argv)
 
-  cli.run_command(checked_main, define_flags, default_config_file,
-                  refusals=(FileNotFoundError, converters_common.CheckpointReadError))
+  cli.run_command(checked_main, define_flags, default_config_file, refusals=REFUSALS)
 

@@ -161,7 +161,15 @@ def eagle_loss(drafter: eagle.EagleDrafter, params: Any, tokens: jax.Array,
 def drafter_config_from(config, target_config: llamagen.GPTConfig) -> eagle.DrafterConfig:
   """LANTERN's LlamaGen drafter shape for the target, with `config.drafter` overrides."""
   overrides = dict(config.drafter.to_dict()) if 'drafter' in config else {}
-  drafter_config = eagle.llamagen_drafter_config(target_config, dtype='float32', **overrides)
+  for field in ('num_layers', 'hidden_size', 'num_heads', 'num_kv_heads', 'intermediate_size'):
+    if field in overrides and not cli.integer(1).ok(overrides[field]):
+      raise cli.ConfigError(f'config.drafter.{field}={overrides[field]!r}: must be an integer '
+                            '>= 1.')
+  try:
+    drafter_config = eagle.llamagen_drafter_config(target_config, dtype='float32', **overrides)
+  except (TypeError, ValueError, ZeroDivisionError) as error:
+    raise cli.ConfigError(f'config.drafter={overrides} makes no drafter for the target: '
+                          f'{error} Set config.drafter.* accordingly.') from None
   if drafter_config.cls_token_num:
     # At inference such a drafter first consumes the condition positions
     # (`EagleDrafter.prefix_pairs`); `eagle_loss` trains on image pairs only.
@@ -272,6 +280,8 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
     raise cli.ConfigError(f'train: tokens vocab {data["vocab_size"]} != target vocab '
                           f'{target.config.vocab_size}; set config.tokens_path to the VQ run '
                           'the target was trained on.')
+  train_gpt.check_labels(target.config.num_classes, data, "the target's num_classes",
+                         'set config.tokens_path to the tokens the target was trained on')
   inputs = dict(train_gpt.training_inputs(data),
                 target_params_sha256=files.tree_sha256(target_params))
   run_record.check_resume(workdir, config, inputs)  # before the cached samples are read

@@ -23,6 +23,9 @@ log says why. A stage folder without that record (a workdir from before such
 records) is treated the same way, as stale: nothing tells which outputs it was
 trained on, and a head paired with the wrong target fails only at sampling.
 
+The run holds the lock of --workdir (`command.locked_workdir`) for all its
+stages: a second run on the same workdir is refused, naming the holder.
+
 Logs each stage's progress and the whole run's elapsed time and ETA (the
 remaining stages' time budgets), and writes `family_manifest.json`.
 """
@@ -253,6 +256,9 @@ def check_config(config) -> None:
   for stage in STAGES:
     if stage in config:
       command.check_train_config(config[stage], f'config.{stage}')
+  for stage in ('target', 'draft_gpt'):  # their model shapes, before any stage trains
+    if stage in config.stages:
+      train_gpt.check_config(config[stage], f'config.{stage}')
 
 
 def reads(name: str) -> tuple:
@@ -283,6 +289,18 @@ def stages_to_run(config, workdir: str, bundle_dir: str) -> list:
   return pending
 
 
+def check_inputs(pending: list, workdir: str) -> None:
+  """Raises FileNotFoundError when a stage in `pending` reads the outputs of a stage
+  that neither runs before it nor has them in `workdir`."""
+  for index, name in enumerate(pending):
+    missing = [dep for dep in DEPENDS_ON.get(name, ())
+               if dep not in pending[:index] and stage_fingerprint(dep, workdir) is None]
+    if missing:
+      raise FileNotFoundError(
+          f'family: stage {name} reads the outputs of {missing}, which are missing in '
+          f'{workdir}; add {missing} to config.stages (or restore their folders).')
+
+
 def remove_if_stale(name: str, workdir: str) -> None:
   """Removes a training stage's folder made from other inputs than the current ones, so
   that it trains afresh instead of resuming (or re-exporting) from stale checkpoints."""
@@ -291,15 +309,11 @@ def remove_if_stale(name: str, workdir: str) -> None:
     stale = [s for s in DEPENDS_ON
              if os.path.isdir(stage_dirs(workdir)[s]) and stale_reason(s, workdir)]
     if stale:
-      raise ValueError(f'family: the bundle would pair stages trained on other inputs: '
-                       f'{stale} ({stale_reason(stale[0], workdir)}); add {stale} to '
-                       'config.stages to retrain them.')
+      raise cli.ConfigError(f'family: the bundle would pair stages trained on other inputs: '
+                            f'{stale} ({stale_reason(stale[0], workdir)}); add {stale} '
+                            'to config.stages to retrain them.')
     return
-  missing = [dep for dep, digest in input_fingerprints(name, workdir).items() if digest is None]
-  if missing:
-    raise FileNotFoundError(
-        f'family: stage {name} reads the outputs of {missing}, which are missing in '
-        f'{workdir}; add {missing} to config.stages (or restore their folders).')
+  check_inputs([name], workdir)
   reason = stale_reason(name, workdir) if os.path.isdir(folder) else None
   if reason:
     logging.warning('family: stage %s: removing %s to train it afresh: %s', name, folder,
@@ -316,6 +330,7 @@ def train_family(config, workdir: str) -> str | None:
   log_path = os.path.join(workdir, MANIFEST)
   run_log = read_json(log_path) if os.path.isfile(log_path) else {'stage_wall_seconds': {}}
   pending = stages_to_run(config, workdir, bundle_dir)
+  check_inputs(pending, workdir)  # before any stage trains
   logging.info('family: stages to run %s (done: %s); planned %.0f min', pending,
                [s for s in STAGES if s in config.stages and s not in pending],
                sum(planned_minutes(config, s) for s in pending))
@@ -350,7 +365,8 @@ def train_family(config, workdir: str) -> str | None:
 def main(argv):
   del argv
   command.check_workdir(flags.FLAGS.workdir)
-  train_family(flags.FLAGS.config, flags.FLAGS.workdir)
+  with command.locked_workdir(flags.FLAGS.workdir):  # once for all stages (in its folders)
+    train_family(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 CONFIG_FILE = os.path.abspath(family_config.__file__)
@@ -364,4 +380,4 @@ def define_flags() -> None:
 
 
 if __name__ == '__main__':
-  cli.run_command(main, define_flags, CONFIG_FILE)
+  cli.run_command(main, define_flags, CONFIG_FILE, refusals=command.REFUSALS)

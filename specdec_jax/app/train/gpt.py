@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import zipfile
+import zlib
 
 from absl import flags
 from absl import logging
@@ -60,11 +62,11 @@ def load_tokens(path: str) -> dict:
         f'tokens file {path!r} not found: train a tokenizer first (`python -m '
         'specdec_jax.app.train.kmeans_tokenizer`, the bundle\'s, or `train.vq`) and point '
         '--config.tokens_path at its <workdir>/tokens.npz.')
-  with np.load(path) as f:
-    data = {k: f[k] for k in f.files}
+  data = _read_npz(path)
   for name in ('train_tokens', 'train_labels', 'test_tokens', 'test_labels', 'vocab_size'):
     if name not in data:
-      raise ValueError(f'{path!r} lacks {name!r}; it was not written by specdec_jax.app.train.vq.')
+      raise cli.ConfigError(f'tokens file {path!r} lacks {name!r}: it was not written by a '
+                            'tokenizer trainer; point --config.tokens_path at its tokens.npz.')
   out = {k: data[k].astype(np.int32) for k in
          ('train_tokens', 'train_labels', 'test_tokens', 'test_labels')}
   out['vocab_size'] = int(data['vocab_size'])
@@ -76,6 +78,22 @@ def load_tokens(path: str) -> dict:
       info['vq_run_data'] = json.load(f).get('data')
   out['data_info'] = info
   return out
+
+
+def _read_npz(path: str) -> dict:
+  """{name: array} of an .npz file; cli.ConfigError for another or a corrupt file."""
+  reason = 'one array, not an .npz archive'
+  try:
+    loaded = np.load(path)
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+      with loaded:
+        return {k: loaded[k] for k in loaded.files}
+  except ValueError:  # numpy's guess: pickled data
+    reason = 'neither an .npz archive nor an .npy array'
+  except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as error:  # a corrupt archive
+    reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else repr(error)
+  raise cli.ConfigError(f'tokens file {path!r} is not a tokens.npz ({reason}); point '
+                        '--config.tokens_path at the <workdir>/tokens.npz of a tokenizer run.')
 
 
 def class_dropout(key: jax.Array, labels: jax.Array, rate: float, null_class: int) -> jax.Array:
@@ -96,15 +114,49 @@ def class_dropout(key: jax.Array, labels: jax.Array, rate: float, null_class: in
 # ----------------------------------------------------------------- model ---
 
 
-def gpt_config_from(config, vocab_size: int, num_tokens: int) -> llamagen.GPTConfig:
-  """The c2i GPTConfig of `config.model` for a token set (vocab, N)."""
+_POSITIVE = cli.integer(1)
+_POSITIVE_FIELDS = ('dim', 'n_layer', 'n_head', 'n_kv_head', 'multiple_of', 'ffn_dim')
+
+
+def check_config(config, where: str = 'config') -> None:
+  """Raises cli.ConfigError for a `num_classes` or `model` no GPT can be built
+  with (checked before the tokens are read; `train` checks them against the data)."""
+  if not _POSITIVE.ok(config.num_classes):
+    raise cli.ConfigError(f'{where}.num_classes={config.num_classes!r}: must be '
+                          f'{_POSITIVE.accepted} (the labels in the tokens file).')
+  for field in _POSITIVE_FIELDS:
+    value = config.model.get(field)
+    if value is not None and not _POSITIVE.ok(value):
+      raise cli.ConfigError(f'{where}.model.{field}={value!r}: must be {_POSITIVE.accepted}.')
+  gpt_config_from(config, config.model.get('vocab_size') or 1, 1, where)
+
+
+def gpt_config_from(config, vocab_size: int, num_tokens: int,
+                    where: str = 'config') -> llamagen.GPTConfig:
+  """The c2i GPTConfig of `config.model` for a token set (vocab, N); cli.ConfigError
+  when `config.model` does not make one."""
   fields = dict(config.model.to_dict())
   if fields.get('vocab_size', 0) not in (0, vocab_size):
-    raise cli.ConfigError(f'config.model.vocab_size={fields["vocab_size"]} does not match the '
+    raise cli.ConfigError(f'{where}.model.vocab_size={fields["vocab_size"]} does not match the '
                           f'tokens file (vocab {vocab_size}); leave it 0 to take the data\'s.')
   fields.update(vocab_size=vocab_size, block_size=num_tokens, model_type='c2i',
                 num_classes=config.num_classes, dtype='float32')
-  return llamagen.GPTConfig(**fields)
+  try:
+    return llamagen.GPTConfig(**fields)
+  except (TypeError, ValueError, ZeroDivisionError) as error:
+    raise cli.ConfigError(f'{where}.model makes no GPT: {error} Set {where}.model.* '
+                          'accordingly.') from None
+
+
+def check_labels(num_classes: int, data: dict, field: str = 'config.num_classes',
+                 fix: str = '') -> None:
+  """Raises cli.ConfigError when the tokens file holds labels outside [0, num_classes)
+  (the model's embedding would clamp them: it would train on wrong classes)."""
+  labels = np.concatenate([data['train_labels'], data['test_labels']])
+  if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+    raise cli.ConfigError(
+        f'{field}={num_classes}: must cover the labels in the tokens file '
+        f'({labels.min()}..{labels.max()}); {fix or f"set it to {labels.max() + 1} or more"}.')
 
 
 def init_like_llamagen(shapes, seed: int, zero_init: tuple[str, ...] = ('output',)):
@@ -211,6 +263,8 @@ def train(config, workdir: str, data: dict):
   Returns:
     (final TrainState, GPTConfig, eval metrics dict).
   """
+  check_config(config)
+  check_labels(config.num_classes, data)
   train_tokens = data['train_tokens']
   gpt = gpt_config_from(config, data['vocab_size'], train_tokens.shape[1])
   model = llamagen.LlamaGenGPT(gpt)
@@ -254,6 +308,7 @@ def train(config, workdir: str, data: dict):
 
 def main(argv):
   del argv
+  check_config(flags.FLAGS.config)  # before the tokens are read
   train(flags.FLAGS.config, flags.FLAGS.workdir, load_tokens(flags.FLAGS.config.tokens_path))
 
 

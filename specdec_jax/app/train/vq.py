@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specdec_jax.app import cli
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import files
 from specdec_jax.app import training
@@ -124,10 +125,15 @@ def step_compiler_options(config) -> dict | None:
 
 
 def tokenizer_from_config(config) -> vq.VQTokenizer:
-  """`VQTokenizer(small_vq_config(**config.vq))` (lists become tuples)."""
+  """`VQTokenizer(small_vq_config(**config.vq))` (lists become tuples); cli.ConfigError
+  when `config.vq` makes no tokenizer."""
   fields = {k: tuple(v) if isinstance(v, (list, tuple)) else v
             for k, v in config.vq.to_dict().items()}
-  return vq.VQTokenizer(vq.small_vq_config(**fields))
+  try:
+    return vq.VQTokenizer(vq.small_vq_config(**fields))
+  except (TypeError, ValueError, ZeroDivisionError) as error:
+    raise cli.ConfigError(f'config.vq makes no tokenizer: {error} Set config.vq.* '
+                          'accordingly.') from None
 
 
 def restart_dead_codes(params: Any, tokens: jax.Array, latents: jax.Array,
@@ -307,6 +313,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
 def main(argv):
   del argv
   config = flags.FLAGS.config
+  tokenizer_from_config(config)  # refuses a config.vq no tokenizer has, before the data loads
   directory = config.data_dir or None
   limit = config.max_examples or None  # smoke runs only; 0 = the full splits
   train_images, train_labels = fashion_mnist.load('train', directory)
