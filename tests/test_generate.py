@@ -84,14 +84,16 @@ class GenerateTest(absltest.TestCase):
       config.timing_repeats = 2
       config.methods = ('vanilla', 'eagle', 'coolsd', 'csd')
       out = os.path.join(tmp, 'out')
-      os.makedirs(out)  # an earlier run's grid of a method this run lacks, and a file of yours
-      for leftover in ('gsd.png', 'notes.png'):
+      os.makedirs(out)  # an earlier run's grid of a method this run lacks, and files of yours
+      for leftover in ('gsd.png', 'notes.png', 'uniform.png'):
         pathlib.Path(out, leftover).write_bytes(b'')
+      pathlib.Path(out, 'results.json').write_text('{"method_order": ["vanilla", "gsd"]}')
       results = generate.evaluate(config, family, out)
       saved = test_files.strict_loads(pathlib.Path(out, 'results.json').read_text())
       self.assertEqual(set(saved['methods']), set(config.methods))
       self.assertFalse(os.path.exists(os.path.join(out, 'gsd.png')))
       self.assertTrue(os.path.exists(os.path.join(out, 'notes.png')))
+      self.assertTrue(os.path.exists(os.path.join(out, 'uniform.png')))  # not the run's
       for name, row in saved['methods'].items():
         self.assertTrue(os.path.exists(os.path.join(out, f'{name}.png')))
         for key in ('tokens_per_forward', 'speedup', 'latency_s', 'nll_gap', 'frechet',
