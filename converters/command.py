@@ -31,7 +31,7 @@ OVERWRITE_HELP = 'Replace an existing --output (a converted checkpoint or an emp
 
 
 def _refuse(error: Exception) -> None:
-  print(f'error: {error}\n(--help lists the flags)', file=sys.stderr, flush=True)
+  print(f'error: {error} (--help lists the flags)', file=sys.stderr, flush=True)
   sys.exit(EXIT_USAGE)
 
 

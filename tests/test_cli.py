@@ -240,6 +240,11 @@ class EntryPointErrorsTest(parameterized.TestCase):
     exit status 2 for a bad flag."""
     self.assert_refused(run_entry_point(module, *args), message)
 
+  def test_a_converter_refusal_is_one_line(self):
+    result = run_entry_point('specdec_jax.converters.vq', '--input=x.pt', '--output=out')
+    self.assert_refused(result, 'Flag --kind must have a value other than None')
+    self.assertLen(result.stderr.strip().splitlines(), 1, result.stderr)
+
   def test_trainer_help_lists_its_flags(self):
     result = run_entry_point('specdec_jax.app.train.drafter', '--help')
     self.assertIn('--config: Training configuration', result.stdout + result.stderr)
