@@ -12,6 +12,7 @@ Legend: "params" is the nested Flax parameter tree.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import glob
@@ -20,8 +21,10 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -209,6 +212,31 @@ def written_by() -> dict:
           'command': ' '.join([pathlib.Path(sys.executable).name, *sys.argv])}
 
 
+@contextlib.contextmanager
+def _interrupt_after_block():
+  """Holds a Ctrl-C back until the block (an Orbax save) ends, then raises KeyboardInterrupt:
+  one inside `save` leaves Orbax's writer threads running untracked, writing into the
+  folder after its removal. A second Ctrl-C stops at once. Main thread, default handler."""
+  if (threading.current_thread() is not threading.main_thread()
+      or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    yield
+    return
+  received = []
+
+  def hold(signum, frame):
+    if received:
+      signal.default_int_handler(signum, frame)
+    received.append(signum)
+
+  signal.signal(signal.SIGINT, hold)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+  if received:
+    raise KeyboardInterrupt
+
+
 def write_params_atomic(
     out_dir: str | os.PathLike,
     params: Any,
@@ -225,8 +253,9 @@ def write_params_atomic(
 
   Everything is written into a temporary sibling folder
   (`<parent>/.<name>.tmp-<id>`) which is renamed to `out_dir` at the end. On
-  any exception the temporary folder is removed, so `out_dir` either holds a
-  complete checkpoint or does not exist.
+  any exception the temporary folder is removed once Orbax's background save
+  has ended (a Ctrl-C takes effect once the entry being saved is written), so
+  `out_dir` either holds a complete checkpoint or does not exist.
 
   Args:
     out_dir: destination folder; must not exist unless `overwrite`.
@@ -252,6 +281,7 @@ def write_params_atomic(
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   _warn_stale_siblings(out_dir)
   tmp_dir = out_dir.parent / f'.{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}'
+  checkpointer = None
   try:
     tmp_dir.mkdir()
     meta = {
@@ -285,14 +315,17 @@ def write_params_atomic(
       progress = Progress(len(meta['params_keys']), what='parameter groups', verb='writing')
       for name in list(params):
         entry = params.pop(name) if consume else params[name]
-        checkpointer.save(tmp_dir / PARAMS_SUBDIR / str(name), {'value': entry})
-        checkpointer.wait_until_finished()
+        with _interrupt_after_block():
+          checkpointer.save(tmp_dir / PARAMS_SUBDIR / str(name), {'value': entry})
+          checkpointer.wait_until_finished()
         del entry
         progress.step(str(name))
     else:
-      checkpointer.save(tmp_dir / PARAMS_SUBDIR, params)
-      checkpointer.wait_until_finished()
+      with _interrupt_after_block():
+        checkpointer.save(tmp_dir / PARAMS_SUBDIR, params)
+        checkpointer.wait_until_finished()
     checkpointer.close()
+    checkpointer = None
     with open(tmp_dir / META_FILENAME, 'w') as f:
       json.dump(meta, f, indent=2, sort_keys=True)
     if out_dir.exists():  # overwrite=True: move the old one aside first
@@ -307,7 +340,13 @@ def write_params_atomic(
     else:
       os.rename(tmp_dir, out_dir)
   except BaseException:
-    shutil.rmtree(tmp_dir, ignore_errors=True)
+    try:  # Orbax's background save would write on into tmp_dir: let it end first
+      if checkpointer is not None:
+        checkpointer.close()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('closing the checkpointer of a failed write: %s', e)
+    finally:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
     raise
   logging.info('wrote %s', out_dir)
   return out_dir

@@ -11,7 +11,9 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import tempfile
+import threading
 from unittest import mock
 
 from absl.testing import absltest
@@ -337,6 +339,67 @@ class WriteParamsTest(absltest.TestCase):
       with self.assertRaisesRegex(OSError, 'disk full'):
         common.write_params_atomic(self.dir / 'out', self.params, config={},
                                    source_files=[self.source])
+    self.assertEqual(sorted(os.listdir(self.dir)), ['src.bin'])
+
+  def test_interrupt_during_a_background_save_leaves_nothing(self):
+    """Orbax writes in a background thread that outlives a Ctrl-C in the main one; the
+    temporary folder is removed only after that thread has ended (before: removed at
+    once, then recreated by the still-running save)."""
+
+    class BackgroundSave:  # Orbax's async save, writing only when let go
+      def __init__(self, **unused_kwargs):
+        self.go, self.threads = threading.Event(), []
+
+      def save(self, path, unused_item):
+        def write():
+          self.go.wait(timeout=30)
+          path.mkdir(parents=True, exist_ok=True)
+          (path / 'array').write_bytes(b'x')
+        self.threads.append(threading.Thread(target=write))
+        self.threads[-1].start()
+        raise KeyboardInterrupt  # Ctrl-C right after the first entry's save is issued
+
+      def wait_until_finished(self):
+        self.go.set()
+        for thread in self.threads:
+          thread.join()
+
+      close = wait_until_finished
+
+    saves = []
+    fake = lambda **kwargs: saves.append(BackgroundSave(**kwargs)) or saves[-1]
+    with mock.patch('orbax.checkpoint.StandardCheckpointer', side_effect=fake):
+      with self.assertRaises(KeyboardInterrupt):
+        common.write_params_atomic(self.dir / 'out', self.params, config={}, source_files=[])
+    saves[0].wait_until_finished()  # the background save ends (if it has not yet)
+    self.assertEqual(sorted(os.listdir(self.dir)), ['src.bin'])
+
+  def test_a_ctrl_c_during_a_save_takes_effect_once_the_entry_is_written(self):
+    """Ctrl-C inside Orbax's `save` would leave its writer threads running untracked;
+    it is held until the entry's save has ended (before: raised inside `save`)."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+      self.skipTest('the test runner replaced the SIGINT handler')
+    calls = []
+
+    class Checkpointer:
+      def __init__(self, **unused_kwargs):
+        pass
+
+      def save(self, unused_path, unused_item):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the save
+        calls.append('save ended')
+
+      def wait_until_finished(self):
+        calls.append('waited')
+
+      def close(self):
+        calls.append('closed')
+
+    with mock.patch('orbax.checkpoint.StandardCheckpointer', Checkpointer):
+      with self.assertRaises(KeyboardInterrupt):
+        common.write_params_atomic(self.dir / 'out', self.params, config={}, source_files=[])
+    self.assertEqual(calls, ['save ended', 'waited', 'closed'])  # the first entry only
+    self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
     self.assertEqual(sorted(os.listdir(self.dir)), ['src.bin'])
 
   def test_unwritable_output_is_refused_before_writing(self):
