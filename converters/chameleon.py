@@ -173,12 +173,21 @@ def config_to_dict(config) -> dict[str, Any]:
   return out
 
 
+def config_file(config_arg: str | None, input_dir: str | pathlib.Path,
+                presets: Mapping[str, Any]) -> pathlib.Path | None:
+  """The config.json a --config value reads (None for a preset): the file named,
+  or `input_dir/config.json` when --config is not given."""
+  if config_arg in presets:
+    return None
+  return pathlib.Path(config_arg) if config_arg else pathlib.Path(input_dir) / 'config.json'
+
+
 def resolve_config(config_arg: str | None, input_dir: pathlib.Path
                    ) -> tuple[chameleon.ChameleonConfig, str, dict[str, Any] | None]:
   """(config, where it came from, the raw HF config dict if read from json)."""
-  if config_arg in chameleon.CONFIGS:
+  path = config_file(config_arg, input_dir, chameleon.CONFIGS)
+  if path is None:
     return chameleon.CONFIGS[config_arg](), f'preset {config_arg!r}', None
-  path = pathlib.Path(config_arg) if config_arg else input_dir / 'config.json'
   if not path.is_file():
     raise ValueError(
         f'--config {config_arg!r}: neither a preset ({sorted(chameleon.CONFIGS)}) nor a '
@@ -229,8 +238,8 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
   params = hf_streaming.assemble_params(ckpt, rules, dtype=params_dtype, sharding=sharding)
   model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
                                      param_dtype=jnp.dtype(params_dtype))
-  files = ckpt.files + ([input_dir / 'config.json'] if hf_config is not None
-                        and (input_dir / 'config.json').is_file() else [])
+  config_path = config_file(config, input_dir, chameleon.CONFIGS)  # the one read, if any
+  files = ckpt.files + ([config_path] if config_path else [])
   return common.write_params_atomic(
       output, params, config=config_to_dict(model_config), source_files=files,
       converter='specdec_jax.converters.chameleon', extra_meta=extra,

@@ -238,9 +238,9 @@ def config_from_hf(hf: Mapping[str, Any], source: str = 'config.json') -> janus.
 
 def resolve_config(config_arg: str | None, input_dir: pathlib.Path
                    ) -> tuple[janus.JanusConfig, str]:
-  if config_arg in janus.CONFIGS:
+  path = chameleon_converter.config_file(config_arg, input_dir, janus.CONFIGS)
+  if path is None:
     return janus.CONFIGS[config_arg](), f'preset {config_arg!r}'
-  path = pathlib.Path(config_arg) if config_arg else input_dir / 'config.json'
   if not path.is_file():
     raise ValueError(
         f'--config {config_arg!r}: neither a preset ({sorted(janus.CONFIGS)}) nor a '
@@ -265,7 +265,8 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
   params = hf_streaming.assemble_params(ckpt, rules, dtype=params_dtype, sharding=sharding)
   model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
                                      param_dtype=jnp.dtype(params_dtype))
-  files = ckpt.files + ([input_dir / 'config.json'] if config is None else [])
+  config_path = chameleon_converter.config_file(config, input_dir, janus.CONFIGS)
+  files = ckpt.files + ([config_path] if config_path else [])  # the config.json read, if any
   return common.write_params_atomic(
       output, params, config=chameleon_converter.config_to_dict(model_config),
       source_files=files, converter='specdec_jax.converters.janus',

@@ -291,6 +291,19 @@ class ConverterTest(parameterized.TestCase):
     self.assertIn('3 layers', message)  # the config assumed is named
     self.assertEqual(list(out_parent.iterdir()), [])
 
+  def test_meta_hashes_the_config_file_read(self):
+    """With --config <file>, that file is hashed, not the unused input_dir/config.json
+    (before: input_dir/config.json was hashed, the file read was not)."""
+    src, other, out = _tempdir(self) / 'hf', _tempdir(self) / 'config.json', _tempdir(self)
+    write_hf_checkpoint(src, random_hf_state(TINY, qk_norm_rows=1), TINY)
+    other.write_text((src / 'config.json').read_text())
+    (src / 'config.json').write_text('{"not": "read"}')
+    converter.convert(src, out / 'jax', config=str(other))
+    hashed = {f['path']: f['sha256'] for f in common.read_meta(out / 'jax')['source_files']}
+    self.assertEqual(hashed.get(str(other.absolute())), common.sha256_file(other))
+    self.assertNotIn(str((src / 'config.json').absolute()), hashed)
+    self.assertLen(hashed, 4)  # 2 shards, index, the config read
+
   def test_model_parallel_qk_norms_convert_like_the_per_head_layout(self):
     # (model_parallel_size, D) q/k norms (Lumina's ChameleonLayerNorm, here
     # model_parallel_size 2 over 4 query and 2 kv heads) give exactly the

@@ -160,6 +160,17 @@ class JanusTest(parameterized.TestCase):
     self.assertLen(meta['source_files'], 4)  # 2 shards, index, config.json
     self.assertNotIn('lm_head', self.params)
 
+  def test_meta_hashes_the_config_file_read(self):
+    """With --config <file>, that file is hashed (before: no config file at all)."""
+    other = pathlib.Path(tempfile.mkdtemp(dir=self.root)) / 'config.json'
+    other.write_text(json.dumps(TINY_HF))
+    converter.convert(self.root / 'st', self.root / 'jax_config', config=str(other))
+    hashed = {f['path']: f['sha256'] for f in common.read_meta(self.root / 'jax_config')[
+        'source_files']}
+    self.assertEqual(hashed.get(str(other.absolute())), common.sha256_file(other))
+    self.assertNotIn(str((self.root / 'st' / 'config.json').absolute()), hashed)
+    self.assertLen(hashed, 4)  # 2 shards, index, the config read
+
   @ref.requires_torch
   def test_released_bin_shards_convert_to_the_same_params(self):
     write_checkpoint(self.root / 'bin', self.state, 'bin')
