@@ -182,9 +182,25 @@ def config_file(config_arg: str | None, input_dir: str | pathlib.Path,
   return pathlib.Path(config_arg) if config_arg else pathlib.Path(input_dir) / 'config.json'
 
 
+def _check_vocabulary_map(vocabulary_map: Any) -> None:
+  """ValueError unless `vocabulary_map` holds the image-token table `lumina_layout`
+  assumes (BPE id = code + 4)."""
+  try:
+    if not isinstance(vocabulary_map, Mapping):
+      raise ValueError('it must be an object {token name: id}')
+    lumina_layout.image_token_table(vocabulary_map)
+  except ValueError as e:
+    raise ValueError(f'its vocabulary_map is not a Lumina-mGPT / Chameleon one ({e}). Pass '
+                     'the config.json that came with the checkpoint (--config).') from e
+
+
 def resolve_config(config_arg: str | None, input_dir: pathlib.Path
                    ) -> tuple[chameleon.ChameleonConfig, str, dict[str, Any] | None]:
-  """(config, where it came from, the raw HF config dict if read from json)."""
+  """(config, where it came from, the raw HF config dict if read from json).
+
+  A config.json's `vocabulary_map`, if any, is checked here (before any weight
+  is read): its image tokens must be the table `lumina_layout` assumes.
+  """
   path = config_file(config_arg, input_dir, chameleon.CONFIGS)
   if path is None:
     return chameleon.CONFIGS[config_arg](), f'preset {config_arg!r}', None
@@ -194,7 +210,10 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
         f'config.json file ({str(path)!r} does not exist).')
   hf_config = common.read_json_object(path)
   try:
-    return chameleon.ChameleonConfig.from_hf_config(hf_config), str(path), hf_config
+    config = chameleon.ChameleonConfig.from_hf_config(hf_config)
+    if 'vocabulary_map' in hf_config:
+      _check_vocabulary_map(hf_config['vocabulary_map'])
+    return config, str(path), hf_config
   except KeyError as e:
     raise ValueError(f'{str(path)!r} is not a Chameleon config.json: field {e} is '
                      'missing.') from e
@@ -227,8 +246,7 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
                config_summary(model_config))
   validate_checkpoint(ckpt.shapes(), model_config, config_source=config_source)
   extra = {'model': 'chameleon', 'config_source': config_source}
-  if hf_config is not None and 'vocabulary_map' in hf_config:
-    lumina_layout.image_token_table(hf_config['vocabulary_map'])
+  if hf_config is not None and 'vocabulary_map' in hf_config:  # checked by resolve_config
     extra['image_token_offset'] = lumina_layout.FIRST_IMAGE_TOKEN
   else:
     logging.warning('No vocabulary_map in the config; the image-token table '

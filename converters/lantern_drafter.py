@@ -111,10 +111,12 @@ def drafter_config_from_json(config_json: Mapping[str, Any], kind: str = 'auto',
     if input_type is None:  # LANTERN requires it: it sets the 2D table
       raise ValueError(f'A LlamaGen drafter\'s config.json must name its input_type, one '
                        f'of {sorted(LLAMAGEN_INPUT_TYPES)} (c2i: 576-token class-conditional; '
-                       't2i: 256-token and t2i2: 1024-token text-to-image targets).')
+                       't2i: 256-token and t2i2: 1024-token text-to-image targets); add it, '
+                       'or pass --kind lumina for a Lumina-mGPT drafter.')
     if input_type not in LLAMAGEN_INPUT_TYPES:
       raise ValueError(f'config.json input_type {input_type!r} is not one of '
-                       f'{sorted(LLAMAGEN_INPUT_TYPES)}.')
+                       f'{sorted(LLAMAGEN_INPUT_TYPES)}; set the one the drafter was '
+                       'trained for.')
     block_size, cls_token_num = LLAMAGEN_INPUT_TYPES[input_type]
     # LANTERN's cnets_llamagen.py builds the 2D table with base 10000 whatever
     # config.json says (LlamaGen's rope_base), so the port does too.
@@ -127,7 +129,11 @@ def drafter_config_from_json(config_json: Mapping[str, Any], kind: str = 'auto',
                   cls_token_num=cls_token_num, input_layernorm=False, qk_norm=False)
   else:
     fields.update(rope='1d', input_layernorm=True, qk_norm=True, cls_token_num=0)
-  return eagle.DrafterConfig(**fields)
+  try:
+    return eagle.DrafterConfig(**fields)
+  except ValueError as e:  # e.g. hidden_size not divisible by num_attention_heads
+    raise ValueError(f'Drafter config.json does not describe a valid drafter: {e} Pass the '
+                     'config.json that came with the drafter weights.') from e
 
 
 def expected_shapes(config: eagle.DrafterConfig) -> dict[str, tuple[int, ...]]:
@@ -287,9 +293,13 @@ def main(argv, flag_values: flags.FlagValues = flags.FLAGS):
     raise app.UsageError('--input and --output are required.')
   try:
     common.check_output_dir(fv.output, fv.overwrite)
-    read_drafter_dir(fv.input)
+    config_json, _ = read_drafter_dir(fv.input)
   except (ValueError, FileExistsError) as e:  # a message, not a traceback
     raise app.UsageError(str(e)) from e
+  try:  # config errors (input_type, head counts) too, before the weights are read
+    drafter_config_from_json(config_json, fv.kind)
+  except ValueError as e:
+    raise app.UsageError(f'{os.path.join(fv.input, "config.json")!r}: {e}') from e
   print(convert_dir(fv.input, fv.output, kind=fv.kind, dtype=fv.dtype,
                     overwrite=fv.overwrite))
 

@@ -417,6 +417,44 @@ class CommandLineTest(parameterized.TestCase):
         self.assertNotIn('Traceback', result.stderr)
         self.assertFalse(os.path.exists(f'{tmp}/out'))
 
+  @parameterized.named_parameters(
+      ('drafter_without_input_type', 'lantern_drafter', {'input_type': None},
+       ['--kind=llamagen'], "must name its input_type, one of ['c2i', 't2i', 't2i2']"),
+      ('drafter_unknown_input_type', 'lantern_drafter', {'input_type': 'c2x'}, [],
+       "input_type 'c2x' is not one of"),
+      ('drafter_heads_not_dividing_hidden', 'lantern_drafter', {'num_attention_heads': 5}, [],
+       'hidden_size 64 must be divisible by num_heads 5'),
+      ('lumina_vocabulary_map_without_an_image_token', 'chameleon', {}, [],
+       '1 of 8192 image codes have no IMGIMG...Z entry in vocabulary_map (first: [7])'),
+  )
+  def test_bad_config_values_are_usage_messages(self, module, change, flags_, message):
+    """Config values the converter cannot use are one message and exit 2, before any
+    weight is read (before: a ValueError traceback, exit 1)."""
+    with tempfile.TemporaryDirectory() as tmp:
+      folder = pathlib.Path(tmp) / 'ckpt'
+      folder.mkdir()
+      if module == 'chameleon':
+        vocab = vocabulary_map()
+        del vocab[ll.image_token_name(7)]
+        config = dict(TINY, vocabulary_map=vocab)
+        flags_ = [f'--input_dir={folder}', *flags_]
+      else:
+        config = {'hidden_size': 64, 'num_attention_heads': 4, 'intermediate_size': 96,
+                  'vocab_size': 48, 'num_hidden_layers': 1, 'input_type': 'c2i'}
+        config = {k: v for k, v in {**config, **change}.items() if v is not None}
+        flags_ = [f'--input={folder}', *flags_]
+      (folder / 'config.json').write_text(json.dumps(config))
+      (folder / 'model.safetensors').write_bytes(b'not read')
+      result = subprocess.run(
+          [sys.executable, '-m', f'specdec_jax.converters.{module}', f'--output={tmp}/out',
+           *flags_],
+          env=dict(os.environ, JAX_PLATFORMS='cpu'), capture_output=True, text=True, timeout=300)
+      self.assertEqual(result.returncode, command.EXIT_USAGE, result.stderr[-2000:])
+      self.assertIn(message, result.stderr)
+      self.assertIn(str(folder / 'config.json'), result.stderr)
+      self.assertNotIn('Traceback', result.stderr)
+      self.assertFalse(os.path.exists(f'{tmp}/out'))
+
   @parameterized.parameters(('chameleon', 'HF'), ('janus', 'Janus-Pro'))
   def test_help_lists_the_flags(self, module, checkpoint):
     result = subprocess.run(
