@@ -19,6 +19,7 @@ import secrets
 import socket
 import tempfile
 
+from absl import logging
 import numpy as np
 
 TEMP_SUFFIX = '.tmp'
@@ -295,7 +296,10 @@ class FolderLock:
         + f'delete {self.path}.')
 
   def __enter__(self) -> 'FolderLock':
-    self.acquire()
+    """Takes the lock (logging a takeover of a dead holder's); released at the end."""
+    taken_over = self.acquire()
+    if taken_over:
+      logging.warning('took over the lock %s: %s', self.path, taken_over)
     return self
 
   def __exit__(self, *exc_info) -> None:

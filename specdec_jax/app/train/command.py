@@ -19,7 +19,6 @@ import os
 from collections.abc import Callable
 
 from absl import flags
-from absl import logging
 
 from specdec_jax.app import cli
 from specdec_jax.app import fashion_mnist
@@ -72,14 +71,10 @@ def locked_workdir(workdir: str):
   if another job holds it) until the block ends; then removes the folders that
   taking it created if nothing else was written in them (a refused run)."""
   created = files.missing_folders(os.path.abspath(workdir))
-  lock = files.FolderLock(workdir, break_flag=None)
-  taken_over = lock.acquire()
-  if taken_over:
-    logging.warning('took over the lock %s: %s', lock.path, taken_over)
   try:
-    yield lock
+    with files.FolderLock(workdir, break_flag=None) as lock:
+      yield lock
   finally:
-    lock.release()
     files.remove_empty(created)
 
 
