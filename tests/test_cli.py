@@ -194,6 +194,25 @@ class EntryPointErrorsTest(parameterized.TestCase):
                                           arg.format(out=out)), '')
       self.assertEqual(os.listdir(out), [])
 
+  def test_a_family_run_and_a_trainer_on_one_of_its_stages_refuse_each_other(self):
+    """The family locks its workdir, not each stage's folder: a trainer run on a stage
+    folder during a family run (or the reverse) trained beside it into one folder."""
+    with tempfile.TemporaryDirectory() as out:
+      with files.FolderLock(out) as family_lock:  # a family run (this process, alive)
+        stage = os.path.join(out, 'target')
+        result = run_entry_point('specdec_jax.app.train.gpt', f'--workdir={stage}',
+                                 f'--config.tokens_path={out}/absent.npz')
+        self.assert_refused(result, f'--workdir={stage} lies inside {out}: {out} is in use by '
+                            f'another job: {family_lock.path} is held by pid {os.getpid()}')
+        self.assertFalse(os.path.exists(stage))
+      stage = os.path.join(out, 'tokenizer')
+      with files.FolderLock(stage) as trainer_lock:  # a trainer on one stage's folder
+        result = run_entry_point('specdec_jax.app.train.family', f'--workdir={out}')
+        self.assert_refused(result, f'{stage} is in use by another job: {trainer_lock.path} '
+                            f'is held by pid {os.getpid()}')
+        self.assertEqual(sorted(os.listdir(out)), ['tokenizer'])  # the family's lock is gone
+        self.assertEqual(os.listdir(stage), ['job.lock'])
+
   def test_family_trainer_workdir_that_is_a_file(self):
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, 'a_file')

@@ -170,6 +170,27 @@ class FolderLockTest(absltest.TestCase):
                   lock.acquire(break_lock=True))
     self.assertEqual(json.loads(lock.path.read_text()), lock.holder)
 
+  def test_refuse_if_held_takes_nothing_and_counts_only_a_live_holder(self):
+    lock = files.FolderLock(self.folder)
+    lock.refuse_if_held()  # no lock file
+    lock.path.write_text('{"not": "a lock"}')
+    lock.refuse_if_held()  # a file of that name that is no lock
+    gone = subprocess.Popen([sys.executable, '-c', 'pass'])
+    gone.wait()
+    lock.path.write_text(json.dumps(dict(host=socket.gethostname(), pid=gone.pid)))
+    lock.refuse_if_held()  # a dead holder on this host
+    lock.path.unlink()
+    holder = files.FolderLock(self.folder)
+    holder.acquire()
+    with self.assertRaisesRegex(files.FolderLockedError, f'held by pid {os.getpid()}'):
+      lock.refuse_if_held()
+    self.assertEqual(json.loads(lock.path.read_text()), holder.holder)  # untouched
+    other = dict(host='node-7', pid=123)
+    lock.path.write_text(json.dumps(other))
+    with self.assertRaisesRegex(files.FolderLockedError, 'process 123 on node-7'):
+      lock.refuse_if_held()
+    self.assertEqual(json.loads(lock.path.read_text()), other)
+
 
 if __name__ == '__main__':
   absltest.main()

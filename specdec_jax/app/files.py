@@ -311,6 +311,14 @@ class FolderLock:
       self.path.unlink(missing_ok=True)
       fsync_folder(self.path.parent)
 
+  def refuse_if_held(self) -> None:
+    """Raises FolderLockedError (as `acquire` does) if a job that may still run holds
+    the lock; takes nothing. A lock whose holder is gone, and a file of that name that
+    is not such a lock, do not count."""
+    old = _read_holder(self.path)
+    if isinstance(old, dict) and {'host', 'pid'} <= old.keys():
+      self._stale(old, break_lock=False)
+
   @staticmethod
   def describe(holder: dict) -> str:
     return (f'pid {holder.get("pid", "?")} on host {holder.get("host", "?")} '

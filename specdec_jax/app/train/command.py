@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 from collections.abc import Callable
 
 from absl import flags
@@ -68,9 +69,15 @@ def check_workdir(workdir: str) -> None:
 @contextlib.contextmanager
 def locked_workdir(workdir: str):
   """Holds `workdir`'s lock (files.FolderLock; FolderLockedError, naming the holder,
-  if another job holds it) until the block ends; then removes the folders that
-  taking it created if nothing else was written in them (a refused run)."""
-  created = files.missing_folders(os.path.abspath(workdir))
+  if another job holds it or a folder above it) until the block ends; then removes the
+  folders that taking it created if nothing else was written in them (a refused run)."""
+  absolute = os.path.abspath(workdir)
+  for folder in pathlib.Path(absolute).parents:  # e.g. a family run, which locks only its
+    try:                                         # workdir, training this stage folder
+      files.FolderLock(folder, break_flag=None).refuse_if_held()
+    except files.FolderLockedError as error:
+      raise files.FolderLockedError(f'--workdir={workdir} lies inside {folder}: {error}') from None
+  created = files.missing_folders(absolute)
   try:
     with files.FolderLock(workdir, break_flag=None) as lock:
       yield lock

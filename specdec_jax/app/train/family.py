@@ -24,7 +24,8 @@ records) is treated the same way, as stale: nothing tells which outputs it was
 trained on, and a head paired with the wrong target fails only at sampling.
 
 The run holds the lock of --workdir (`command.locked_workdir`) for all its
-stages: a second run on the same workdir is refused, naming the holder.
+stages: a second run on the same workdir is refused, naming the holder. So is a
+stage folder in use by a trainer run on its own, and that trainer while this runs.
 
 Logs each stage's progress and the whole run's elapsed time and ETA (the
 remaining stages' time budgets), and writes `family_manifest.json`.
@@ -366,6 +367,8 @@ def main(argv):
   del argv
   command.check_workdir(flags.FLAGS.workdir)
   with command.locked_workdir(flags.FLAGS.workdir):  # once for all stages (in its folders)
+    for folder in stage_dirs(flags.FLAGS.workdir).values():  # a trainer run on a stage
+      files.FolderLock(folder, break_flag=None).refuse_if_held()
     train_family(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
