@@ -262,7 +262,7 @@ def main(argv):
   rows = []
   print('| scale | toy | W | ' + ' | '.join(methods) + ' | '
         + ' | '.join(f'{name} / SJD' for name in methods[1:]) + ' |')
-  print('|---' * (3 + 2 * len(methods)) + '|')
+  print('|---' * (2 + 2 * len(methods)) + '|')  # scale, toy, W, methods, ratios
   names = methods + sorted({name for _, _, name in done} - set(methods))
   for key, window in sorted({(key, window) for key, window, _ in done}):
     if (key, window, 'sjd') not in done:

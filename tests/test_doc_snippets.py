@@ -8,8 +8,9 @@ and every call it makes to one must bind: its keywords are parameters of the
 callee, and it passes no more positional arguments than the callee takes (a
 `...` argument stands for the rest). A block without imports reads the names
 of the block before it in the same document (README's sharding line), or the
-usual ones (`IMPLICIT`). Negative controls: a misspelt keyword, attribute or
-import in a real block is reported.
+usual ones (`IMPLICIT`); a block with imports imports every library module it
+uses. Negative controls: a misspelt keyword, attribute or import, and a missing
+import, in a real block are reported.
 
 The command lines of the ```bash blocks are checked the same way: a
 `python -m specdec_jax...` module or a `bench/` script exists, a `--config`
@@ -41,6 +42,8 @@ from tests import doc_snippets
 IMPLICIT = dict(jax=jax, jnp=jnp, dataclasses=dataclasses, P=PartitionSpec,
                 **{name: importlib.import_module(f'specdec_jax.{name}') for name in (
                     'decode', 'logits', 'rules', 'verify', 'sharding', 'modes', 'mode_base')})
+LIBRARY_MODULES = {name for name, value in IMPLICIT.items()
+                   if getattr(value, '__name__', '').startswith('specdec_jax.')}
 _UNKNOWN = object()
 
 
@@ -111,6 +114,11 @@ def problems(source: str, namespace: dict) -> list[str]:
   """What in the example does not match the API (empty: it names the API as it is)."""
   tree = ast.parse(source)
   imported, found = _imports(tree)
+  if imported:  # a block with imports is copied whole: it imports the modules it uses
+    used = {node.id for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    found += [f'uses {name} without importing it' for name in sorted(used - set(imported))
+              if name in LIBRARY_MODULES]
   namespace = dict(namespace, **imported)
   for statement in tree.body:  # `sampling = logits.Sampling(...)`: sampling.probs is checked
     if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
@@ -285,6 +293,8 @@ class DocSnippetsTest(parameterized.TestCase):
        "no attribute 'probz'"),
       ('import', 'from specdec_jax import decode, logits, rules',
        'from specdec_jax import decode, logits, rulez', 'import rulez'),
+      ('missing_import', 'from specdec_jax import decode, logits, rules',
+       'from specdec_jax import decode, logits', 'uses rules without importing it'),
       ('positional', 'mode=decode.ChainDraft(k=4, drafter=\'eagle\')',
        'mode=decode.ChainDraft(4, \'eagle\', 1, 2, 3, 4, 5, 6, 7, 8, 9)',
        'ChainDraft() takes'),

@@ -55,6 +55,9 @@ class JacobiGridToyBenchTest(absltest.TestCase):
       self.assertGreater(pull['0.1'], 0.0)
       self.assertTrue(os.path.exists(os.path.join(out, 'jacobi_grid_toy.png')))
       self.assertEqual(first.count('tokens per forward ('), 24)
+      table = [line for line in first.splitlines() if line.startswith('|')]
+      self.assertLen(table, 2 + 8)  # header, separator, one row per toy
+      self.assertLen({line.count('|') for line in table}, 1, table)  # a markdown table
       self.assertEqual(_run(out).count('tokens per forward ('), 0)  # resumed
       # A run over a subset of the toys decodes nothing and drops no row or law.
       subset = _run(out, ['--borders=0', '--context_weights=0', '--background_pulls=0',
