@@ -167,6 +167,34 @@ class SampleJobTest(absltest.TestCase):
     self.assert_same_set(out_dir)
 
 
+  def test_sigterm_to_one_process_stops_every_process_after_one_round(self):
+    """jax.distributed's preemption service replaces the SIGTERM handler: a job of
+    several processes went on to the end and exited 0 (scancel then SIGKILLed it,
+    leaving its lock). Now all stop together, release the lock and exit 143."""
+    out_dir, more = os.path.join(_TMP.name, 'sigterm'), f'--config.num_images={8 * NUM_IMAGES}'
+    jobs = start_job(out_dir, 2, more)
+    try:
+      first = pathlib.Path(out_dir, 'chunks', 'chunk_00000.json')
+      deadline = time.monotonic() + 240
+      while not first.exists() and jobs[0].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+      jobs[1].send_signal(signal.SIGTERM)  # one process only, as `timeout` on one host
+      logs = [job.communicate(timeout=240)[0] for job in jobs]
+    finally:
+      for job in jobs:
+        job.kill()
+    for job, log in zip(jobs, logs):
+      self.assertEqual(job.returncode, 128 + signal.SIGTERM, log[-2000:])
+      self.assertIn('a process received SIGTERM', log)
+    committed = len(list(pathlib.Path(out_dir, 'chunks').glob('*.json')))
+    self.assertLess(committed, 8 * NUM_IMAGES // CHUNK)  # stopped early
+    self.assertEqual(committed % 2, 0)  # after the same round (two chunks a round)
+    self.assertFalse(os.path.exists(os.path.join(out_dir, 'job.lock')))
+    run_job(out_dir, 1, more)  # a rerun finishes the set
+    with np.load(os.path.join(out_dir, sample_output.SAMPLES)) as samples, np.load(
+        os.path.join(REFERENCE, sample_output.SAMPLES)) as reference:
+      np.testing.assert_array_equal(samples['arr_0'][:NUM_IMAGES], reference['arr_0'])
+
   def test_a_finished_set_extended_to_more_images_keeps_its_chunks(self):
     out_dir = os.path.join(_TMP.name, 'extended')
     run_job(out_dir, 1, '--config.num_images=6')  # chunks 0..3 and 4..5

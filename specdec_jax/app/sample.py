@@ -311,6 +311,7 @@ def _run_locked(config, started: float) -> dict | None:
   remaining = sum(len(ranges[c]) for c in pending)
   for number, chunks in enumerate(schedule):
     compile_s += sampler.run_round(chunks)
+    sample_processes.stop_if_preempted(number)  # SIGTERM: all processes stop after this round
     done_now += sum(len(ranges[c]) for c in chunks if c is not None)
     chunks_now += sum(c is not None for c in chunks)
     elapsed = time.perf_counter() - loop_start

@@ -154,6 +154,29 @@ def exit_if_stopped() -> None:
     raise SystemExit(128 + _STOPPED_BY[0])
 
 
+def stop_if_preempted(round_index: int) -> None:
+  """In a multi-process job, raises SystemExit(143) on every process once one got
+  SIGTERM, at the end of the same round (call it after each round, numbered from 0).
+
+  jax.distributed.initialize starts JAX's preemption service, whose SIGTERM handler
+  replaces `exit_on_sigterm`'s: it tells every process, and
+  `multihost_utils.reached_preemption_sync_point` picks one round at which all stop
+  together (a process stopping alone would leave the others waiting in a
+  collective). A single process stops at once (`exit_on_sigterm`); with the service
+  off (`jax_enable_preemption_service`) so does each process of a job.
+  """
+  if jax.process_count() == 1:
+    return
+  try:
+    stop = multihost_utils.reached_preemption_sync_point(round_index)
+  except RuntimeError:  # the preemption service is off: exit_on_sigterm's handler runs
+    return
+  if stop:
+    logging.warning('stopping after round %d: a process received SIGTERM (scancel, '
+                    'preemption or `timeout`); rerun to finish.', round_index + 1)
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 def lock_folder(out_dir: str, break_lock: bool) -> files.FolderLock | None:
   """Process 0 takes the output folder's lock for the whole job (every process
   raises FolderLockedError if it is held); returns it on process 0."""
