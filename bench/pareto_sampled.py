@@ -110,13 +110,17 @@ def check_reusable(folder: str, settings: dict) -> bool:
   try:
     with open(os.path.join(folder, 'config.json')) as f:
       recorded = json.load(f)['config']
+    with open(os.path.join(folder, 'summary.json')) as f:
+      merged = json.load(f)['num_images']
     with open(os.path.join(folder, 'metrics.jsonl')) as f:
       first = json.loads(f.readline())
   except (OSError, ValueError, KeyError) as e:
     raise ValueError(f'{folder} holds a set whose configuration or metrics cannot be read '
                      f'({e!r}); delete the folder to draw it again.') from None
   held = recorded_value(recorded, 'num_images')
-  grows = isinstance(held, int) and held < settings['num_images']
+  # A set stopped while being extended (by a sampler from before it removed the
+  # merged files then) holds fewer merged images than its config.json names.
+  grows = isinstance(held, int) and (held < settings['num_images'] or merged != held)
   changed = [f'{name}: {recorded_value(recorded, name)!r} (folder) -> {value!r} (this sweep)'
              for name, value in settings.items()
              if recorded_value(recorded, name) != value and not (grows and name == 'num_images')]
@@ -149,11 +153,17 @@ def draw(point: tuple, root: str, num_images: int, batch: int) -> str:
 
 
 def features_of(folder: str, family) -> dict:
-  """Classifier features and logits of a set's images (cached next to them)."""
-  cache = os.path.join(folder, 'classifier_features.npz')
+  """Classifier features and logits of a set's images (cached next to them, with the
+  SHA-256 of the samples.npz they were computed from: an extended set is measured anew)."""
+  from specdec_jax.app import files  # pylint: disable=g-import-not-at-top
+  cache, samples = (os.path.join(folder, name) for name in ('classifier_features.npz',
+                                                            'samples.npz'))
+  digest = files.sha256(samples)
   if os.path.exists(cache):
-    return dict(np.load(cache))
-  with np.load(os.path.join(folder, 'samples.npz')) as data:
+    with np.load(cache) as cached:
+      if 'samples_sha256' in cached and str(cached['samples_sha256']) == digest:
+        return dict(logits=cached['logits'], features=cached['features'])
+  with np.load(samples) as data:
     images = data['arr_0'][..., :1]  # grayscale, stored as 3 equal channels
   logits, features = [], []
   for start in range(0, len(images), 500):
@@ -161,7 +171,7 @@ def features_of(folder: str, family) -> dict:
     logits.append(np.asarray(batch_logits))
     features.append(np.asarray(batch_features))
   out = dict(logits=np.concatenate(logits), features=np.concatenate(features))
-  np.savez(cache + '.tmp.npz', **out)
+  np.savez(cache + '.tmp.npz', samples_sha256=np.array(digest), **out)
   os.replace(cache + '.tmp.npz', cache)
   return out
 

@@ -3,10 +3,14 @@ hyperparameters it takes, so no point of a long background sweep fails late."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
+import tempfile
 
 from absl.testing import absltest
+import numpy as np
 
 from specdec_jax.app import cli
 from specdec_jax.app import config_checks
@@ -42,6 +46,56 @@ class SweepPointsTest(absltest.TestCase):
       config.methods = tuple(dict.fromkeys(('vanilla', method)))
       built = methods_lib.build_methods(config, family)
       self.assertEqual(built[-1].name, method, name)
+
+
+class ReusedSetsTest(absltest.TestCase):
+  """A folder's set is reused only as the images it holds now."""
+
+  def setUp(self):
+    super().setUp()
+    self.folder = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.folder)
+    self.settings = pareto_sampled.sampler_settings(pareto_sampled.sweep_points()[0], 8)
+
+  def write_set(self, config_images: int, merged_images: int):
+    config = {'method': 'vanilla', 'num_images': config_images, 'seed': 0,
+              'hparams': {'jacobi_window': pareto_sampled.JACOBI_WINDOW,
+                          'jacobi_init': pareto_sampled.JACOBI_INIT}}
+    for name, value in (('config.json', {'config': config}),
+                        ('summary.json', {'num_images': merged_images})):
+      with open(os.path.join(self.folder, name), 'w') as f:
+        json.dump(value, f)
+    with open(os.path.join(self.folder, 'metrics.jsonl'), 'w') as f:
+      f.write(json.dumps({'committed_tokens': 196}) + '\n')
+    np.savez(os.path.join(self.folder, 'samples.npz'),
+             np.full((merged_images, 2, 2, 3), merged_images, np.uint8))
+
+  def test_a_finished_set_is_reused_and_one_stopped_while_extended_is_not(self):
+    self.write_set(8, 8)
+    self.assertTrue(pareto_sampled.check_reusable(self.folder, self.settings))
+    self.write_set(4, 4)
+    self.assertFalse(pareto_sampled.check_reusable(self.folder, self.settings))  # extended
+    # An extension to 8 stopped part-way by an older sampler: config.json names 8, and
+    # the merged files are the 4-image set's (they were measured as the 8-image point).
+    self.write_set(8, 4)
+    self.assertFalse(pareto_sampled.check_reusable(self.folder, self.settings))
+
+  def test_cached_features_are_those_of_the_images_held_now(self):
+    calls = []
+
+    class Family:
+      def classify(self, images):
+        calls.append(len(images))
+        return images[:, 0, 0, 0].astype(np.float32)[:, None], np.zeros((len(images), 3))
+
+    self.write_set(4, 4)
+    first = pareto_sampled.features_of(self.folder, Family())
+    self.assertEqual(pareto_sampled.features_of(self.folder, Family())['logits'].tolist(),
+                     first['logits'].tolist())
+    self.assertEqual(calls, [4])  # the second call read the cache
+    self.write_set(8, 8)  # the set extended: the cache was of its first 4 images
+    self.assertEqual(pareto_sampled.features_of(self.folder, Family())['logits'].shape, (8, 1))
+    self.assertEqual(calls, [4, 8])
 
 
 if __name__ == '__main__':

@@ -210,6 +210,23 @@ class SampleJobTest(absltest.TestCase):
     self.assertEqual(stored['fingerprint']['num_images'], NUM_IMAGES)
     self.assertEqual(stored['extended'], [[f'num_images: 6 -> {NUM_IMAGES}']])
 
+  def test_an_extension_stopped_part_way_shows_no_finished_set(self):
+    """The 6-image set's samples, metrics and summary stayed beside a config.json
+    naming 12 images, and a reader (bench/pareto_sampled.py) took them for the set."""
+    out_dir = os.path.join(_TMP.name, 'extension_stopped')
+    run_job(out_dir, 1, '--config.num_images=6')
+    merged = [pathlib.Path(out_dir, name) for name in (
+        sample_output.SUMMARY, sample_output.SAMPLES, sample_output.METRICS)]
+    self.assertTrue(all(path.exists() for path in merged))
+    logs = run_job(out_dir, 1, '--config.stop_after_chunks=1')  # extends to NUM_IMAGES
+    self.assertIn('removed the merged set of an earlier run', logs[0])
+    self.assertFalse(any(path.exists() for path in merged))
+    run_job(out_dir, 1)
+    self.assert_same_set(out_dir)
+    logs = run_job(out_dir, 1)  # a finished set is kept as it is
+    self.assertNotIn('removed the merged set', logs[0])
+    self.assert_same_set(out_dir)
+
   def test_a_step_that_fails_on_process_0_stops_every_process_at_once(self):
     """Process 0's merge fails: process 1 leaves with a message at once, instead of
     waiting at the next barrier until the runtime's heartbeat aborts the job (about

@@ -247,9 +247,7 @@ def prepare_folder(config, fingerprint_: dict, older_model: dict | None = None) 
   ranges = chunk_ranges(config)
 
   def committed_chunks() -> np.ndarray:
-    removed = sample_output.remove_temporaries(out_dir)
-    if removed:
-      logging.info('removed %d temporary files of an interrupted run', removed)
+    sample_output.remove_temporaries(out_dir)
     if not restart:
       sample_output.write_json(os.path.join(out_dir, sample_output.CONFIG), dict(
           fingerprint=fingerprint_, config=config.to_dict(), jax_version=jax.__version__))
@@ -265,6 +263,8 @@ def prepare_folder(config, fingerprint_: dict, older_model: dict | None = None) 
         pngs += sample_output.repair_pngs(out_dir, chunk)
     if pngs:
       logging.info('wrote %d missing or damaged PNGs of committed chunks', pngs)
+    if not done.all():  # an earlier set's merged files are stale until this run merges
+      sample_output.remove_merged(out_dir)
     return done
 
   done = sample_processes.agreed('check the committed chunks', committed_chunks,

@@ -64,7 +64,24 @@ def remove_temporaries(out_dir) -> int:
     for path in folder.glob(f'*{files.TEMP_SUFFIX}') if folder.is_dir() else ():
       path.unlink(missing_ok=True)
       removed += 1
+  if removed:
+    logging.info('removed %d temporary files of an interrupted run', removed)
   return removed
+
+
+def remove_merged(out_dir) -> bool:
+  """Deletes the merged set (summary.json first, samples.npz, metrics.jsonl) an earlier
+  run wrote; returns whether there was one. The sampler does so while chunks are still
+  to do, so a folder never shows a finished set other than its config.json's (one
+  being extended, or stopped while it was): the merge writes them again."""
+  found = [path for path in (pathlib.Path(out_dir) / name for name in (SUMMARY, SAMPLES, METRICS))
+           if path.exists()]
+  for path in found:
+    path.unlink()
+  if found:
+    logging.info('removed the merged set of an earlier run: it is written again once every '
+                 'chunk is done')
+  return bool(found)
 
 
 def holds_images(out_dir) -> bool:
