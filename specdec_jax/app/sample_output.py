@@ -75,7 +75,7 @@ def remove_merged(out_dir) -> bool:
   to do, so a folder never shows a finished set other than its config.json's (one
   being extended, or stopped while it was): the merge writes them again."""
   found = [path for path in (pathlib.Path(out_dir) / name for name in (SUMMARY, SAMPLES, METRICS))
-           if path.exists()]
+           if path.is_file()]  # not a folder of that name: the merge stops on it
   for path in found:
     path.unlink()
   if found:
