@@ -87,6 +87,27 @@ class LockFolderTest(absltest.TestCase):
       signal.signal(signal.SIGTERM, previous)
       sample_processes._STOPPED_BY.clear()  # pylint: disable=protected-access
 
+  def test_an_error_a_sigterm_caused_still_exits_143(self):
+    """SIGTERM during the lazy import of tensorstore: the extension turned the
+    handler's SystemExit into `ImportError: initialization failed`, exit 1 (seen in CI)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+      with self.assertRaises(SystemExit) as stopped:
+        with sample_processes.exits_on_sigterm():
+          try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler raises here ...
+          except SystemExit:
+            raise ImportError('initialization failed') from None  # ... as the import did
+      self.assertEqual(stopped.exception.code, 128 + signal.SIGTERM)
+      with self.assertRaisesRegex(ValueError, 'a bug'):  # without a SIGTERM: the error
+        sample_processes._STOPPED_BY.clear()  # pylint: disable=protected-access
+        with sample_processes.exits_on_sigterm():
+          raise ValueError('a bug')
+    finally:
+      signal.signal(signal.SIGTERM, previous)
+      sample_processes._STOPPED_BY.clear()  # pylint: disable=protected-access
+
   def test_a_job_stopped_by_sigterm_releases_its_lock(self):
     """scancel, preemption and `timeout` send SIGTERM: the lock went with the
     process before, and refused a requeued job on another host."""

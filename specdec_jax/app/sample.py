@@ -384,15 +384,15 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
-  sample_processes.exit_on_sigterm()  # a stopped job releases its folder's lock
-  config, values = flags.FLAGS.config, flags.FLAGS
-  check_config(config)  # before the coordinator waits for the other processes
-  if config.xla_cpu_single_thread and not generate.use_single_thread_xla():
-    logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
-  compile_cache.enable(config.compilation_cache)
-  sample_processes.initialize_distributed(values.distributed, values.coordinator_address,
-                                          values.num_processes, values.process_id)
-  run(config)
+  with sample_processes.exits_on_sigterm():  # a stopped job releases its folder's lock
+    config, values = flags.FLAGS.config, flags.FLAGS
+    check_config(config)  # before the coordinator waits for the other processes
+    if config.xla_cpu_single_thread and not generate.use_single_thread_xla():
+      logging.warning('JAX already started; xla_cpu_single_thread has no effect.')
+    compile_cache.enable(config.compilation_cache)
+    sample_processes.initialize_distributed(values.distributed, values.coordinator_address,
+                                            values.num_processes, values.process_id)
+    run(config)
 
 
 if __name__ == '__main__':

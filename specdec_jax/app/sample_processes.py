@@ -14,6 +14,7 @@ different settings (each would decode its own chunks under its own).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -145,6 +146,19 @@ def exit_on_sigterm() -> None:
     raise SystemExit(128 + signum)
 
   signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def exits_on_sigterm():
+  """`exit_on_sigterm` for the block; an error SIGTERM's SystemExit turned into (raised
+  inside a C extension's import, it became `ImportError: initialization failed` and
+  exit 1) also ends the job with SystemExit(128 + signal)."""
+  exit_on_sigterm()
+  try:
+    yield
+  except Exception:
+    exit_if_stopped()
+    raise
 
 
 def exit_if_stopped() -> None:
