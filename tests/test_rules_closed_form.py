@@ -285,6 +285,28 @@ class ClosedFormTest(parameterized.TestCase):
     self.assertGreater(float(verify.excess_acceptance(
         rules.ContentAware(lam=0.2, tv_threshold=1.0), draft, target)), 0.0)
 
+  def test_lossless_on_point_masses_of_rules_that_accept_less_than_lossless(self):
+    """Below lossless acceptance the wrapped rule's residual differs from the lossless
+    one at the point mass's own token: the wrapper must use Norm([t - d]_+) there."""
+    target, point = jnp.asarray([0.4, 0.6], jnp.float32), jax.nn.one_hot(0, 2)
+    for rule in (rules.UniformRelaxed(omega=0.5), rules.CoolSD(delta=0.5, floor_at_one=False)):
+      guarded = rules.jacobi_rule(rule.for_window(3), relax_fresh_drafts=False)
+      np.testing.assert_allclose(guarded.residual(point, target, 1), [0.0, 1.0], atol=1e-7)
+      np.testing.assert_allclose(verify.output_law(guarded, point, target, 1), target, atol=ATOL)
+      # Its own residual, for its own acceptance (below 0.4), keeps mass on token 0.
+      self.assertGreater(float(rule.for_window(3).residual(point, target, 1)[0]), 0.05)
+
+  def test_content_aware_normalises_the_entropy_by_the_support(self):
+    """'normalized' divides H by log K_eff, K_eff the tokens with nonzero mass (a
+    top-k target has zeros); Dirichlet targets, whose K_eff is V, could not tell."""
+    target = jnp.asarray([0.5, 0.5, 0.0, 0.0], jnp.float32)
+    draft = jnp.asarray([0.4, 0.6, 0.0, 0.0], jnp.float32)
+    for transform, expected in (('normalized', 0.2), ('one_minus_normalized', 0.0)):
+      rule = rules.ContentAware(lam=0.2, transform=transform)
+      self.assertAlmostEqual(float(rule.relaxation(draft, target)), expected, places=6)
+    accept = rules.ContentAware(lam=0.2, transform='normalized').accept_prob(draft, target)
+    np.testing.assert_allclose(accept[:2], [1.0, 1.0], atol=1e-7)  # 0.5/0.6 + 0.2 >= 1
+
   @parameterized.parameters('uniform', 'coolsd', 'lantern', 'lanternpp')
   def test_lossless_on_point_masses(self, name):
     """The Jacobi modes' wrapper (`rules.jacobi_rule`): a point-mass draft (a fresh
