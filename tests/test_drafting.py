@@ -45,6 +45,23 @@ class JacobiTest(absltest.TestCase):
     np.testing.assert_array_equal(np.asarray(drafts), [[2, 2, 2]])
     np.testing.assert_allclose(np.asarray(probs[0]), np.eye(VOCAB)[[2, 2, 2]])
 
+  def test_fresh_drafts_read_their_own_uniforms(self):
+    """Fresh drafts come from uniforms[:, W:2W-1] alone: reusing the draws' uniforms
+    made the last fresh draft equal the carried draft that shared its number."""
+    window, vocab = 4, 10
+    target_probs = jnp.full((2, window, vocab), 1.0 / vocab)
+    uniforms = _uniforms(5, 2, 2 * window - 1)
+    accepted, next_token = jnp.array([2, 0]), jnp.array([1, 1])
+    next_window = jax.jit(jacobi_drafts.jacobi_next, static_argnums=(4,))
+    drafts, _ = next_window(uniforms, target_probs, accepted, next_token, 'random')
+    fresh = np.arange(window - 1)[None, :] >= window - 1 - np.asarray(accepted)[:, None]
+    moved = uniforms.at[:, :window].set(_uniforms(6, 2, window))  # other draw numbers
+    again, _ = next_window(moved, target_probs, accepted, next_token, 'random')
+    np.testing.assert_array_equal(np.asarray(again)[fresh], np.asarray(drafts)[fresh])
+    expected, _ = jacobi_drafts.jacobi_fresh(uniforms[:, window:], window - 1, vocab, 'random',
+                                             next_token)
+    np.testing.assert_array_equal(np.asarray(drafts)[fresh], np.asarray(expected)[fresh])
+
   def test_random_init_is_one_hot_and_in_vocab(self):
     fresh = jax.jit(jacobi_drafts.jacobi_fresh, static_argnums=(1, 2, 3))
     tokens, probs = fresh(_uniforms(1, 64, 5), 5, VOCAB, 'random', jnp.zeros((64,), jnp.int32))
