@@ -120,7 +120,8 @@ def check_reusable(folder: str, settings: dict) -> bool:
   held = recorded_value(recorded, 'num_images')
   # A set stopped while being extended (by a sampler from before it removed the
   # merged files then) holds fewer merged images than its config.json names.
-  grows = isinstance(held, int) and (held < settings['num_images'] or merged != held)
+  asked = settings['num_images']
+  grows = isinstance(held, int) and (held < asked or (held == asked and merged != held))
   changed = [f'{name}: {recorded_value(recorded, name)!r} (folder) -> {value!r} (this sweep)'
              for name, value in settings.items()
              if recorded_value(recorded, name) != value and not (grows and name == 'num_images')]

@@ -202,7 +202,7 @@ class EntryPointErrorsTest(parameterized.TestCase):
         stage = os.path.join(out, 'target')
         result = run_entry_point('specdec_jax.app.train.gpt', f'--workdir={stage}',
                                  f'--config.tokens_path={out}/absent.npz')
-        self.assert_refused(result, f'--workdir={stage} lies inside {out}: {out} is in use by '
+        self.assert_refused(result, f'--workdir={stage} lies in {out}: {out} is in use by '
                             f'another job: {family_lock.path} is held by pid {os.getpid()}')
         self.assertFalse(os.path.exists(stage))
       stage = os.path.join(out, 'tokenizer')

@@ -9,7 +9,7 @@ callee, and it passes no more positional arguments than the callee takes (a
 `...` argument stands for the rest). A block without imports reads the names
 of the block before it in the same document (README's sharding line), or the
 usual ones (`IMPLICIT`); a block with imports imports every library module it
-uses. Negative controls: a misspelt keyword, attribute or import, and a missing
+uses (of those IMPLICIT holds). Negative controls: a misspelt keyword, attribute or import, and a missing
 import, in a real block are reported.
 
 The command lines of the ```bash blocks are checked the same way: a
@@ -115,9 +115,10 @@ def problems(source: str, namespace: dict) -> list[str]:
   tree = ast.parse(source)
   imported, found = _imports(tree)
   if imported:  # a block with imports is copied whole: it imports the modules it uses
-    used = {node.id for node in ast.walk(tree)
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-    found += [f'uses {name} without importing it' for name in sorted(used - set(imported))
+    names = [node for node in ast.walk(tree) if isinstance(node, ast.Name)]
+    used = {node.id for node in names if isinstance(node.ctx, ast.Load)}
+    bound = {node.id for node in names if isinstance(node.ctx, ast.Store)}
+    found += [f'uses {name} without importing it' for name in sorted(used - bound - set(imported))
               if name in LIBRARY_MODULES]
   namespace = dict(namespace, **imported)
   for statement in tree.body:  # `sampling = logits.Sampling(...)`: sampling.probs is checked

@@ -79,6 +79,9 @@ class ReusedSetsTest(absltest.TestCase):
     # the merged files are the 4-image set's (they were measured as the 8-image point).
     self.write_set(8, 4)
     self.assertFalse(pareto_sampled.check_reusable(self.folder, self.settings))
+    self.write_set(16, 8)  # a larger set, stopped part-way: not this point's
+    with self.assertRaisesRegex(ValueError, r'num_images: 16 \(folder\) -> 8 \(this sweep\)'):
+      pareto_sampled.check_reusable(self.folder, self.settings)
 
   def test_cached_features_are_those_of_the_images_held_now(self):
     calls = []

@@ -195,6 +195,27 @@ class SampleJobTest(absltest.TestCase):
         os.path.join(REFERENCE, sample_output.SAMPLES)) as reference:
       np.testing.assert_array_equal(samples['arr_0'][:NUM_IMAGES], reference['arr_0'])
 
+  def test_sigterm_stops_a_one_process_distributed_job(self):
+    """jax.distributed with one process starts the preemption service too: SIGTERM
+    did not stop such a job."""
+    out_dir = os.path.join(_TMP.name, 'sigterm_one')
+    job = subprocess.Popen(job_command(
+        out_dir, f'--config.num_images={8 * NUM_IMAGES}', '--distributed=true', '--process_id=0',
+        f'--coordinator_address=127.0.0.1:{free_port()}', '--num_processes=1'), cwd=REPO,
+        env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+      first = pathlib.Path(out_dir, 'chunks', 'chunk_00000.json')
+      deadline = time.monotonic() + 240
+      while not first.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+      job.send_signal(signal.SIGTERM)
+      log = job.communicate(timeout=240)[0]
+    finally:
+      job.kill()
+    self.assertEqual(job.returncode, 128 + signal.SIGTERM, log[-2000:])
+    self.assertIn('a process received SIGTERM', log)
+    self.assertFalse(os.path.exists(os.path.join(out_dir, 'job.lock')))
+
   def test_a_finished_set_extended_to_more_images_keeps_its_chunks(self):
     out_dir = os.path.join(_TMP.name, 'extended')
     run_job(out_dir, 1, '--config.num_images=6')  # chunks 0..3 and 4..5

@@ -93,7 +93,7 @@ class LockFolderTest(absltest.TestCase):
     previous = signal.getsignal(signal.SIGTERM)
     try:
       with self.assertRaises(SystemExit) as stopped:
-        with sample_processes.exits_on_sigterm():
+        with sample_processes.sigterm_stops_the_job():
           try:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1)  # the handler raises here ...
@@ -102,7 +102,7 @@ class LockFolderTest(absltest.TestCase):
       self.assertEqual(stopped.exception.code, 128 + signal.SIGTERM)
       with self.assertRaisesRegex(ValueError, 'a bug'):  # without a SIGTERM: the error
         sample_processes._STOPPED_BY.clear()  # pylint: disable=protected-access
-        with sample_processes.exits_on_sigterm():
+        with sample_processes.sigterm_stops_the_job():
           raise ValueError('a bug')
     finally:
       signal.signal(signal.SIGTERM, previous)

@@ -384,7 +384,7 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
-  with sample_processes.exits_on_sigterm():  # a stopped job releases its folder's lock
+  with sample_processes.sigterm_stops_the_job():  # a stopped job releases its folder's lock
     config, values = flags.FLAGS.config, flags.FLAGS
     check_config(config)  # before the coordinator waits for the other processes
     if config.xla_cpu_single_thread and not generate.use_single_thread_xla():

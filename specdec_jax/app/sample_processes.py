@@ -149,7 +149,7 @@ def exit_on_sigterm() -> None:
 
 
 @contextlib.contextmanager
-def exits_on_sigterm():
+def sigterm_stops_the_job():
   """`exit_on_sigterm` for the block; an error SIGTERM's SystemExit turned into (raised
   inside a C extension's import, it became `ImportError: initialization failed` and
   exit 1) also ends the job with SystemExit(128 + signal)."""
@@ -169,23 +169,20 @@ def exit_if_stopped() -> None:
 
 
 def stop_if_preempted(round_index: int) -> None:
-  """In a multi-process job, raises SystemExit(143) on every process once one got
-  SIGTERM, at the end of the same round (call it after each round, numbered from 0).
+  """Once a process of a `jax.distributed` job got SIGTERM, raises SystemExit(143) on
+  every process after the same round (call it after each round, numbered from 0).
 
-  jax.distributed.initialize starts JAX's preemption service, whose SIGTERM handler
-  replaces `exit_on_sigterm`'s: it tells every process, and
-  `multihost_utils.reached_preemption_sync_point` picks one round at which all stop
-  together (a process stopping alone would leave the others waiting in a
-  collective). A single process stops at once (`exit_on_sigterm`); with the service
-  off (`jax_enable_preemption_service`) so does each process of a job.
+  jax.distributed.initialize starts JAX's preemption service (one process or many),
+  whose SIGTERM handler replaces `exit_on_sigterm`'s: it tells every process, and
+  `multihost_utils.reached_preemption_sync_point` names a round boundary (the next
+  one after those any process has passed) at which all stop together; a process
+  stopping alone would leave the others waiting in a collective. A SIGTERM during
+  the last round lets the job finish. Without jax.distributed, or with the service
+  off (`jax_enable_preemption_service`), `exit_on_sigterm` stops the process at once.
   """
-  if jax.process_count() == 1:
+  if not (jax.distributed.is_initialized() and jax.config.jax_enable_preemption_service):
     return
-  try:
-    stop = multihost_utils.reached_preemption_sync_point(round_index)
-  except RuntimeError:  # the preemption service is off: exit_on_sigterm's handler runs
-    return
-  if stop:
+  if multihost_utils.reached_preemption_sync_point(round_index):
     logging.warning('stopping after round %d: a process received SIGTERM (scancel, '
                     'preemption or `timeout`); rerun to finish.', round_index + 1)
     raise SystemExit(128 + signal.SIGTERM)

@@ -69,17 +69,18 @@ def check_workdir(workdir: str) -> None:
 @contextlib.contextmanager
 def locked_workdir(workdir: str):
   """Holds `workdir`'s lock (files.FolderLock; FolderLockedError, naming the holder,
-  if another job holds it or a folder above it) until the block ends; then removes the
+  if another job holds it or the folder above it) until the block ends; then removes the
   folders that taking it created if nothing else was written in them (a refused run)."""
-  absolute = os.path.abspath(workdir)
-  for folder in pathlib.Path(absolute).parents:  # e.g. a family run, which locks only its
-    try:                                         # workdir, training this stage folder
-      files.FolderLock(folder, break_flag=None).refuse_if_held()
-    except files.FolderLockedError as error:
-      raise files.FolderLockedError(f'--workdir={workdir} lies inside {folder}: {error}') from None
-  created = files.missing_folders(absolute)
+  created = files.missing_folders(os.path.abspath(workdir))
   try:
     with files.FolderLock(workdir, break_flag=None) as lock:
+      # A family run locks its workdir, not its stage folders (its direct subfolders):
+      # checked after taking this lock, so a family starting meanwhile sees it.
+      parent = pathlib.Path(os.path.realpath(workdir)).parent
+      try:
+        files.FolderLock(parent, break_flag=None).refuse_if_held()
+      except files.FolderLockedError as error:
+        raise files.FolderLockedError(f'--workdir={workdir} lies in {parent}: {error}') from None
       yield lock
   finally:
     files.remove_empty(created)
