@@ -25,7 +25,8 @@ POINT = ('coolsd_2', 'coolsd', 2.0, 'coolsd', {'coolsd_delta': 2.0}, 0)
 
 def write_finished_set(folder: str, record: dict | None = None, **changes) -> None:
   """The files of a finished sampler folder that the sweep reads before reusing it:
-  config.json (the sampler's config with `changes`), metrics.jsonl, summary.json."""
+  config.json (the sampler's config with `changes`), metrics.jsonl, summary.json (the
+  images merged: config.json's num_images once the set is finished)."""
   config = sample_fashion.get_config()
   config.update(dict(method='coolsd', num_images=200, seed=0, out_dir=folder))
   config.hparams.update(dict(jacobi_window=pareto_sampled.JACOBI_WINDOW,
@@ -42,7 +43,8 @@ def write_finished_set(folder: str, record: dict | None = None, **changes) -> No
   record = record or dict(index=0, tokens_per_forward=3.9, verify_steps=50,
                           committed_tokens=195)
   (root / 'metrics.jsonl').write_text(json.dumps(record) + '\n')
-  (root / 'summary.json').write_text(json.dumps(dict(mean_tokens_per_forward=3.9)))
+  (root / 'summary.json').write_text(json.dumps(dict(num_images=config.num_images,
+                                                     mean_tokens_per_forward=3.9)))
 
 
 class ReuseTest(absltest.TestCase):
