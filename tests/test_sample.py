@@ -664,7 +664,7 @@ class SampleReviewFixesTest(absltest.TestCase):
     before = json.loads(pathlib.Path(out_dir, sample_output.SUMMARY).read_text())
     summary = sample.run(self.config(out_dir=out_dir, fast_compile=True))  # nothing to do
     after = json.loads(pathlib.Path(out_dir, sample_output.SUMMARY).read_text())
-    for field in sample.MEASURED:
+    for field in sample_output.MEASURED:
       self.assertEqual(after[field], before[field], field)
       self.assertEqual(summary[field], before[field], field)
     self.assertEqual(after['images_this_run'], NUM_IMAGES)

@@ -1,6 +1,6 @@
 """The sampler's restarts without a model or a decode (pinned by a mutation audit):
 what the folder's fingerprint holds, stop_after_chunks, write_png on a restart,
-and the summary of a rerun that decoded images."""
+and the summary of a rerun that decoded images or nothing."""
 
 import json
 import os
@@ -94,12 +94,23 @@ class SampleRestartsTest(absltest.TestCase):
     path = pathlib.Path(self.out, sample_output.SUMMARY)
     earlier = dict(images_this_run=9, images_per_s=1.0, wall_s=100.0, num_images=9)
     path.write_text(json.dumps(earlier))
-    redone = dict(images_this_run=3, images_per_s=5.0, wall_s=7.0, num_images=9)
-    sample.write_summary(self.out, dict(redone))
+    redone = dict(images_this_run=3, images_per_s=5.0, tokens_per_s=9.0, wall_s=7.0, num_images=9)
+    sample_output.write_summary(self.out, dict(redone))
     self.assertEqual(json.loads(path.read_text()), redone)
     nothing = dict(images_this_run=0, images_per_s=0.0, wall_s=1.0, num_images=9)
-    sample.write_summary(self.out, nothing)
+    sample_output.write_summary(self.out, nothing)
     self.assertEqual(json.loads(path.read_text()), redone)  # the measurements of the last decode
+
+  def test_a_run_that_decoded_nothing_and_found_no_summary_writes_null_rates(self):
+    """Runs that committed every chunk but stopped before merging leave no summary
+    (stop_after_chunks, SIGTERM at the last round): the merging rerun measured no
+    rate, so it writes null, not 0 images/s."""
+    summary = dict(images_this_run=0, images_per_s=0.0, tokens_per_s=0.0, wall_s=1.0)
+    sample_output.write_summary(self.out, summary)
+    written = json.loads(pathlib.Path(self.out, sample_output.SUMMARY).read_text())
+    self.assertIsNone(written['images_per_s'])
+    self.assertIsNone(written['tokens_per_s'])
+    self.assertEqual(written, summary)
 
 
 if __name__ == '__main__':

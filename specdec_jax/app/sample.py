@@ -341,32 +341,14 @@ def _run_locked(config, started: float) -> dict | None:
         global_batch=sampler.global_batch, config=config.to_dict(),
         code=sampler.fingerprint['code'],
         samples_sha256=files.sha256(os.path.join(config.out_dir, sample_output.SAMPLES)))
-    write_summary(config.out_dir, summary)
-    logging.info('wrote %s: %d images, %.2f images/s, %.2f tokens per target forward',
-                 config.out_dir, config.num_images, summary['images_per_s'],
-                 summary['mean_tokens_per_forward'])
+    sample_output.write_summary(config.out_dir, summary)
+    rate = summary['images_per_s']
+    logging.info('wrote %s: %d images, %s images/s, %.2f tokens per target forward',
+                 config.out_dir, config.num_images, 'unmeasured' if rate is None else
+                 f'{rate:.2f}', summary['mean_tokens_per_forward'])
     return summary
 
   return sample_processes.agreed('merge the chunks', merged, process_0_only=True)
-
-
-# The summary's fields measured by the run that decoded the images.
-MEASURED = ('images_this_run', 'images_per_s', 'tokens_per_s', 'wall_s', 'decode_loop_s',
-            'compile_s', 'processes', 'devices', 'global_batch')
-
-
-def write_summary(out_dir: str, summary: dict) -> None:
-  """Writes summary.json; a run that decoded nothing (a rerun of a finished set)
-  keeps the measurements of the run that did (updates `summary` in place)."""
-  path = os.path.join(out_dir, sample_output.SUMMARY)
-  if not summary['images_this_run'] and os.path.exists(path):
-    try:
-      with open(path) as f:
-        earlier = json.load(f)
-    except (OSError, ValueError):
-      earlier = {}
-    summary.update({k: earlier[k] for k in MEASURED if k in earlier})
-  sample_output.write_json(path, summary)
 
 
 def define_flags() -> None:

@@ -280,3 +280,23 @@ def merge(out_dir, chunk_ranges: list[range]) -> list[dict]:
             dict(arr_0=((total,) + first.shape[1:], first.dtype, pieces())))
   files.write_atomic(pathlib.Path(out_dir) / METRICS, files.json_lines(records))
   return records
+
+
+# The summary's fields measured by the run that decoded the images.
+MEASURED = ('images_this_run', 'images_per_s', 'tokens_per_s', 'wall_s', 'decode_loop_s',
+            'compile_s', 'processes', 'devices', 'global_batch')
+
+
+def write_summary(out_dir: str, summary: dict) -> None:
+  """Writes summary.json (updates `summary` in place). A run that decoded nothing keeps
+  the measurements of the summary there; without one (runs stopped before merging) null rates."""
+  path = pathlib.Path(out_dir, SUMMARY)
+  if not summary['images_this_run']:  # no rate (null) unless an earlier summary has one
+    summary.update(images_per_s=None, tokens_per_s=None)
+    try:
+      with open(path) as f:
+        earlier = json.load(f)
+    except (OSError, ValueError):
+      earlier = {}
+    summary.update({k: earlier[k] for k in MEASURED if k in earlier})
+  write_json(path, summary)
