@@ -136,6 +136,24 @@ class EntryPointErrorsTest(parameterized.TestCase):
     self.assertEqual(result.returncode, cli.EXIT_INTERRUPTED, result.stderr[-2000:])
     self.assertEqual(result.stderr.strip(), 'interrupted (Ctrl-C)')
 
+  def test_ctrl_c_does_not_wait_for_a_busy_thread(self):
+    """A thread still in a call no signal stops (a compiled XLA call in the main
+    command's thread pool) would hold sys.exit until it returns; the interrupted
+    command exits at once, with status 130 and its log flushed."""
+    script = ('import threading; from absl import flags, logging; from specdec_jax.app import cli\n'
+              'def main(argv):\n'
+              '  threading.Thread(target=threading.Event().wait).start()  # never returns\n'
+              '  logging.info("decoding")\n'
+              '  raise KeyboardInterrupt\n'
+              'cli.run_command(main, lambda: flags.DEFINE_string("config", None, ""), '
+              f'{os.path.join(REPO, "configs", "generate.py")!r})')
+    result = subprocess.run([sys.executable, '-c', script, '--alsologtostderr'], cwd=REPO,
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, JAX_PLATFORMS='cpu'))
+    self.assertEqual(result.returncode, cli.EXIT_INTERRUPTED, result.stderr[-2000:])
+    self.assertIn('decoding', result.stderr)
+    self.assertTrue(result.stderr.endswith('interrupted (Ctrl-C)\n'), result.stderr[-2000:])
+
   def test_sampler(self):
     self.assert_refused_before_writing(
         'specdec_jax.sample', '--config.num_images=0', '--config.out_dir={out}',

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from unittest import mock
 
 from absl import logging as absl_logging
@@ -401,6 +402,28 @@ class GenerateTest(absltest.TestCase):
     with self.assertRaises(threading.BrokenBarrierError):
       generate.in_threads(lambda item: barrier.wait(timeout=0.2), [1, 2], 1)
     self.assertEqual(generate.in_threads(lambda item: item + 1, [4], 2), [5])
+
+  def test_a_ctrl_c_does_not_wait_for_the_calls_running_in_threads(self):
+    """A KeyboardInterrupt leaves in_threads while other items still run (as an XLA
+    call would, which no signal stops), and the items queued behind them never run."""
+    release, started = threading.Event(), []
+    self.addCleanup(release.set)
+
+    def work(item):
+      started.append(item)
+      if item == 0:
+        time.sleep(0.2)  # item 1 is running by now
+        raise KeyboardInterrupt
+      release.wait(timeout=30)  # a call that would hold the interrupt back
+      return item
+
+    begun = time.monotonic()
+    with self.assertRaises(KeyboardInterrupt):
+      generate.in_threads(work, list(range(6)), 2)
+    self.assertLess(time.monotonic() - begun, 15)  # not the 30 s the running calls hold
+    release.set()
+    time.sleep(0.5)
+    self.assertContainsSubset(started, [0, 1, 2])  # 2: the thread freed by item 0 may start it
 
   def test_compiler_options_follow_the_config(self):
     config = generate_config.get_config()

@@ -20,10 +20,12 @@ import math
 import os
 import re
 import sys
+import threading
 from typing import Any, Callable
 
 from absl import app
 from absl import flags
+from absl import logging
 import ml_collections
 
 from specdec_jax.app import files
@@ -203,6 +205,18 @@ def help_exit_status(exit_: SystemExit) -> int:
   return 0 if exit_.code == 1 else exit_.code
 
 
+def exit_now_if_threads_are_busy(status: int) -> None:
+  """Ends the process at once (os._exit) while other threads still run, e.g. a
+  compiled XLA call started in a thread pool, which no signal stops and which
+  sys.exit would wait for; otherwise returns."""
+  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+         if t is not threading.main_thread()):
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # pylint: disable=protected-access
+
+
 def run_command(main: Callable, define_flags: Callable, default_config_file: str,
                 refusals: tuple = ()) -> None:
   """`app.run(main)` for an entry point with a `--config` flag.
@@ -228,6 +242,7 @@ def run_command(main: Callable, define_flags: Callable, default_config_file: str
       exit_with(error)
     except KeyboardInterrupt:
       print('interrupted (Ctrl-C)', file=sys.stderr, flush=True)
+      exit_now_if_threads_are_busy(EXIT_INTERRUPTED)
       sys.exit(EXIT_INTERRUPTED)
 
   def parse_and_list_fields(argv):

@@ -146,14 +146,16 @@ def quality_measures(family: family_lib.Family, labels: np.ndarray, tokens: np.n
 def in_threads(function, items, threads: int) -> list:
   """[function(item) for item in items], `threads` at a time (in order).
 
-  XLA compiles without the GIL, so one method's compilation overlaps another's
-  tracing and running (bench/parallel_compile.py: 1.11-1.21x faster on 2 cores
-  for six methods' batch-1 programs). Nothing timed runs this way.
-  """
+  XLA compiles without the GIL, so one method's compilation overlaps another's tracing
+  and running (bench/parallel_compile.py: 1.11-1.21x faster on 2 cores for six methods'
+  batch-1 programs). Nothing timed runs this way. A Ctrl-C: `cli.run_command`."""
   if threads <= 1 or len(items) <= 1:
     return [function(item) for item in items]
-  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+  pool = concurrent.futures.ThreadPoolExecutor(threads)
+  try:
     return list(pool.map(function, items))
+  finally:  # on a Ctrl-C, not waiting for the running calls (XLA's cannot be stopped)
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _timed_call(method: methods_lib.Method, family: family_lib.Family, label: int, sampling,
