@@ -69,9 +69,9 @@ def remove_temporaries(out_dir) -> int:
   return removed
 
 
-def remove_merged(out_dir) -> bool:
+def remove_merged(out_dir) -> None:
   """Deletes the merged set (summary.json first, samples.npz, metrics.jsonl) an earlier
-  run wrote; returns whether there was one. The sampler does so while chunks are still
+  run wrote, if any. The sampler does so while chunks are still
   to do, so a folder never shows a finished set other than its config.json's (one
   being extended, or stopped while it was): the merge writes them again."""
   found = [path for path in (pathlib.Path(out_dir) / name for name in (SUMMARY, SAMPLES, METRICS))
@@ -81,7 +81,6 @@ def remove_merged(out_dir) -> bool:
   if found:
     logging.info('removed the merged set of an earlier run: it is written again once every '
                  'chunk is done')
-  return bool(found)
 
 
 def holds_images(out_dir) -> bool:
