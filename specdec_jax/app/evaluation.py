@@ -70,6 +70,18 @@ def standard_error(values) -> float:
   return float(np.std(values, ddof=1) / np.sqrt(values.size))
 
 
+def paired_gap_standard_error(values, reference) -> float:
+  """Standard error of mean(values) - mean(reference) over images paired by index
+  (values, reference [N], N >= 2): image i of both sets has the same label, so the
+  s.e. of the mean of the N independent differences. It leaves out the spread
+  between classes, which the gap does not contain, and any shared randomness."""
+  values, reference = np.asarray(values, np.float64), np.asarray(reference, np.float64)
+  if values.shape != reference.shape:
+    raise ValueError(f'paired_gap_standard_error: the sets pair image by image; got shapes '
+                     f'{values.shape} and {reference.shape}.')
+  return standard_error(values - reference)
+
+
 def format_table(results: dict, classifier_accuracy: float) -> str:
   header = (f'{"method":14s} {"tokens/fwd":>10s} {"latency":>9s} {"speedup":>8s} '
             f'{"nll_gap":>8s} {"+-s.e.":>7s} {"fd target":>9s} {"fd data":>8s} '

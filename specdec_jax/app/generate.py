@@ -132,12 +132,12 @@ def quality_pass(method: methods_lib.Method, family: family_lib.Family, labels: 
 def quality_measures(family: family_lib.Family, labels: np.ndarray, tokens: np.ndarray,
                      sampling) -> tuple[np.ndarray, np.ndarray, dict]:
   """Decoded images uint8[N, H, W, 1], their classifier features [N, F] and their
-  measures: nll (guided target NLL per token) and nll_se (its standard error over
-  the N images), frechet (classifier features vs the test split), class_accuracy."""
+  measures: nll (guided target NLL per token), image_nlls [N] and nll_se (the mean's
+  standard error), frechet (classifier features vs the test split), class_accuracy."""
   images = family.decode(tokens)
   class_logits, features = family.classify(images)
   image_nlls = family.guided_image_nlls(labels, tokens, sampling)
-  return images, features, dict(nll=float(np.mean(image_nlls)),
+  return images, features, dict(nll=float(np.mean(image_nlls)), image_nlls=image_nlls,
                                 nll_se=evaluation.standard_error(image_nlls),
                                 frechet=family.frechet(features),
                                 class_accuracy=evaluation.class_accuracy(class_logits, labels))
@@ -305,9 +305,8 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
         nll=measures['nll'],
         nll_se=measures['nll_se'],
         nll_gap=measures['nll'] - reference['nll'],
-        # Independent samples: the standard error of the gap, from the per-image NLLs.
-        nll_gap_se=(0.0 if method is methods[0]
-                    else float(np.hypot(measures['nll_se'], reference['nll_se']))),
+        nll_gap_se=(0.0 if method is methods[0] else evaluation.paired_gap_standard_error(
+            measures['image_nlls'], reference['image_nlls'])),  # image i: one label in both
         frechet=measures['frechet'],
         frechet_to_target=to_target[method.name],
         class_accuracy=measures['class_accuracy'],
