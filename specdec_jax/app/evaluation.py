@@ -93,8 +93,8 @@ def format_table(results: dict, classifier_accuracy: float) -> str:
                  f'{row["nll_gap"]:+8.4f} {row["nll_gap_se"]:7.4f} '
                  f'{row["frechet_to_target"]:9.2f} {row["frechet"]:8.2f} '
                  f'{row["class_accuracy"]:9.2f}')
-  lines.append(f'(latency: one image, batch 1; nll_gap +- its standard error over the images; '
-               f'fd target: Frechet distance to vanilla\'s images (vanilla_seed1: the noise '
+  lines.append(f'(latency: one image, batch 1; nll_gap +- its standard error (images '
+               f'paired by index); fd target: Frechet distance to vanilla\'s images (vanilla_seed1: the noise '
                f'floor), fd data: to the test split; classifier test accuracy on real images: '
                f'{classifier_accuracy:.3f})')
   return '\n'.join(lines)
