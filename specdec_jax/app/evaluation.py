@@ -94,7 +94,7 @@ def format_table(results: dict, classifier_accuracy: float) -> str:
                  f'{row["frechet_to_target"]:9.2f} {row["frechet"]:8.2f} '
                  f'{row["class_accuracy"]:9.2f}')
   lines.append(f'(latency: one image, batch 1; nll_gap +- its standard error (images '
-               f'paired by index); fd target: Frechet distance to vanilla\'s images (vanilla_seed1: the noise '
-               f'floor), fd data: to the test split; classifier test accuracy on real images: '
-               f'{classifier_accuracy:.3f})')
+               f'paired by index); fd target: Frechet distance to vanilla\'s images '
+               f'(vanilla_seed1: the noise floor), fd data: to the test split; classifier '
+               f'test accuracy on real images: {classifier_accuracy:.3f})')
   return '\n'.join(lines)
