@@ -16,6 +16,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from specdec_jax import decode
+from specdec_jax import dynamic_tree
 from specdec_jax import logits
 from specdec_jax import metrics
 from specdec_jax import rules
@@ -59,6 +60,22 @@ class NanDrafterTest(parameterized.TestCase):
     # (drafts are checked where they are made, for the images that verify them).
     np.testing.assert_array_equal(result.metrics.nonfinite_draft_steps,
                                   result.metrics.verify_steps)
+
+  def test_eagle2_reports_a_nan_drafter(self):
+    """EAGLE-2's tree ranks candidates by log q: a NaN q stays NaN there
+    (dynamic_tree.log_probs) and is reported for every verify step. Its candidates are
+    point masses verified against the target alone, so they may still be accepted."""
+    self.assertTrue(np.isnan(dynamic_tree.log_probs(jnp.array([jnp.nan, 0.5, 0.0]))[0]))
+    target_params, _, eagle_params = _params()
+    with self.assertWarnsRegex(RuntimeWarning, 'draft probabilities held NaN or inf for 64 '
+                                               'image'):
+      result = decode.generate(
+          TARGET, target_params, jnp.zeros((64,), jnp.int32), num_tokens=NUM_TOKENS,
+          key=jax.random.key(0), mode=decode.DynamicTreeDraft(5, 2, 2), rule=rules.Lossless(),
+          draft=EAGLE, draft_params=_nan(eagle_params), compiler_options=FAST)
+    np.testing.assert_array_equal(result.metrics.nonfinite_draft_steps,
+                                  result.metrics.verify_steps)
+    np.testing.assert_array_equal(result.metrics.nonfinite_target_steps, 0)
 
   def test_tokens_keep_the_target_law(self):
     """Every draft rejected, every residual the target: plain sampling's law."""

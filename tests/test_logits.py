@@ -21,6 +21,15 @@ class ProcessLogitsTest(parameterized.TestCase):
     np.testing.assert_allclose(logits.process_logits(x, temperature=0.5),
                                jax.nn.softmax(x / 0.5), rtol=1e-6)
 
+  def test_default_top_p_filters_nothing(self):
+    """top_p=1 (the default) is no nucleus at all, not one at p = 1: in float32 the
+    sorted cumulative mass reaches 1 before the last token in 76 of these 256 rows,
+    and a nucleus at p = 1 would drop the tokens after it (the negative control)."""
+    x = jax.random.normal(jax.random.key(0), (256, 1024)) * 4.0
+    np.testing.assert_array_equal(logits.process_logits(x), jax.nn.softmax(x))
+    at_one = jax.nn.softmax(logits.filter_logits(x, top_k=0, top_p=1.0, nucleus=True))
+    self.assertGreater(int(jnp.sum(jnp.any(at_one != jax.nn.softmax(x), axis=-1))), 0)
+
   def test_top_k_keeps_ties_and_renormalises(self):
     x = jnp.array([1.0, 3.0, 2.0, 2.0, 0.0])
     probs = logits.process_logits(x, top_k=2)

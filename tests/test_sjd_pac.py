@@ -504,6 +504,25 @@ class SjdPacAdvanceTest(absltest.TestCase):
                             jnp.broadcast_to(q_old, (batch, mode.slots, vocab)))
     np.testing.assert_allclose(new.sibling_probs[:, 0], [[.75, .25, 0, 0, 0, 0]] * batch,
                                atol=1e-6)
+    # Two of the four accepted: the new first draft had no old draft (it was beyond the
+    # window), so its siblings come from p itself, not from a residual against the
+    # law of some other position's old draft.
+    new = self._pac_advance(mode, jnp.broadcast_to(p, (batch, nodes, vocab)), path,
+                            jnp.full((batch,), 2, jnp.int32),
+                            jnp.zeros((batch, nodes - 1), jnp.int32),
+                            jnp.broadcast_to(q_old, (batch, mode.slots, vocab)))
+    np.testing.assert_allclose(new.sibling_probs[:, 0], jnp.broadcast_to(p, (batch, vocab)),
+                               atol=1e-6)
+
+  def test_siblings_fall_back_to_the_main_law_where_the_residual_has_no_other_token(self):
+    """draw_level: a residual whose only mass is the main draft leaves no sibling to
+    draw, so the K - 1 siblings come from the main draft's law (distinct tokens)."""
+    main_law = jnp.array([.5, .3, .2, 0.])
+    residual = jnp.array([1., 0., 0., 0.])  # Norm([p - q_old]_+) = one-hot(main draft 0)
+    uniforms = jax.random.uniform(jax.random.key(0), (2,))
+    candidates, law = mode_pac.draw_level(uniforms, jnp.array(0, jnp.int32), main_law, residual)
+    np.testing.assert_allclose(law, main_law)
+    self.assertEqual(sorted(np.asarray(candidates).tolist()), [0, 1, 2])
 
 
 if __name__ == '__main__':

@@ -101,6 +101,9 @@ class TreeMonteCarloTest(parameterized.TestCase):
     self.assertTrue(tree.ancestor_mask[3, 1] and tree.ancestor_mask[3, 0])
     self.assertFalse(tree.ancestor_mask[3, 2])
     self.assertEqual(tree.children_per_depth, (2, 1))
+    # The most children of any node at a depth, not those of the last path listed.
+    self.assertEqual(verify.StaticTree.from_paths(
+        ((0,), (1,), (0, 0), (0, 1), (1, 0))).children_per_depth, (2, 2))
     with self.assertRaisesRegex(ValueError, 'parent'):
       verify.StaticTree.from_paths([(0, 0)])
     with self.assertRaisesRegex(ValueError, 'skips sibling'):
