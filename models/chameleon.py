@@ -267,8 +267,10 @@ class ChameleonModel:
     """Checks a concrete prompt's ids and padding too (`specdec_jax.checks`)."""
     check_prompt(cond.tokens, cond.mask, vocab_size=self.vocab_size, what='generate: cond')
 
-  def check_sampling(self, sampling) -> None:
-    """Warns when image tokens are sampled without Lumina-mGPT's image layout."""
+  def check_sampling(self, sampling, cond: ChameleonPrompt | None = None) -> None:
+    """Warns when image tokens are sampled without Lumina-mGPT's image layout; raises
+    when a concrete prompt's resolution header (its last three ids, as `build_prompt`
+    writes them) names another size than the layout's."""
     if not isinstance(sampling, lumina_layout.LuminaSampling):
       warnings.warn(
           f'generate: ChameleonModel sampled with a plain {type(sampling).__name__}: nothing '
@@ -276,6 +278,22 @@ class ChameleonModel:
           'each row), so they may not form an image. For Lumina-mGPT images pass '
           "lumina_layout.LuminaSampling.preset('lumina_mgpt', layout=...).", UserWarning,
           stacklevel=6)
+      return
+    if cond is None or isinstance(cond.tokens, jax.core.Tracer) or cond.tokens.shape[1] < 3:
+      return
+    last = np.asarray(cond.tokens)[:, -3:]
+    has_header = ((last[:, 0] == lumina_layout.IMAGE_START)
+                  & (last[:, 1:] > lumina_layout.GRID_TOKEN_BASE).all(axis=1))
+    rows = np.flatnonzero(has_header)
+    sizes = (last[rows, 1:] - lumina_layout.GRID_TOKEN_BASE) * lumina_layout.LATENT_PER_GRID
+    layout = sampling.layout
+    bad = (sizes != (layout.height, layout.width)).any(axis=1)  # [R]
+    if bad.any():
+      (h, w), wrong = sizes[bad][0], rows[bad].tolist()
+      raise ValueError(
+          f'generate: prompt row(s) {wrong[:8]} end in the resolution header of a {h} x {w} '
+          f'latent image, but LuminaSampling.layout is {layout.height} x {layout.width}; '
+          'build the prompt with chameleon.build_prompt(..., layout) for the layout sampled.')
 
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     c = self.config

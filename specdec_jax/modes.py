@@ -105,7 +105,7 @@ def validate(target, target_params, draft, mode, sampling, rule, cond, draft_con
   mode.check(target=target, draft=draft, draft_params=draft_params,
              cond=cond if draft_cond is None else draft_cond, num_tokens=num_tokens)
   if hasattr(target, 'check_sampling'):  # e.g. Lumina-mGPT without its image layout
-    target.check_sampling(sampling)
+    target.check_sampling(sampling, cond)
   # Values last: the checks above made sure the conditioning has the right structure.
   checks.check_values(target, draft, mode, cond, draft_cond, sampling.uses_cfg)
   checks.check_key(key, num_images)

@@ -68,8 +68,9 @@ class DecodeModel(Protocol):
   # Optional: `check_cond(cond)`, checks of a concrete condition's values (class
   # ids in range, left padding), and `max_image_tokens`, the most tokens one
   # decode may generate (LlamaGen: its grid); `specdec_jax.checks` calls them.
-  # Optional: `check_sampling(sampling)`, run when a call compiles (Chameleon
-  # warns without `lumina_layout.LuminaSampling`).
+  # Optional: `check_sampling(sampling, cond)`, run when a call compiles (Chameleon
+  # warns without `lumina_layout.LuminaSampling`, and refuses a prompt whose
+  # resolution header names another size than its layout).
 
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
     """An empty cache for B rows and S slots, in the model's compute dtype."""

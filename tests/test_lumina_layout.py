@@ -214,6 +214,30 @@ class VocabularyTableTest(absltest.TestCase):
 class FirstTokenTest(absltest.TestCase):
   """The token the prefill samples is masked as image position 0."""
 
+  def test_a_prompt_for_another_image_size_is_refused(self):
+    """The prompt's resolution header (build_prompt) and LuminaSampling.layout must
+    name one size: a 2 x 4 prompt sampled with a 4 x 2 layout would decode a 4 x 2
+    body that no 2 x 4 image reads. The same prompt with its own layout decodes."""
+    config = chameleon.ChameleonConfig(vocab_size=8832, hidden_size=32, num_layers=1,
+                                       num_heads=4, num_kv_heads=4, head_dim=8,
+                                       intermediate_size=48)
+    model = chameleon.ChameleonModel(config)
+    params = model.init_params(jax.random.key(0))
+    prompt = chameleon.build_prompt([[0, 9, 8710], [0, 8710]], ll.ImageLayout(2, 4))
+    for layout in (ll.ImageLayout(4, 2), ll.ImageLayout(2, 2), ll.ImageLayout(3, 1)):
+      with self.assertRaisesRegex(ValueError, r'row\(s\) \[0, 1, 2, 3\] end in the resolution '
+                                  r'header of a 2 x 4 latent image, but LuminaSampling.layout '
+                                  f'is {layout.height} x {layout.width}; build the prompt'):
+        decode.generate(model, params, prompt, num_tokens=layout.body_length,
+                        key=jax.random.key(3), sampling=ll.LuminaSampling(layout=layout),
+                        compiler_options=decode.FAST_COMPILE)
+    layout = ll.ImageLayout(2, 4)
+    result = decode.generate(model, params, prompt, num_tokens=layout.body_length,
+                             key=jax.random.key(3), sampling=ll.LuminaSampling(layout=layout),
+                             compiler_options=decode.FAST_COMPILE)
+    for body in np.asarray(result.tokens):
+      self.assertTrue(ll.is_valid_body(body, layout), body)
+
   def test_first_token_is_processed_as_image_position_0(self):
     # Width-1 Lumina layout: body = code, EOL, code, EOL, ..., so the token the
     # prefill samples must be masked for position 0 (a code), not position 1 (EOL).
@@ -224,7 +248,7 @@ class FirstTokenTest(absltest.TestCase):
     params = model.init_params(jax.random.key(0))
     layout = ll.ImageLayout(3, 1)
     # (An odd size has no resolution header; the mask reads only the layout and the index.)
-    prompt = chameleon.build_prompt([[0, 9, 8710]], ll.ImageLayout(2, 2), cfg=False)
+    prompt = chameleon.ChameleonPrompt(jnp.asarray([[0, 9, 8710]], jnp.int32))
     result = decode.generate(
         model, params, prompt, num_tokens=layout.body_length, key=jax.random.key(3),
         sampling=ll.LuminaSampling(layout=layout, top_k=2000),
