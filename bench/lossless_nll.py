@@ -4,14 +4,15 @@
 
 The main command's quality pass has 100 images, and the per-image NLL
 varies with s.d. about 0.5 nats per token, so its nll_gap has a standard error
-near 0.07: a gap of a few hundredths between two runs says nothing about
+near 0.05: a gap of a few hundredths between two runs says nothing about
 bias. This decodes --batches x 100 images (10 per class, a fresh key per
 batch) with vanilla, vanilla under another seed, lossless EAGLE and the
 lossless draft GPT (the main command's methods), computes each image's
 guided target NLL per token, and reports each method's mean with its
 standard error, and each gap to vanilla with its standard error (paired:
-image i has one label and batch key in every method) and z = gap / s.e. Exact methods give |z| below 2 about 95% of the time (and
-below 3 about 99.7%). Prints a table and writes JSON.
+image i has one label in every method) and z = gap / s.e. Exact methods
+give |z| below 2 about 95% of the time (and below 3 about 99.7%). Prints a
+table and writes JSON.
 """
 
 from __future__ import annotations

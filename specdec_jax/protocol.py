@@ -68,7 +68,7 @@ class DecodeModel(Protocol):
   # Optional: `check_cond(cond)`, checks of a concrete condition's values (class
   # ids in range, left padding), and `max_image_tokens`, the most tokens one
   # decode may generate (LlamaGen: its grid); `specdec_jax.checks` calls them.
-  # Optional: `check_sampling(sampling, cond)`, run when a call compiles (Chameleon
+  # Optional: `check_sampling(sampling, cond)`, run on every `generate` call (Chameleon
   # warns without `lumina_layout.LuminaSampling`, and refuses a prompt whose
   # resolution header names another size than its layout).
 

@@ -126,33 +126,44 @@ class EntryPointErrorsTest(parameterized.TestCase):
         self.assertNotIn('break_lock', result.stderr)         # break_lock setting
       self.assertFalse(lock.path.exists())
 
-  def test_ctrl_c_is_one_line_with_status_130(self):
-    script = ('import sys; from absl import flags; from specdec_jax.app import cli\n'
-              'def main(argv): raise KeyboardInterrupt\n'
+  def run_interrupted(self, main_body: str, *args: str) -> subprocess.CompletedProcess:
+    """Runs `cli.run_command` on a main whose body (lines, ending in a Ctrl-C) is given;
+    the script has threading, time, absl.logging and cli imported."""
+    script = ('import threading, time; from absl import flags, logging\n'
+              'from specdec_jax.app import cli\n'
+              f'def main(argv):\n{main_body}'
               'cli.run_command(main, lambda: flags.DEFINE_string("config", None, ""), '
               f'{os.path.join(REPO, "configs", "generate.py")!r})')
-    result = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True,
-                            text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+    result = subprocess.run([sys.executable, '-c', script, *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, JAX_PLATFORMS='cpu'))
     self.assertEqual(result.returncode, cli.EXIT_INTERRUPTED, result.stderr[-2000:])
+    return result
+
+  def test_ctrl_c_is_one_line_with_status_130(self):
+    result = self.run_interrupted('  raise KeyboardInterrupt\n')
     self.assertEqual(result.stderr.strip(), 'interrupted (Ctrl-C)')
 
   def test_ctrl_c_does_not_wait_for_a_busy_thread(self):
     """A thread still in a call no signal stops (a compiled XLA call in the main
     command's thread pool) would hold sys.exit until it returns; the interrupted
     command exits at once, with status 130 and its log flushed."""
-    script = ('import threading; from absl import flags, logging; from specdec_jax.app import cli\n'
-              'def main(argv):\n'
-              '  threading.Thread(target=threading.Event().wait).start()  # never returns\n'
-              '  logging.info("decoding")\n'
-              '  raise KeyboardInterrupt\n'
-              'cli.run_command(main, lambda: flags.DEFINE_string("config", None, ""), '
-              f'{os.path.join(REPO, "configs", "generate.py")!r})')
-    result = subprocess.run([sys.executable, '-c', script, '--alsologtostderr'], cwd=REPO,
-                            capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, JAX_PLATFORMS='cpu'))
-    self.assertEqual(result.returncode, cli.EXIT_INTERRUPTED, result.stderr[-2000:])
+    result = self.run_interrupted(
+        '  threading.Thread(target=threading.Event().wait,  # never returns\n'
+        '                   name=cli.DROPPED_ON_INTERRUPT + "_0").start()\n'
+        '  logging.info("decoding")\n'
+        '  raise KeyboardInterrupt\n', '--alsologtostderr')
     self.assertIn('decoding', result.stderr)
     self.assertTrue(result.stderr.endswith('interrupted (Ctrl-C)\n'), result.stderr[-2000:])
+
+  def test_ctrl_c_waits_for_other_threads(self):
+    """Threads the command does not drop (an Orbax checkpoint commit) are waited for
+    as sys.exit does: the interrupted command exits once that thread ends."""
+    result = self.run_interrupted(
+        '  def commit(): time.sleep(1); print("committed", flush=True)\n'
+        '  threading.Thread(target=commit).start()\n'
+        '  raise KeyboardInterrupt\n')
+    self.assertEqual(result.stdout, 'committed\n')
 
   def test_sampler(self):
     self.assert_refused_before_writing(

@@ -332,9 +332,10 @@ class GenerateTest(absltest.TestCase):
     gets images_per_class images of every class, sorted by class (the grids' rows);
     tokens_per_forward is the quality pass's, latency_tokens_per_forward the latency
     pass's; nll_gap = nll - vanilla's nll, nll_gap_se = the standard error of the
-    images' paired NLL differences (0 for vanilla); frechet is the method's own, frechet_to_target its distance
-    to vanilla's features (0 for vanilla); vanilla_latency_s is vanilla's latency in
-    every row; compile_s adds both passes' compile times."""
+    images' paired NLL differences (0 for vanilla); frechet is the method's own,
+    frechet_to_target its distance to vanilla's features (0 for vanilla);
+    vanilla_latency_s is vanilla's latency in every row; compile_s adds both passes'
+    compile times."""
     names = ('vanilla', 'vanilla_seed1', 'eagle')
     config = generate_config.get_config()
     config.update(dict(methods=names, images_per_class=4, latency_classes=(1,),
@@ -413,6 +414,8 @@ class GenerateTest(absltest.TestCase):
 
     def work(item):
       started.append(item)
+      # A Ctrl-C ends the process at once while these threads run (cli.run_command).
+      self.assertStartsWith(threading.current_thread().name, cli.DROPPED_ON_INTERRUPT)
       if item == 0:
         time.sleep(0.2)  # item 1 is running by now
         raise KeyboardInterrupt

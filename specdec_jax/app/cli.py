@@ -205,12 +205,17 @@ def help_exit_status(exit_: SystemExit) -> int:
   return 0 if exit_.code == 1 else exit_.code
 
 
+# Names of the threads whose work an interrupted command drops (`generate.in_threads`).
+DROPPED_ON_INTERRUPT = 'specdec-untimed'
+
+
 def exit_now_if_threads_are_busy(status: int) -> None:
-  """Ends the process at once (os._exit) while other threads still run, e.g. a
-  compiled XLA call started in a thread pool, which no signal stops and which
-  sys.exit would wait for; otherwise returns."""
-  if any(t.is_alive() and not t.daemon for t in threading.enumerate()
-         if t is not threading.main_thread()):
+  """Ends the process at once (os._exit) while a DROPPED_ON_INTERRUPT thread still
+  runs, e.g. a compiled XLA call, which no signal stops and which sys.exit would
+  wait for; otherwise returns (other threads, such as Orbax's checkpoint commits,
+  are waited for as before)."""
+  if any(t.is_alive() and t.name.startswith(DROPPED_ON_INTERRUPT)
+         for t in threading.enumerate()):
     logging.flush()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -151,10 +151,10 @@ def in_threads(function, items, threads: int) -> list:
   batch-1 programs). Nothing timed runs this way. A Ctrl-C: `cli.run_command`."""
   if threads <= 1 or len(items) <= 1:
     return [function(item) for item in items]
-  pool = concurrent.futures.ThreadPoolExecutor(threads)
+  pool = concurrent.futures.ThreadPoolExecutor(threads, cli.DROPPED_ON_INTERRUPT)
   try:
     return list(pool.map(function, items))
-  finally:  # on a Ctrl-C, not waiting for the running calls (XLA's cannot be stopped)
+  finally:  # after an error or a Ctrl-C, not waiting for the running calls (XLA's)
     pool.shutdown(wait=False, cancel_futures=True)
 
 
