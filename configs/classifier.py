@@ -1,4 +1,4 @@
-"""Evaluation classifier on Fashion-MNIST (32x32, official train/test split).
+"""Evaluation classifier on Fashion-MNIST (28x28, official train/test split: the family's images).
 
   python -m specdec_jax.app.train.classifier --config configs/classifier.py \
       --workdir runs/family/classifier

@@ -6,6 +6,8 @@ import json
 import os
 import tempfile
 import time
+import types
+from unittest import mock
 
 from absl.testing import absltest
 import ml_collections
@@ -16,9 +18,12 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.app import cli
+from specdec_jax.app import fashion_mnist
 from specdec_jax.app import run_record
 from specdec_jax.app import training
 from specdec_jax.app.train import classifier as train_classifier
+from specdec_jax.app.train import kmeans_tokenizer
+from specdec_jax.configs import classifier as classifier_config
 
 
 def synthetic_split(num, seed):
@@ -47,6 +52,26 @@ class ClassifierTrainingTest(absltest.TestCase):
       self.assertEqual(int(state.step), 40)
       history = json.load(open(os.path.join(workdir, 'classifier_history.json')))
       self.assertEqual([h['step'] for h in history], [10, 20, 30, 40])  # kept on resume
+
+
+  def test_command_trains_on_the_family_images(self):
+    """The standalone command trains on the images the family classifies, its
+    28x28x1 splits (it once padded them to 32x32: a classifier the family would
+    bundle as its finished stage, which its decoded images could not go through)."""
+    images, labels = np.zeros((6, 28, 28), np.uint8), np.arange(6, dtype=np.int32)
+    config, seen = classifier_config.get_config(), {}
+    with mock.patch.object(fashion_mnist, 'load', return_value=(images, labels)), \
+         mock.patch.object(fashion_mnist, 'hashes', return_value={}), \
+         mock.patch.object(train_classifier.flags, 'FLAGS',
+                           types.SimpleNamespace(config=config, workdir='unused')), \
+         mock.patch.object(train_classifier, 'train',
+                           lambda _, __, train, test: seen.update(train=train, test=test)):
+      train_classifier.main([])
+      family_train, family_test, _ = kmeans_tokenizer.load_splits(config)
+    self.assertEqual(seen['train'][0].shape, (6, 28, 28, 1))
+    for got, family_split in ((seen['train'], family_train), (seen['test'], family_test)):
+      np.testing.assert_array_equal(got[0], family_split[0])
+      np.testing.assert_array_equal(got[1], family_split[1])
 
 
 def _counting_step(state, batch, key, sleep_s=0.0):
@@ -247,6 +272,21 @@ class TimeBudgetTest(absltest.TestCase):
       resumed, _ = training.fit(step, fresh, batches, num_steps=10_000, workdir=workdir,
                                 key=jax.random.key(0), budget=budget)
       self.assertEqual(int(resumed.step), steps)  # the budget was already spent
+
+  def test_weight_decay_spares_norm_gains_and_biases(self):
+    """With zero gradients AdamW's only update is the decay: kernels shrink by
+    lr * wd, 1-D leaves (RMSNorm gains, biases) stay as they are (LlamaGen decays
+    only ndim >= 2; decaying the gains pulled a target's to 0.92 on average)."""
+    params = {'norm': {'weight': jnp.ones(4)}, 'dense': {'kernel': jnp.ones((4, 3)),
+                                                         'bias': jnp.ones(3)}}
+    optimizer = training.adamw(1.0, total_steps=10, weight_decay=0.05, clip_norm=None,
+                               time_budget=True)
+    state = training.set_learning_rate(training.init_state(params, optimizer), 1e-2)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    updates, _ = optimizer.update(zeros, state.opt_state, params)
+    np.testing.assert_array_equal(updates['norm']['weight'], 0.0)
+    np.testing.assert_array_equal(updates['dense']['bias'], 0.0)
+    np.testing.assert_allclose(updates['dense']['kernel'], -1e-2 * 0.05, rtol=1e-6)
 
   def test_step_schedule_is_kept(self):
     optimizer = training.adamw(1.0, total_steps=100, warmup_steps=10)

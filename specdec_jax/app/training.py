@@ -93,10 +93,16 @@ def time_budget_from(config) -> TimeBudget | None:
                     warmup_steps=config.get('warmup_steps', 0))
 
 
+def decays(params):
+  """Which leaves weight decay shrinks: matrices and kernels (ndim >= 2), not norm gains
+  or biases (LlamaGen's and GPT-2's recipe; decaying a norm's gain pulls it to 0)."""
+  return jax.tree_util.tree_map(lambda leaf: np.ndim(leaf) >= 2, params)
+
+
 def _adamw_chain(learning_rate, *, b1: float, b2: float, weight_decay: float,
                  clip_norm: float | None) -> optax.GradientTransformation:
   parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
-  parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
+  parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=decays))
   return optax.chain(*parts)
 
 
@@ -104,7 +110,8 @@ def adamw(learning_rate: float, *, total_steps: int, warmup_steps: int = 0,
           weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.95,
           clip_norm: float | None = 1.0,
           time_budget: bool = False) -> optax.GradientTransformation:
-  """AdamW, optionally clipping the global norm, with its rate an injected hyperparameter.
+  """AdamW, optionally clipping the global norm, with its rate an injected hyperparameter;
+  weight decay applies to leaves with ndim >= 2 only (`decays`).
 
   time_budget=False: linear warm-up and cosine decay over `total_steps`.
   time_budget=True: the rate starts at 0 and `fit` sets it every step from a

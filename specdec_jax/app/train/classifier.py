@@ -23,10 +23,10 @@ import numpy as np
 import optax
 
 from specdec_jax.app import evaluation
-from specdec_jax.app import fashion_mnist
 from specdec_jax.app import files
 from specdec_jax.app import training
 from specdec_jax.app.train import command
+from specdec_jax.app.train import kmeans_tokenizer
 from specdec_jax.configs import classifier as classifier_config
 from specdec_jax.converters import common
 from specdec_jax.models import classifier
@@ -62,7 +62,8 @@ def predict(model, params, images, batch_size=500):
 
 
 def train(config, workdir, train_data, test_data):
-  """Trains on (images uint8[N,32,32,1], labels) and evaluates on the test split."""
+  """Trains on (images uint8[N, H, W, 1], labels) and evaluates on the test split
+  (the family: H = W = 28)."""
   model = classifier.Classifier()
   key = jax.random.key(config.seed)
   params = model.init(key, train_data[0][:1])
@@ -95,12 +96,10 @@ def train(config, workdir, train_data, test_data):
 def main(argv):
   del argv
   config = flags.FLAGS.config
-  directory = config.data_dir or None
-  train_images, train_labels = fashion_mnist.load('train', directory)
-  test_images, test_labels = fashion_mnist.load('test', directory)
-  train(config, flags.FLAGS.workdir,
-        (fashion_mnist.pad_to_32(train_images), train_labels),
-        (fashion_mnist.pad_to_32(test_images), test_labels))
+  # The family's own splits (28x28x1, what its tokenizer reads and its decodes give):
+  # a classifier trained on other images cannot classify the family's.
+  train_data, test_data, _ = kmeans_tokenizer.load_splits(config)
+  train(config, flags.FLAGS.workdir, train_data, test_data)
 
 
 
