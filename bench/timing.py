@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -61,16 +60,7 @@ def flag_values() -> dict:
 
 
 def host() -> dict:
-  """The CPU the timings ran on: model name, vector extensions that matter to
-  XLA:CPU's kernels, and core count (Linux /proc/cpuinfo; empty fields elsewhere)."""
-  fields = {}
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        key, _, value = line.partition(':')
-        fields.setdefault(key.strip(), value.strip())
-  except OSError:
-    pass
-  flags = fields.get('flags', '').split()
-  return {'cpu': fields.get('model name', ''), 'cores': os.cpu_count(),
-          'avx512': 'avx512f' in flags, 'avx2': 'avx2' in flags}
+  """The CPU the timings ran on (specdec_jax.app.host.describe: model name, vector
+  extensions that pick XLA:CPU's kernels, core count)."""
+  from specdec_jax.app import host as host_lib  # pylint: disable=g-import-not-at-top
+  return host_lib.describe()

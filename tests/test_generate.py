@@ -26,6 +26,7 @@ from specdec_jax.app import config_checks
 from specdec_jax.app import demo
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import generate
+from specdec_jax.app import host
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.app import images as images_lib
 from specdec_jax.configs import generate as generate_config
@@ -114,6 +115,7 @@ class GenerateTest(absltest.TestCase):
       self.assertEqual(saved['methods']['vanilla']['frechet_to_target'], 0.0)
       self.assertGreater(saved['methods']['csd']['frechet_to_target'], 0.0)
       self.assertGreater(saved['latency_wall_s'], 0.0)
+      self.assertEqual(saved['host'], host.describe())  # the CPU the run drew its images on
       vanilla_latency = saved['methods']['vanilla']['latency_s']
       for row in saved['methods'].values():  # one shared vanilla reference
         self.assertEqual(row['vanilla_latency_s'], vanilla_latency)

@@ -28,6 +28,7 @@ from specdec_jax import decode
 from specdec_jax import logits
 from specdec_jax.app import cli
 from specdec_jax.app import family as family_lib
+from specdec_jax.app import host
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.app import sample
 from specdec_jax.app import sample_folder
@@ -135,6 +136,7 @@ class SampleJobTest(absltest.TestCase):
     self.assertEqual(summary['num_images'], NUM_IMAGES)
     self.assertEqual(summary['mean_tokens_per_forward'], 1.0)  # vanilla
     self.assertGreater(summary['images_per_s'], 0)
+    self.assertEqual(summary['host'], host.describe())  # written on this machine
     record = json.loads(pathlib.Path(REFERENCE, sample_output.METRICS).read_text().split('\n')[5])
     self.assertEqual((record['index'], record['label']), (5, 5))  # classes in turn
 

@@ -48,6 +48,7 @@ from specdec_jax.app import evaluation
 from specdec_jax.app import family as family_lib
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import files
+from specdec_jax.app import host as host_lib
 from specdec_jax.app import images as images_lib
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.configs import generate as default_config
@@ -328,13 +329,13 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
       sampling=config.sampling.to_dict(),
       num_images=len(labels), images_per_class=config.images_per_class,
       latency_classes=list(latency_classes), timing_repeats=config.timing_repeats,
-      latency_wall_s=latency_wall_s,
-      compile_threads=config.compile_threads,
+      latency_wall_s=latency_wall_s, compile_threads=config.compile_threads,
       evaluate_wall_s=time.perf_counter() - evaluate_started,
       compiler_options=options,
       tokens_per_image=family.num_tokens,
       classifier_test_accuracy=family.classifier_test_accuracy,
       backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
+      host=host_lib.describe(),
       bundle=family.manifest_summary())
   path = os.path.join(out_dir, 'results.json')
   files.write_atomic(path, files.json_text(output).encode())

@@ -41,6 +41,7 @@ from specdec_jax.app import compile_cache
 from specdec_jax.app import config_checks
 from specdec_jax.app import files
 from specdec_jax.app import generate
+from specdec_jax.app import host as host_lib
 from specdec_jax.app import sample_folder
 from specdec_jax.app import sample_model
 from specdec_jax.app import sample_output
@@ -338,6 +339,7 @@ def _run_locked(config, started: float) -> dict | None:
         mean_target_forwards=float(np.mean([r['target_forwards'] for r in records])),
         wall_s=time.perf_counter() - started, decode_loop_s=loop_s, compile_s=compile_s,
         processes=process_count, devices=jax.device_count(), backend=jax.default_backend(),
+        host=host_lib.describe(),
         global_batch=sampler.global_batch, config=config.to_dict(),
         code=sampler.fingerprint['code'],
         samples_sha256=files.sha256(os.path.join(config.out_dir, sample_output.SAMPLES)))

@@ -283,7 +283,7 @@ def merge(out_dir, chunk_ranges: list[range]) -> list[dict]:
 
 # The summary's fields measured by the run that decoded the images.
 MEASURED = ('images_this_run', 'images_per_s', 'tokens_per_s', 'wall_s', 'decode_loop_s',
-            'compile_s', 'processes', 'devices', 'global_batch')
+            'compile_s', 'processes', 'devices', 'global_batch', 'host')
 
 
 def write_summary(out_dir: str, summary: dict) -> None:
