@@ -77,6 +77,9 @@ class LoadStateDictTest(absltest.TestCase):
     ref.torch.save(state, path)
     loaded = common.load_state_dict(path)
     self.assertEqual(set(loaded), {'tok_embeddings.weight', 'norm.weight'})
+    # A prefix only some keys carry is part of their names: nothing is stripped.
+    mixed = {'module.layers.0.w': np.zeros(1), 'norm.weight': np.zeros(1)}
+    self.assertEqual(set(common.unwrap_checkpoint(mixed)), set(mixed))
 
   @ref.requires_torch
   def test_deepspeed_and_state_dict_wrappers(self):

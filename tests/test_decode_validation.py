@@ -93,6 +93,13 @@ class BoundaryTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r'ChainDraft.k must be an int, got 2.0'):
       self._generate(mode=decode.ChainDraft(2.0, 'model'))
 
+  @parameterized.named_parameters(('zero', 0), ('num_tokens', NUM_TOKENS))
+  def test_chain_length_at_the_bounds(self, k):
+    """k drafts need k + 1 <= num_tokens image tokens: k = num_tokens and k = 0 are refused."""
+    with self.assertRaisesRegex(ValueError, rf'ChainDraft.k must be in \[1, num_tokens='
+                                            rf'{NUM_TOKENS}\), got {k}'):
+      self._generate(mode=decode.ChainDraft(k, 'model'))
+
   @parameterized.named_parameters(
       ('python_int', 0), ('int_array', jnp.zeros((2,), jnp.int32)),
       ('wrong_batch_of_keys', jax.random.split(jax.random.key(0), 3)))

@@ -62,6 +62,45 @@ class JacobiTest(absltest.TestCase):
                                              next_token)
     np.testing.assert_array_equal(np.asarray(drafts)[fresh], np.asarray(expected)[fresh])
 
+  def test_every_carried_draft_keeps_the_law_of_its_window_entry(self):
+    """After n accepted, next draft j is window entry n + 1 + j's draw, with that entry's
+    law, up to entry W - 1 (one-hot targets cannot tell a carried draw from a fresh
+    point mass: dropping entry W - 1 kept every law exact and only lowered acceptance)."""
+    window = 4
+    target = jax.nn.softmax(jax.random.normal(jax.random.key(4), (window, window, 8)), axis=-1)
+    for coupling in ('none', 'maximal'):
+      drafts, probs = jacobi_drafts.jacobi_next(
+          _uniforms(5, window, jacobi_drafts.jacobi_uniforms(window, 'maximal')), target,
+          jnp.arange(window), jnp.zeros((window,), jnp.int32), 'random', coupling=coupling,
+          old_tokens=jnp.zeros((window, window - 1), jnp.int32), old_probs=target[:, 1:])
+      for n in range(window):
+        for j in range(window - 1 - n):
+          np.testing.assert_array_equal(probs[n, j], target[n, n + 1 + j], f'{coupling} {n} {j}')
+        self.assertTrue(np.all(np.asarray(probs[n, window - 1 - n:]).max(-1) == 1.0))  # fresh
+
+  def test_maximal_coupling_reads_its_own_keep_uniforms(self):
+    """The keep tests read uniforms[:, 2W-1:], the fresh drafts uniforms[:, W:2W-1]:
+    moving either set leaves what the other decides unchanged (keep tests on the fresh
+    drafts' numbers tie a window's kept and fresh tokens together)."""
+    window, batch, vocab = 4, 256, 8
+    target = jax.nn.softmax(2 * jax.random.normal(jax.random.key(6), (batch, window, vocab)), -1)
+    old_probs = jax.nn.softmax(2 * jax.random.normal(jax.random.key(7), (batch, window - 1, vocab)),
+                               -1)
+    old_tokens = jax.random.categorical(jax.random.key(8), jnp.log(old_probs)).astype(jnp.int32)
+    accepted = jnp.arange(batch) % window
+    uniforms = _uniforms(9, batch, jacobi_drafts.jacobi_uniforms(window, 'maximal'))
+    step = lambda u: np.asarray(jacobi_drafts.jacobi_next(
+        u, target, accepted, jnp.zeros((batch,), jnp.int32), 'random', coupling='maximal',
+        old_tokens=old_tokens, old_probs=old_probs)[0])
+    drafts = step(uniforms)
+    carried = np.arange(window - 1)[None, :] < window - 1 - np.asarray(accepted)[:, None]
+    other_fresh = step(uniforms.at[:, window:2 * window - 1].set(_uniforms(10, batch, window - 1)))
+    np.testing.assert_array_equal(other_fresh[carried], drafts[carried])
+    self.assertFalse(np.array_equal(other_fresh[~carried], drafts[~carried]))
+    other_keep = step(uniforms.at[:, 2 * window - 1:].set(_uniforms(11, batch, window - 1)))
+    np.testing.assert_array_equal(other_keep[~carried], drafts[~carried])
+    self.assertFalse(np.array_equal(other_keep[carried], drafts[carried]))
+
   def test_random_init_is_one_hot_and_in_vocab(self):
     fresh = jax.jit(jacobi_drafts.jacobi_fresh, static_argnums=(1, 2, 3))
     tokens, probs = fresh(_uniforms(1, 64, 5), 5, VOCAB, 'random', jnp.zeros((64,), jnp.int32))
@@ -84,6 +123,10 @@ class JacobiTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'token_range'):
       jacobi_drafts.jacobi_fresh(_uniforms(0, 2, 3), 3, vocab, 'random', jnp.zeros((2,), jnp.int32),
                             (12, 12))
+    with self.assertRaisesRegex(ValueError, r'token_range must be a non-empty range inside '
+                                r'\[0, 16\], got \(4, 24\)'):  # past the vocabulary
+      jacobi_drafts.jacobi_fresh(_uniforms(0, 2, 3), 3, vocab, 'random', jnp.zeros((2,), jnp.int32),
+                                 (4, 24))
 
   def test_window_refill_draws_only_the_image_token_range(self):
     vocab, window, batch = 16, 6, 64
@@ -229,6 +272,12 @@ class ScdGumbelCouplingTest(absltest.TestCase):
     np.testing.assert_array_equal(again[1], first[0])  # token 5
     self.assertFalse(np.any(first[0] == first[1]))  # other tokens, other numbers
     self.assertFalse(np.any(np.asarray(self._noise(2, [5])) == first[0]))  # other seed
+    # Both seed words count, and no two of 64 tokens share a row (fold_in(n // 2) would).
+    seeds = jnp.array([[3, 4], [3, 5], [6, 4]], jnp.uint32)
+    rows = np.asarray(jacobi_drafts.gumbel_noise(seeds, jnp.zeros((3, 1), jnp.int32), 6))[:, 0]
+    self.assertFalse(np.any(rows[0] == rows[1]) or np.any(rows[0] == rows[2]))
+    tokens = np.asarray(self._noise(1, np.arange(64)))
+    self.assertLen(np.unique(tokens[:, 0]), 64)
     # Standard Gumbel: mean Euler's gamma, variance pi^2 / 6 (s.e. over 6 N numbers).
     numbers = np.asarray(self._noise(3, np.arange(self.N))).ravel()
     self.assertAlmostEqual(numbers.mean(), np.euler_gamma, delta=6 * np.sqrt(1.645 / numbers.size))

@@ -406,6 +406,7 @@ class Eagle2BadInputTest(parameterized.TestCase):
       ('eagle2_budget', dict(total_tokens=8, depth=1, top_k=2), 'total_tokens must be in'),
       ('eagle2_depth', dict(depth=0), 'depth and top_k must be >= 1'),
       ('eagle2_top_k', dict(total_tokens=5, top_k=9), 'exceeds the vocabulary'),
+      ('eagle2_top_k_one_past', dict(total_tokens=5, top_k=5), 'exceeds the vocabulary'),  # V 4
       ('eagle2_float', dict(total_tokens=5.0), 'total_tokens'),
       ('eagle2_drafts', dict(drafts='beam'), 'drafts must be one of'),
   )

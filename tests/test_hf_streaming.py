@@ -206,6 +206,9 @@ class HFStreamingTest(absltest.TestCase):
     # Leaves are jax arrays on the host (Orbax writes them without another copy).
     self.assertIsInstance(params['dense']['kernel'], jax.Array)
     self.assertEqual(params['dense']['kernel'].devices(), {jax.devices('cpu')[0]})
+    clash = dict(rules, **{'d.bias': (('norm', 'weight'), hf_streaming.identity)})
+    with self.assertRaisesRegex(ValueError, 'two source tensors map to norm/weight'):
+      hf_streaming.assemble_params(ckpt, clash)  # one would silently win
 
   def test_assemble_params_places_tensors_in_the_given_sharding(self):
     self._write()

@@ -261,6 +261,14 @@ class JanusTest(parameterized.TestCase):
       converter.convert(parent / 'src', parent / 'out')
     self.assertFalse((parent / 'out').exists())
 
+  def test_grouped_query_heads_are_read_from_the_config(self):
+    """num_key_value_heads, when the config states it, sets the KV heads (absent: one per
+    query head, as Janus-Pro's released configs)."""
+    config = json.loads(json.dumps(TINY_HF))
+    self.assertEqual(converter.config_from_hf(config).num_kv_heads, 4)
+    config['language_config']['num_key_value_heads'] = 2
+    self.assertEqual(converter.config_from_hf(config).num_kv_heads, 2)
+
   @parameterized.parameters('hidden_size', 'num_hidden_layers', 'vocab_size')
   def test_missing_shape_field_is_named(self, field):
     config = json.loads(json.dumps(TINY_HF))

@@ -59,6 +59,12 @@ class LayoutTest(parameterized.TestCase):
     broken = body[0].copy()
     broken[4] = 100  # end-of-row slot of row 0 replaced by an image token
     self.assertFalse(ll.is_valid_body(broken, layout))
+    for index, token in ((-1, ll.END_OF_TURN),  # no image end
+                         (0, ll.FIRST_IMAGE_TOKEN + ll.NUM_IMAGE_CODES),  # one past the codes
+                         (0, ll.FIRST_IMAGE_TOKEN - 1)):
+      broken = body[0].copy()
+      broken[index] = token
+      self.assertFalse(ll.is_valid_body(broken, layout), (index, token))
 
   def test_forced_tokens_per_position(self):
     layout = ll.ImageLayout(2, 3)

@@ -84,6 +84,7 @@ class ClosedFormTest(parameterized.TestCase):
         (lambda: schedules.coolsd_weights(4, delta=2.0, nu=-1.0), 'nu must be >= 0'),
         (lambda: schedules.mean_normalised_mu(-0.5, 4), 'nu must be >= 0'),
         (lambda: schedules.coolsd_weight(-5, delta=2.0, nu=0.7, mu=0.0), '1-based'),
+        (lambda: schedules.coolsd_weight(0, delta=2.0, nu=0.7, mu=0.0), '1-based'),  # boundary
         (lambda: schedules.coolsd_weight(1, delta=2.0, nu=0.7, mu=float('inf')), 'mu must be')):
       with self.subTest(message), self.assertRaisesRegex(ValueError, message):
         call()

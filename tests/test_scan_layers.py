@@ -85,6 +85,31 @@ class ScanLayersTest(parameterized.TestCase):
       np.testing.assert_allclose(a.cache.keys, jnp.stack(b.cache.keys), **TOL)
       np.testing.assert_allclose(a.cache.values, jnp.stack(b.cache.values), **TOL)
 
+  def test_llamagen_hidden_is_the_final_norm_output_and_cfg_rows_share_the_mask(self):
+    """EAGLE drafters read `hidden`: the features the head reads, after the final norm
+    (logits = hidden @ output kernel; the pre-norm features kept lossless decodes exact
+    and only lowered acceptance). t2i CFG's unconditional rows keep the caption's
+    padding mask, as LlamaGen's generate() does with emb_masks."""
+    model, cond = build('llamagen', False)
+    params = model.init_params(jax.random.key(0))
+    head = params['output']['kernel']
+    out = model.prefill(params, model.init_cache(3, 8), cond)
+    step = model.forward(params, out.cache, jnp.ones((3, 2), jnp.int32))
+    for result in (out, step):
+      np.testing.assert_allclose(result.logits, result.hidden @ head, **TOL)
+    rows = model.cfg_cond(params, cond)
+    np.testing.assert_array_equal(rows.mask, jnp.concatenate([cond.mask, cond.mask]))
+
+  def test_stacking_keeps_the_numeric_layer_order_past_ten_layers(self):
+    """Stacked index i is layers_i for 12 layers (names sorted as text would put
+    layers_10 third: every real checkpoint has more than ten layers)."""
+    tree = {'model': {f'layers_{i}': {'self_attn': {'w': np.full(2, i, np.float32)}}
+                      for i in range(12)}, 'norm': np.ones(2, np.float32)}
+    stacked = layers.stack_layer_params(tree)
+    np.testing.assert_array_equal(stacked['model'][layers.SCANNED]['self_attn']['w'][:, 0],
+                                  np.arange(12))
+    chex.assert_trees_all_equal(layers.unstack_layer_params(stacked), tree)
+
   def test_tuple_cache_into_scanned_model_keeps_its_layout(self):
     plain, cond = build('chameleon', False)
     scanned, _ = build('chameleon', True)

@@ -163,6 +163,7 @@ class ValidationTest(parameterized.TestCase):
         ((tokens, d2.at[0, 0].set(jnp.nan), t3), 'NaN'),
         ((tokens, d2, t3 - 0.5), 'negative'),
         ((jnp.array([1, 9], jnp.int32), d2, t3), 'draft_tokens must be in'),
+        ((jnp.array([1, 8], jnp.int32), d2, t3), r'draft_tokens must be in \[0, 8\)'),  # id V
     ]
     for args, message in cases:
       with self.assertRaisesRegex(ValueError, message):

@@ -195,6 +195,8 @@ class TreeInputsTest(absltest.TestCase):
     static = functools.partial(verify.verify_tree, rules.Lossless(), jax.random.key(0), tree)
     with self.assertRaisesRegex(ValueError, r'node_tokens must be in \[0, 4\)'):
       static(jnp.array([0, 3, -1]), uniform, uniform)
+    with self.assertRaisesRegex(ValueError, r'node_tokens must be in \[0, 4\)'):
+      static(jnp.array([0, 3, 4]), uniform, uniform)  # the id V itself
     with self.assertRaisesRegex(ValueError, 'node_tokens must be an int array'):
       static(jnp.array([0., 3., 1.]), uniform, uniform)
     with self.assertRaisesRegex(ValueError, r'verify_tree: the target function returns shape '

@@ -67,6 +67,10 @@ class ParityTest(parameterized.TestCase):
     decoded = tokenizer.decode(params, codes, GRID)
     self.assertEqual(decoded.shape, (2, IMAGE_SIZE, IMAGE_SIZE, 3))
     self.assertLess(relative_error(decoded, ref_images), 1e-4)
+    # A 2 x 8 grid (raster order: rows of 8) decodes to a wide image, not a tall one.
+    wide = tokenizer.decode(params, codes, (2, 8))
+    self.assertEqual(wide.shape, (2, IMAGE_SIZE // 2, IMAGE_SIZE * 2, 3))
+    self.assertLess(relative_error(wide, decode_reference(model, codes, (2, 8))), 1e-4)
 
   def test_chameleon_vqgan_decode_and_encode_parity(self):
     model = make_chameleon()

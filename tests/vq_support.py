@@ -104,8 +104,8 @@ def save_chameleon(model, path, *, extra=None):
   ref.torch.save({'state_dict': state, 'global_step': 3}, path)
 
 
-def decode_reference(model, codes):
-  """The torch model's decode_code as NHWC numpy."""
+def decode_reference(model, codes, grid=GRID):
+  """The torch model's decode_code on an (h, w) grid, as NHWC numpy."""
   with ref.torch.no_grad():
-    return model.decode_code(ref.torch.from_numpy(np.asarray(codes)), GRID).permute(
+    return model.decode_code(ref.torch.from_numpy(np.asarray(codes)), grid).permute(
         0, 2, 3, 1).numpy()
