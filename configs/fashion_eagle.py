@@ -8,8 +8,10 @@ decoder layer without input norm, the target's frozen embedding and head,
 2D RoPE with one fewer condition token). Loss, feature noise, AdamW's betas and
 clipping by value as EAGLE-1 (Li et al., ICML 2024, arXiv 2401.15077); where
 this differs from EAGLE's released training: no weight decay (its AdamW kept
-PyTorch's default 0.01), warm-up then cosine decay (it decays linearly), and a
-higher learning rate than its 3e-5 because the model is small and trained briefly.
+PyTorch's default 0.01), its schedule (linear warm-up and decay; here warm-up then
+cosine, or with train_minutes > 0, as the shipped head, warm-up, constant rate and a
+linear decay over the last fifth), and a higher learning rate than its 3e-5 because
+the model is small and trained briefly.
 """
 
 import ml_collections

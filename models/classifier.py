@@ -1,6 +1,6 @@
 """A small CNN classifier used only for evaluation (class accuracy, Frechet distance).
 
-Legend: B images, H = W = 32, C = 1 channel, F = 128 feature width.
+Legend: B images, H = W = 28 (the family's images), C = 1 channel, F = 128 feature width.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ XEON = """processor\t: 0
 model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
 flags\t\t: fpu avx avx2 avx512f amx_bf16 amx_tile
 processor\t: 1
-model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+model name\t: another CPU
+flags\t\t: fpu
 """
 EPYC = """processor\t: 0
 model name\t: AMD EPYC 9B14

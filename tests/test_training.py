@@ -16,13 +16,13 @@ import pytest
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from specdec_jax.app import cli
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import run_record
 from specdec_jax.app import training
 from specdec_jax.app.train import classifier as train_classifier
-from specdec_jax.app.train import kmeans_tokenizer
 from specdec_jax.configs import classifier as classifier_config
 
 
@@ -53,25 +53,26 @@ class ClassifierTrainingTest(absltest.TestCase):
       history = json.load(open(os.path.join(workdir, 'classifier_history.json')))
       self.assertEqual([h['step'] for h in history], [10, 20, 30, 40])  # kept on resume
 
-
   def test_command_trains_on_the_family_images(self):
     """The standalone command trains on the images the family classifies, its
     28x28x1 splits (it once padded them to 32x32: a classifier the family would
     bundle as its finished stage, which its decoded images could not go through)."""
-    images, labels = np.zeros((6, 28, 28), np.uint8), np.arange(6, dtype=np.int32)
+    rng = np.random.default_rng(0)
+    splits = {split: (rng.integers(0, 256, (n, 28, 28), np.uint8),
+                      rng.integers(0, 10, n).astype(np.int32))
+              for split, n in (('train', 6), ('test', 4))}
     config, seen = classifier_config.get_config(), {}
-    with mock.patch.object(fashion_mnist, 'load', return_value=(images, labels)), \
+    with mock.patch.object(fashion_mnist, 'load', lambda split, _: splits[split]), \
          mock.patch.object(fashion_mnist, 'hashes', return_value={}), \
          mock.patch.object(train_classifier.flags, 'FLAGS',
                            types.SimpleNamespace(config=config, workdir='unused')), \
          mock.patch.object(train_classifier, 'train',
                            lambda _, __, train, test: seen.update(train=train, test=test)):
       train_classifier.main([])
-      family_train, family_test, _ = kmeans_tokenizer.load_splits(config)
-    self.assertEqual(seen['train'][0].shape, (6, 28, 28, 1))
-    for got, family_split in ((seen['train'], family_train), (seen['test'], family_test)):
-      np.testing.assert_array_equal(got[0], family_split[0])
-      np.testing.assert_array_equal(got[1], family_split[1])
+    for split in ('train', 'test'):
+      images, labels = seen[split]
+      np.testing.assert_array_equal(images, splits[split][0][..., None])  # [N, 28, 28, 1]
+      np.testing.assert_array_equal(labels, splits[split][1])
 
 
 def _counting_step(state, batch, key, sleep_s=0.0):
@@ -287,6 +288,11 @@ class TimeBudgetTest(absltest.TestCase):
     np.testing.assert_array_equal(updates['norm']['weight'], 0.0)
     np.testing.assert_array_equal(updates['dense']['bias'], 0.0)
     np.testing.assert_allclose(updates['dense']['kernel'], -1e-2 * 0.05, rtol=1e-6)
+    # Without decay there is no mask: the state tree of runs saved before it, resumable.
+    plain = training.adamw(1.0, total_steps=10, clip_norm=None).init(params)
+    is_masked = lambda node: isinstance(node, optax.MaskedState)
+    self.assertFalse(any(map(is_masked, jax.tree.leaves(plain, is_leaf=is_masked))))
+    self.assertTrue(any(map(is_masked, jax.tree.leaves(state.opt_state, is_leaf=is_masked))))
 
   def test_step_schedule_is_kept(self):
     optimizer = training.adamw(1.0, total_steps=100, warmup_steps=10)

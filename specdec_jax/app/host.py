@@ -1,16 +1,18 @@
 """The machine a run ran on, for the JSON that records its measurements.
 
-Timings depend on the CPU, and so, slightly, do the images: XLA:CPU picks its
-matmul kernels by the vector extensions a CPU has, so logits differ in their
-last bits between hosts, and a token whose uniform draw falls within that
-difference of a category boundary flips (docs/results.md, "The main command").
+Timings depend on the CPU, and so, slightly, do the images: XLA:CPU compiles and
+tunes its kernels for the host CPU (its model, vector extensions, cache sizes),
+so logits can differ in their last bits between hosts, and a token whose uniform
+draw falls within that difference of a category boundary flips (docs/results.md,
+"The main command"). The model name tells hosts apart; the flags say which
+vector units the kernels could use.
 """
 
 from __future__ import annotations
 
 import os
 
-# /proc/cpuinfo flags that select XLA:CPU's kernels: AVX2, AVX-512 and Intel's AMX tiles.
+# /proc/cpuinfo flags of the vector units XLA:CPU's kernels may use: AVX2, AVX-512, AMX.
 VECTOR_FLAGS = {'avx2': 'avx2', 'avx512': 'avx512f', 'amx': 'amx_tile'}
 
 

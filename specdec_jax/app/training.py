@@ -95,14 +95,16 @@ def time_budget_from(config) -> TimeBudget | None:
 
 def decays(params):
   """Which leaves weight decay shrinks: matrices and kernels (ndim >= 2), not norm gains
-  or biases (LlamaGen's and GPT-2's recipe; decaying a norm's gain pulls it to 0)."""
+  or biases (LlamaGen's recipe, from nanoGPT; decaying a norm's gain pulls it to 0)."""
   return jax.tree_util.tree_map(lambda leaf: np.ndim(leaf) >= 2, params)
 
 
 def _adamw_chain(learning_rate, *, b1: float, b2: float, weight_decay: float,
                  clip_norm: float | None) -> optax.GradientTransformation:
   parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
-  parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=decays))
+  # No mask without decay: the optimizer state keeps the tree runs without decay saved.
+  parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay,
+                           mask=decays if weight_decay else None))
   return optax.chain(*parts)
 
 
@@ -221,11 +223,14 @@ def fit(step_fn: Callable, state: TrainState, batches: Callable[[int], Iterator]
       state = manager.restore(latest, args=ocp.args.StandardRestore(state))
     except ValueError as error:  # orbax: a stored shape or tree that the state does not have
       manager.close()
-      reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+      lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+      reason = ' '.join(lines[:4])[:400] or type(error).__name__
       raise cli.ConfigError(
           f'{name}: the checkpoint of step {latest} in {run_record.checkpoint_dir(workdir)} does '
-          f'not fit this run\'s model or optimizer ({reason}); resume with the config it was '
-          'trained with, or use a new --workdir to train afresh.') from error
+          f'not fit this run\'s model or optimizer ({reason}); resume with the config and the '
+          'library version it was trained with (a run with weight decay saved before decay '
+          'spared 1-D leaves has another optimizer state), or use a new --workdir to train '
+          'afresh.') from error
     logging.info('%s: resumed from step %d in %s', name, latest, workdir)
   start = int(state.step)
   elapsed_before, began = float(state.elapsed_s), time.time()
