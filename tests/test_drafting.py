@@ -69,7 +69,7 @@ class JacobiTest(absltest.TestCase):
     window = 4
     target = jax.nn.softmax(jax.random.normal(jax.random.key(4), (window, window, 8)), axis=-1)
     for coupling in ('none', 'maximal'):
-      drafts, probs = jacobi_drafts.jacobi_next(
+      _, probs = jacobi_drafts.jacobi_next(
           _uniforms(5, window, jacobi_drafts.jacobi_uniforms(window, 'maximal')), target,
           jnp.arange(window), jnp.zeros((window,), jnp.int32), 'random', coupling=coupling,
           old_tokens=jnp.zeros((window, window - 1), jnp.int32), old_probs=target[:, 1:])
