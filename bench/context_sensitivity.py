@@ -39,8 +39,10 @@ import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/context_sensitivity', 'Output folder.')
-_IMAGES = flags.DEFINE_integer('images', 200, 'Vanilla images (every class in turn).')
-_POSITIONS = flags.DEFINE_integer('positions', 8, 'Perturbed positions per image.')
+_IMAGES = flags.DEFINE_integer('images', 200, 'Vanilla images (every class in turn).',
+                               lower_bound=1)
+_POSITIONS = flags.DEFINE_integer('positions', 8, 'Perturbed positions per image.',
+                                  lower_bound=1)
 _MAX_OFFSET = flags.DEFINE_integer('max_offset', 32, 'Largest offset j measured.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the images, positions and perturbations.')
 
@@ -111,6 +113,10 @@ def main(argv):
   if _MAX_OFFSET.value < family.grid[1]:  # the JSON's 'below' fields read offset G
     raise app.UsageError(f'--max_offset must be at least the grid width {family.grid[1]} '
                          f'(the token below), got {_MAX_OFFSET.value}.')
+  positions = family.num_tokens - _MAX_OFFSET.value - 1  # 1..L-max_offset-1 are perturbed
+  if _POSITIONS.value > positions:
+    raise app.UsageError(f'--positions must be at most {positions} (the positions followed '
+                         f'by --max_offset={_MAX_OFFSET.value} tokens), got {_POSITIONS.value}.')
   sampling = logits.Sampling(**config.sampling.to_dict())
   vanilla = methods_lib.build_methods(config, family)[0]
   labels = (np.arange(_IMAGES.value) % family.num_classes).astype(np.int32)

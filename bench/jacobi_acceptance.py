@@ -9,8 +9,9 @@ forward at one window: SCD (arXiv 2510.24211) and SJD-PAC (arXiv
 (window, method) in one batch with the main command's methods and
 hyperparameters (`app.methods.build_methods`, configs/generate.py), all from
 the same key, and reports each method's mean tokens per forward with its
-standard error over images, its ratio to SJD at the same window (delta
-method, images treated as independent) and its acceptance per window
+standard error over images, its ratio to SJD at the same window
+(`ratios.with_ratio`: paired over images, which every run decodes from the
+same key and labels) and its acceptance per window
 position (the share of verify steps that accepted draft i,
 `DecodeMetrics.summary`), and the target's mean per-token NLL of the
 images (`family.guided_image_nlls`: a lossless method's is SJD's within the
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -116,8 +116,11 @@ def main(argv):
   from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
 
-  if _METHODS.value[0] != 'sjd':
-    raise ValueError(f"--methods must start with 'sjd' (the reference), got {_METHODS.value}.")
+  if not _METHODS.value or _METHODS.value[0] != 'sjd':
+    raise app.UsageError(f"--methods must start with 'sjd' (the reference), "
+                         f"got {_METHODS.value}.")
+  if not _WINDOWS.value:
+    raise app.UsageError('--windows is empty: name at least one Jacobi window.')
   os.makedirs(_OUT.value, exist_ok=True)
   json_path = os.path.join(_OUT.value, 'jacobi_acceptance.json')
   settings = (_IMAGES.value, _SEED.value, _INIT.value)
@@ -176,9 +179,9 @@ def main(argv):
           seconds=time.perf_counter() - start)
       print(f'W={window} {name}: {per_image.mean():.3f} tokens per forward '
             f'({time.perf_counter() - start:.0f} s)', flush=True)
-      with open(json_path, 'w') as f:  # after every row: a killed run resumes
-        json.dump({'images': _IMAGES.value, 'seed': _SEED.value, 'init': _INIT.value,
-                   'rows': list(done.values())}, f, indent=1)
+      resume.write_json(json_path, {  # after every row: a killed run resumes
+          'images': _IMAGES.value, 'seed': _SEED.value, 'init': _INIT.value,
+          'rows': list(done.values())})
   # Every row decoded so far (this run's windows and methods and a resumed run's).
   names = list(dict.fromkeys([*_METHODS.value, *sorted(name for _, name in done)]))
   rows = []
@@ -195,9 +198,9 @@ def main(argv):
             f"{row['ratio_to_sjd']:.3f} +- {row['ratio_stderr']:.3f} | "
             + (f"{row['nll_gap_to_sjd']:+.4f} +- {row['nll_gap_stderr']:.4f} |"
                if 'nll_gap_to_sjd' in row else '- |'))
-  with open(json_path, 'w') as f:
-    json.dump({'images': _IMAGES.value, 'seed': _SEED.value, 'init': _INIT.value, 'sampling':
-               generate_config.get_config().sampling.to_dict(), 'rows': rows}, f, indent=1)
+  resume.write_json(json_path, {'images': _IMAGES.value, 'seed': _SEED.value,
+                                'init': _INIT.value, 'sampling':
+                                generate_config.get_config().sampling.to_dict(), 'rows': rows})
   plot(os.path.join(_OUT.value, 'jacobi_acceptance.png'), rows, names)
   print('wrote', _OUT.value)
 

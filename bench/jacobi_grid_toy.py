@@ -40,7 +40,6 @@ Prints a table, writes JSON and a PNG (ratio to SJD against W, per toy).
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 import time
@@ -213,8 +212,8 @@ def main(argv):
   cond = jnp.asarray(np.arange(_IMAGES.value) % classes, jnp.int32)
 
   def write(rows):
-    with open(json_path, 'w') as f:  # after every row: a killed run resumes
-      json.dump({'settings': settings, 'laws': laws, 'rows': rows}, f, indent=1)
+    # after every row: a killed run resumes
+    resume.write_json(json_path, {'settings': settings, 'laws': laws, 'rows': rows})
 
   laws = {}
   scales = [float(x) for x in _SCALES.value]

@@ -43,7 +43,8 @@ _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_window.json', 'JSON resu
 _WINDOWS = flags.DEFINE_list('windows', ['4', '6', '8', '12', '16'], 'Jacobi windows W.')
 _METHODS = flags.DEFINE_list('methods', ['sjd', 'gsd', 'csd'], 'Main-command Jacobi methods.')
 _CLASSES = flags.DEFINE_list('classes', ['0', '3', '6', '9'], 'One image per class.')
-_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds (best per call is kept).')
+_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds (best per call is kept).',
+                               lower_bound=1)
 _INITS = flags.DEFINE_list('inits', ['random'],
                           f'Fresh-draft inits of {jacobi_drafts.INITS}, each timed (default '
                           "'random', as the runs committed before jacobi_init became 'spatial').")

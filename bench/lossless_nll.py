@@ -28,7 +28,8 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _OUT = flags.DEFINE_string('out', 'bench/results/lossless_nll.json', 'JSON results.')
-_BATCHES = flags.DEFINE_integer('batches', 10, 'Batches of 100 images per method.')
+_BATCHES = flags.DEFINE_integer('batches', 10, 'Batches of 100 images per method.',
+                                lower_bound=1)
 METHODS = ('vanilla', 'vanilla_seed1', 'eagle', 'draft_model')
 
 

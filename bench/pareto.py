@@ -105,12 +105,20 @@ def plot(rows: list, path: str) -> None:
   plotting.save(figure, path, dpi=110)
 
 
+def positive_int(text: str) -> int:
+  """argparse type: an integer of at least 1."""
+  value = int(text)
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'must be at least 1, got {value}')
+  return value
+
+
 def main(argv=None) -> dict:
   compile_cache.enable()
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--out', default='bench/results/pareto')
   parser.add_argument('--bundle_dir', default='')
-  parser.add_argument('--images_per_class', type=int, default=20)
+  parser.add_argument('--images_per_class', type=positive_int, default=20)
   parser.add_argument('--draft_length', type=int, default=4)
   parser.add_argument('--window', type=int, default=8)
   parser.add_argument('--lantern_k', type=int, default=8)

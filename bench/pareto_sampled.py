@@ -19,6 +19,9 @@ For each point it reports, from the set's classifier features:
     fidelity measure on its own);
   * tokens per target forward (the sampler's mean over the set) and class
     accuracy.
+Jacobi points run at window JACOBI_WINDOW with --jacobi_init's fresh drafts
+(the main command's 'spatial' by default; the first committed sweep,
+bench/results/pareto_sampled, ran --jacobi_init=random).
 vanilla under seed 1 against seed 0 is the noise floor of frechet_to_target
 at this set size. Writes pareto.json and pareto.png (tokens per forward
 against each distance, the floor drawn) under --out, and prints a table.
@@ -82,10 +85,10 @@ def sweep_points() -> list[tuple]:
   return points
 
 
-def sampler_settings(point: tuple, num_images: int) -> dict:
+def sampler_settings(point: tuple, num_images: int, jacobi_init: str = JACOBI_INIT) -> dict:
   """The sampler config fields (dotted names) a point sets: those its images depend on."""
   _, _, _, method, hparams, seed = point
-  hparams = {'jacobi_window': JACOBI_WINDOW, 'jacobi_init': JACOBI_INIT, **hparams}
+  hparams = {'jacobi_window': JACOBI_WINDOW, 'jacobi_init': jacobi_init, **hparams}
   return {'method': method, 'num_images': num_images, 'seed': seed,
           **{f'hparams.{key}': value for key, value in hparams.items()}}
 
@@ -135,12 +138,13 @@ def check_reusable(folder: str, settings: dict) -> bool:
   return not grows
 
 
-def draw(point: tuple, root: str, num_images: int, batch: int) -> str:
+def draw(point: tuple, root: str, num_images: int, batch: int,
+         jacobi_init: str = JACOBI_INIT) -> str:
   """Runs (or resumes) the sampler for one point; returns its folder. A finished
   folder is reused only when its set has the point's settings (`check_reusable`), and
   extended by the sampler when it has fewer images than asked for."""
   folder = os.path.join(root, point[0])
-  settings = sampler_settings(point, num_images)
+  settings = sampler_settings(point, num_images, jacobi_init)
   if (os.path.exists(os.path.join(folder, 'summary.json'))
       and check_reusable(folder, settings)):
     return folder
@@ -207,6 +211,22 @@ def plot(rows: list, floor: float, path: str) -> None:
   plotting.save(figure, path, dpi=110)
 
 
+def select_points(points: list[tuple], names: str) -> list[tuple]:
+  """The points named in the comma-separated `names` ('' = all), in sweep order; vanilla
+  must be among them (the drift reference). SystemExit names unknown points."""
+  if names:
+    wanted = names.split(',')
+    unknown = [name for name in wanted if name not in {point[0] for point in points}]
+    if unknown:
+      raise SystemExit(f'--points: unknown point(s) {unknown}; the sweep has '
+                       f'{[point[0] for point in points]}.')
+    points = [point for point in points if point[0] in wanted]
+  if points[0][0] != 'vanilla':
+    raise SystemExit('--points: the sweep needs its vanilla point (the drift reference); '
+                     'add vanilla to --points.')
+  return points
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--root', default='runs/pareto', help='One sampler folder per point.')
@@ -214,16 +234,16 @@ def main(argv=None) -> dict:
   parser.add_argument('--num_images', type=int, default=2000)
   parser.add_argument('--batch', type=int, default=50, help='Images per decode call.')
   parser.add_argument('--points', default='', help='Comma-separated point names (default all).')
+  parser.add_argument('--jacobi_init', default=JACOBI_INIT, choices=('random', 'spatial'),
+                      help="Fresh Jacobi drafts (the first sweep ran 'random').")
   args = parser.parse_args(argv)
-  points = sweep_points()
-  if args.points:
-    wanted = args.points.split(',')
-    points = [p for p in points if p[0] in wanted]
-  if points[0][0] != 'vanilla':
-    raise SystemExit('the sweep needs its vanilla point first (the drift reference)')
+  points = select_points(sweep_points(), args.points)
+  if args.num_images < 2 or args.batch < 1:
+    parser.error(f'--num_images must be at least 2 and --batch at least 1, '
+                 f'got {args.num_images} and {args.batch}.')
   started = time.time()
   for index, point in enumerate(points):
-    draw(point, args.root, args.num_images, args.batch)
+    draw(point, args.root, args.num_images, args.batch, args.jacobi_init)
     print(f'[{index + 1}/{len(points)}] {point[0]} drawn ({time.time() - started:.0f} s)',
           flush=True)
 
@@ -248,7 +268,8 @@ def main(argv=None) -> dict:
   floor = next((r['frechet_to_target'] for r in rows if r['point'] == 'vanilla_seed1'), None)
   os.makedirs(args.out, exist_ok=True)
   output = dict(points=rows, noise_floor=floor, num_images=args.num_images,
-                jacobi_window=JACOBI_WINDOW, jacobi_init=JACOBI_INIT, command=' '.join(sys.argv),
+                jacobi_window=JACOBI_WINDOW, jacobi_init=args.jacobi_init,
+                command=' '.join(sys.argv),
                 wall_seconds=time.time() - started)
   files.write_atomic(os.path.join(args.out, 'pareto.json'), files.json_text(output).encode())
   if floor is not None:

@@ -1,10 +1,13 @@
-"""Resumable bench results: the rows an earlier (perhaps killed) run already wrote."""
+"""Resumable bench results: the rows an earlier (perhaps killed) run already wrote, and
+JSON written whole (a run killed while writing leaves the previous file)."""
 
 from __future__ import annotations
 
 import json
 import os
 from typing import Any, Callable
+
+from specdec_jax.app import files
 
 
 def saved_rows(json_path: str, same_settings: Callable[[dict], bool],
@@ -17,3 +20,9 @@ def saved_rows(json_path: str, same_settings: Callable[[dict], bool],
   with open(json_path) as f:
     saved = json.load(f)
   return {key(row): row for row in saved['rows']} if same_settings(saved) else {}
+
+
+def write_json(json_path: str, value) -> None:
+  """Writes `value` as JSON (`files.json_text`: null for a non-finite float) through a
+  temporary file and a rename, so a run killed mid-write keeps the last whole file."""
+  files.write_atomic(json_path, files.json_text(value).encode())

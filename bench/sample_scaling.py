@@ -75,6 +75,9 @@ def measure(num_processes: int, out_dir: str) -> dict:
 
 def main(argv):
   del argv
+  if not FLAGS.processes or min(int(p) for p in FLAGS.processes) < 1:
+    raise app.UsageError(f'--processes must name process counts of at least 1, '
+                         f'got {FLAGS.processes}.')
   load = os.getloadavg()
   rows = []
   with tempfile.TemporaryDirectory() as tmp:

@@ -48,6 +48,24 @@ class SweepPointsTest(absltest.TestCase):
       self.assertEqual(built[-1].name, method, name)
 
 
+  def test_points_are_selected_by_name_and_unknown_names_refused(self):
+    points = pareto_sampled.sweep_points()
+    chosen = pareto_sampled.select_points(points, 'coolsd_2,vanilla')
+    self.assertEqual([point[0] for point in chosen], ['vanilla', 'coolsd_2'])  # sweep order
+    self.assertLen(pareto_sampled.select_points(points, ''), len(points))
+    with self.assertRaisesRegex(SystemExit, r"unknown point\(s\) \['coolsd_2\.0'\]"):
+      pareto_sampled.select_points(points, 'vanilla,coolsd_2.0')
+    with self.assertRaisesRegex(SystemExit, 'add vanilla to --points'):
+      pareto_sampled.select_points(points, 'coolsd_2')
+
+  def test_jacobi_init_reaches_the_sampler_settings(self):
+    point = next(p for p in pareto_sampled.sweep_points() if p[0] == 'sjd')
+    self.assertEqual(pareto_sampled.sampler_settings(point, 8)['hparams.jacobi_init'],
+                     pareto_sampled.JACOBI_INIT)
+    self.assertEqual(pareto_sampled.sampler_settings(point, 8, 'random')['hparams.jacobi_init'],
+                     'random')
+
+
 class ReusedSetsTest(absltest.TestCase):
   """A folder's set is reused only as the images it holds now."""
 

@@ -116,6 +116,14 @@ class ReuseTest(absltest.TestCase):
                  f'--config.out_dir={folder}'):
       self.assertIn(flag, command)
 
+  def test_the_jacobi_init_asked_for_reaches_the_sampler_and_the_reuse_check(self):
+    with mock.patch.object(pareto_sampled.subprocess, 'run') as run:
+      pareto_sampled.draw(POINT, self.root, 120, batch=50, jacobi_init='random')
+    self.assertIn('--config.hparams.jacobi_init=random', run.call_args.args[0])
+    write_finished_set(os.path.join(self.root, 'coolsd_2'))  # drawn with JACOBI_INIT
+    with self.assertRaisesRegex(ValueError, "hparams.jacobi_init: 'spatial' \\(folder\\)"):
+      pareto_sampled.draw(POINT, self.root, 200, batch=50, jacobi_init='random')
+
 
 if __name__ == '__main__':
   absltest.main()
