@@ -16,7 +16,8 @@ The same measurement on the bundled family, with the main command's sampling
 from the target's own law at i with the original token removed (what a
 rejection and residual draw does to a window), and for offsets j = 1..--max_offset
 TV(p(x_{i+j} | original prefix), p(x_{i+j} | perturbed prefix)) is averaged
-over images and positions. Raster order: offset G (the grid width) is the
+over images and positions (standard error over the images' own means: an
+image's positions share its tokens). Raster order: offset G (the grid width) is the
 token directly below the perturbed one. The JSON also records the TV's
 quantiles at j = 1 and j = G and how peaked the images' own laws are
 (entropy quantiles, share with a top token over 0.9) and the mean TV over
@@ -26,7 +27,6 @@ bench/jacobi_grid_toy.py's uniform toy. Prints a table, writes JSON and a PNG.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -36,6 +36,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import plotting  # pylint: disable=g-import-not-at-top  (bench/plotting.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/context_sensitivity', 'Output folder.')
@@ -97,9 +98,9 @@ def plot(path: str, offsets, mean, stderr, grid_width: int) -> None:
 
 def main(argv):
   del argv
-  if _IMAGES.value * _POSITIONS.value < 2:
-    raise app.UsageError('--images x --positions must be at least 2 (a standard error needs '
-                         f'two perturbations), got {_IMAGES.value} x {_POSITIONS.value}.')
+  if _IMAGES.value < 2:
+    raise app.UsageError('--images must be at least 2 (the standard error is over images), '
+                         f'got {_IMAGES.value}.')
   generate_app.use_single_thread_xla()
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import logits  # pylint: disable=g-import-not-at-top
@@ -144,7 +145,10 @@ def main(argv):
   # The same mean over the ambiguous laws only (objects, not background).
   ambiguous_mean = (distances * ambiguous).sum(0) / np.maximum(ambiguous.sum(0), 1)
   mean = distances.mean(0)
-  stderr = distances.std(0, ddof=1) / np.sqrt(len(distances))
+  # An image's perturbations share its tokens, so they are not independent: the
+  # standard error is over the images' own means (each holds --positions rows).
+  per_image = distances.reshape(len(tokens), _POSITIONS.value, max_offset).mean(1)
+  stderr = per_image.std(0, ddof=1) / np.sqrt(len(per_image))
   grid_width = family.grid[1]
   print('| offset j | TV mean | s.e. |')
   print('|---|---|---|')
@@ -165,8 +169,7 @@ def main(argv):
       'tv_mean_ambiguous': ambiguous_mean.tolist(),
       'ambiguous_share': ambiguous.mean(0).tolist(),
   }
-  with open(os.path.join(_OUT.value, 'context_sensitivity.json'), 'w') as f:
-    json.dump(result, f, indent=1)
+  resume.write_json(os.path.join(_OUT.value, 'context_sensitivity.json'), result)
   plot(os.path.join(_OUT.value, 'context_sensitivity.png'), offsets, mean, stderr, grid_width)
   print('wrote', _OUT.value)
 

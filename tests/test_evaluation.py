@@ -176,6 +176,28 @@ class FrechetFormulaTest(absltest.TestCase):
     np.testing.assert_allclose(mean, [2.0, 2.0])
     np.testing.assert_allclose(cov, [[4.0, 3.0], [3.0, 3.0]])  # ddof = 1, as pytorch-fid
 
+  def test_one_feature_is_a_1x1_covariance_and_a_one_dimensional_frechet(self):
+    """F = 1: (m1 - m2)^2 + (s1 - s2)^2 in standard deviations, not a shape error."""
+    a, b = np.array([[0.0], [2.0], [4.0]]), np.array([[1.0], [2.0]])
+    mean, cov = evaluation.feature_statistics(a)
+    self.assertEqual((mean.shape, cov.shape), ((1,), (1, 1)))
+    self.assertAlmostEqual(evaluation.features_frechet(a, b),
+                           (2.0 - 1.5) ** 2 + (2.0 - np.sqrt(0.5)) ** 2, places=10)
+
+
+class FormatTableTest(absltest.TestCase):
+
+  def test_each_value_sits_under_its_header(self):
+    row = dict(tokens_per_forward=3.25, latency_s=0.047, speedup=1.5, nll_gap=0.0123,
+               nll_gap_se=0.0456, frechet_to_target=2.0, frechet=9.0, class_accuracy=0.75)
+    header, _, line, *_ = evaluation.format_table({'coolsd': row}, 0.9).splitlines()
+    names = ('tokens/fwd', 'latency', 'speedup', 'nll_gap', '+-s.e.', 'fd target', 'fd data',
+             'class acc')
+    values = ('3.25', '47ms', '1.50x', '+0.0123', '0.0456', '2.00', '9.00', '0.75')
+    for name, value in zip(names, values):
+      end = header.index(name) + len(name)  # right-aligned columns
+      self.assertEqual(line[end - len(value):end], value, name)
+
 
 if __name__ == '__main__':
   absltest.main()

@@ -14,7 +14,8 @@ def feature_statistics(features) -> tuple[np.ndarray, np.ndarray]:
   features = np.asarray(features, np.float64)
   if features.ndim != 2 or features.shape[0] < 2:
     raise ValueError(f'features must be [N >= 2, F], got {features.shape}.')
-  return features.mean(0), np.cov(features, rowvar=False)
+  # np.cov of one feature column is 0-d; atleast_2d keeps [F, F] for F = 1.
+  return features.mean(0), np.atleast_2d(np.cov(features, rowvar=False))
 
 
 def _sqrtm_psd(matrix: np.ndarray) -> np.ndarray:
