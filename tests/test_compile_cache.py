@@ -43,6 +43,7 @@ class FolderTest(absltest.TestCase):
     with mock.patch.dict(os.environ, {'HOME': '/home/u'}):
       os.environ.pop('XDG_CACHE_HOME', None)
       self.assertEqual(compile_cache.default_folder(), pathlib.Path('/home/u/.cache/specdec_jax'))
+      self.assertEqual(compile_cache.folder_for('~/cc'), pathlib.Path('/home/u/cc'))  # not ./~
 
   def test_jax_own_setting_wins_over_the_default(self):
     with jax_cache_dir('/from/env'):

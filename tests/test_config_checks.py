@@ -113,6 +113,21 @@ class ConfigChecksTest(absltest.TestCase):
       fields[name] = accepted
       generate.check_config(config)
 
+  def test_empty_latency_classes_are_refused(self):
+    config = generate_config.get_config()
+    config.latency_classes = ()
+    with self.assertRaisesRegex(cli.ConfigError, r'config.latency_classes=\(\)'):
+      generate.check_config(config)
+
+  def test_without_methods_every_method_is_checked(self):
+    """methods=None (the default) means all methods: SJD-PAC's tree must lie inside the
+    Jacobi window even when no method list is given."""
+    config = generate_config.get_config()
+    config.jacobi_window, config.pac_depth = 4, 4
+    config_checks.check_for_family(config, FAMILY, 'config', ('vanilla', 'sjd'))  # no PAC
+    with self.assertRaisesRegex(cli.ConfigError, 'config.pac_depth=4'):
+      config_checks.check_for_family(config, FAMILY, 'config')
+
   def test_eagle2_top_k_may_be_the_vocabulary_size_but_not_more(self):
     """A node has at most V children: eagle2_top_k = V passes with the family, V + 1
     is refused naming the vocabulary."""

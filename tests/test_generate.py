@@ -478,6 +478,18 @@ class GenerateTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "start with 'vanilla'"):
       methods_lib.build_methods(config, None)
 
+  def test_a_partial_bundle_is_named_not_loaded(self):
+    """Every part and the reference features must be there (linked from the shipped one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+      os.symlink(family_lib.BUNDLE_DIR / 'tokenizer', os.path.join(tmp, 'tokenizer'))
+      self.assertFalse(family_lib.bundle_available(tmp))  # one part of five
+      for part in family_lib.PARTS[1:]:
+        os.symlink(family_lib.BUNDLE_DIR / part, os.path.join(tmp, part))
+      self.assertTrue(family_lib.bundle_available(tmp))
+      with self.assertRaisesRegex(FileNotFoundError, r'not a complete model bundle \(missing: '
+                                  r'reference_features.npz\)'):
+        family_lib.load(tmp)
+
   def test_toy_demo_lossless_methods_match_target_law(self):
     config = generate_config.get_config()
     config.images_per_class = 2

@@ -86,7 +86,10 @@ def ink(pattern: str) -> np.ndarray:
 class RemoveEarlierFiguresTest(absltest.TestCase):
 
   def test_only_grids_an_earlier_run_listed_are_removed(self):
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as parent:
+      out = os.path.join(parent, 'out')
+      os.makedirs(out)
+      open(os.path.join(parent, 'x.png'), 'w').close()  # '../x' below: outside the folder
       for name in ('vanilla', 'uniform', 'coolsd', 'mine'):
         open(os.path.join(out, f'{name}.png'), 'w').close()
       images.remove_earlier_figures(out, kept=['vanilla'])  # no results.json: a user's folder
@@ -97,6 +100,7 @@ class RemoveEarlierFiguresTest(absltest.TestCase):
       images.remove_earlier_figures(out, kept=['vanilla'])
       self.assertCountEqual(os.listdir(out), ['vanilla.png', 'coolsd.png', 'mine.png',
                                               'results.json'])
+      self.assertTrue(os.path.exists(os.path.join(parent, 'x.png')))
 
 
 class FontTest(absltest.TestCase):

@@ -12,6 +12,7 @@ of 0.3, a rule that did not reach the decode gives none).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -107,9 +108,24 @@ class MethodRuleTest(parameterized.TestCase):
     # LANTERN++'s table has the columns its residual reads (k + 1 for the published one).
     self.assertEqual(np.shape(built['lantern_pp'].rule.neighbors),
                      (VOCAB, rules.neighbor_columns(7, 'published_llamagen')))
+    # results.json's record of each method names the values its mode runs with.
+    checked = 0
+    for name, method in built.items():
+      for key, value in method.hyperparameters.items():
+        field = {'draft_length': 'k'}.get(key, key)
+        if hasattr(method.mode, field):
+          self.assertEqual(value, getattr(method.mode, field), (name, key))
+          checked += 1
+    self.assertGreaterEqual(checked, 20)
     # vanilla_seed1 is vanilla's law under another key (the noise floor of the drift measures).
     self.assertEqual(built['vanilla_seed1'].mode, built['vanilla'].mode)
     self.assertNotEqual(built['vanilla_seed1'].seed_offset, built['vanilla'].seed_offset)
+
+  def test_rule_hyperparameters_record_numpy_and_jax_scalars(self):
+    self.assertEqual(methods_lib.rule_hyperparameters(rules.UniformRelaxed(omega=np.float32(2))),
+                     {'omega': 2.0})
+    self.assertEqual(methods_lib.rule_hyperparameters(rules.CoolSD(delta=jnp.float32(2.5)))
+                     ['delta'], 2.5)
 
   def test_scd_takes_gsd(self):
     built, _ = _method('scd', scd_rule='gsd')

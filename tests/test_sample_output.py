@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import shutil
+import subprocess
 import tempfile
 from unittest import mock
 
@@ -145,6 +146,14 @@ class OutputTest(absltest.TestCase):
       sample_output.merge(self.out, [range(0, 3), range(3, 5)])
     with self.assertRaisesRegex(ValueError, r'covers images 0..2, not 0..3'):
       sample_output.read_chunk(self.out, 0, range(0, 4))
+
+  def test_records_of_other_indices_are_refused(self):
+    """A chunk whose images hold the right indices but whose metric records name
+    other images (indices 5, 6 for images 0, 1) is not read."""
+    sample_output.commit_chunk(self.out, 0, np.arange(2), np.zeros((2, 4, 4, 3), np.uint8),
+                               [dict(index=5), dict(index=6)], process=0, write_png=False)
+    with self.assertRaisesRegex(ValueError, r'\(2 records\), expected range\(0, 2\)'):
+      sample_output.read_chunk(self.out, 0, range(0, 2))
 
   def test_a_committed_chunk_is_one_whose_files_match_its_manifest(self):
     """A missing or emptied data file or a truncated manifest uncommits the chunk,
@@ -300,6 +309,17 @@ class OutputTest(absltest.TestCase):
     with self.assertRaisesRegex(sample_folder.FolderMismatchError, 'num_images: 10'):
       sample_folder.check_folder(self.out, fingerprint)  # no way back to the smaller set
 
+  def test_an_unchanged_restart_records_no_extension(self):
+    """A restart with the folder's num_images (record=True) leaves config.json as it
+    was: no `extended` entry (only a larger num_images extends the set)."""
+    fingerprint = dict(method='eagle', num_images=6, seed=0)
+    self._write_folder(fingerprint)
+    path = pathlib.Path(self.out, sample_output.CONFIG)
+    before = path.read_bytes()
+    self.assertTrue(sample_folder.check_folder(self.out, dict(fingerprint), record=True))
+    self.assertNotIn('extended', json.loads(path.read_text()))
+    self.assertEqual(path.read_bytes(), before)
+
   def test_a_setting_added_by_newer_code_is_accepted_only_at_its_default(self):
     """A folder written before a hyperparameter existed lacks it: with the code's change
     allowed and the setting at its default it continues (recorded); otherwise refused."""
@@ -335,6 +355,25 @@ class OutputTest(absltest.TestCase):
     self.assertEqual(identity['jax'], jax.__version__)
     if (pathlib.Path(specdec_jax.__file__).parents[1] / '.git').exists():  # a checkout
       self.assertRegex(identity['git_commit'], r'^[0-9a-f]{40}\+?$')
+
+  def test_git_commit_marks_edited_tracked_files(self):
+    """In a checkout, git_commit() is HEAD's hash, with '+' once a tracked file of
+    the package is edited."""
+    root = pathlib.Path(self.out).resolve()
+    init = root / 'specdec_jax' / '__init__.py'
+    init.parent.mkdir()
+    init.write_text('')
+    git = lambda *args: subprocess.run(
+        ['git', '-C', str(root), '-c', 'user.name=t', '-c', 'user.email=t@t', *args],
+        check=True, capture_output=True, text=True).stdout.strip()
+    git('init', '-q')
+    git('add', '.')
+    git('commit', '-qm', 'x')
+    head = git('rev-parse', 'HEAD')
+    with mock.patch.object(specdec_jax, '__file__', str(init)):
+      self.assertEqual(sample_folder.git_commit(), head)
+      init.write_text('edited = True\n')
+      self.assertEqual(sample_folder.git_commit(), head + '+')
 
   def test_unreadable_config_json_is_refused(self):
     pathlib.Path(self.out, sample_output.CONFIG).write_text('{"fingerp')

@@ -40,6 +40,7 @@ class InitializeDistributedTest(absltest.TestCase):
       for num_processes, process_id, message in (
           (0, 0, r'--num_processes=0: must be at least 1'),
           (2, 5, r'--process_id=5: must be in \[0, 2\)'),
+          (2, 2, r'--process_id=2: must be in \[0, 2\)'),
           (2, -1, r'--process_id=-1: must be in \[0, 2\)'),
           (None, -1, r'--process_id=-1: must be at least 0')):
         with self.assertRaisesRegex(cli.ConfigError, message):

@@ -101,6 +101,27 @@ class SampleRestartsTest(absltest.TestCase):
     sample_output.write_summary(self.out, nothing)
     self.assertEqual(json.loads(path.read_text()), redone)  # the measurements of the last decode
 
+  def test_a_rerun_that_decoded_nothing_keeps_every_measured_field(self):
+    """Every field the decoding run measured (its rates, times, compile time and
+    topology) survives a rerun that decoded nothing; the other fields are the rerun's."""
+    path = pathlib.Path(self.out, sample_output.SUMMARY)
+    measured = ('images_per_s', 'tokens_per_s', 'wall_s', 'decode_loop_s', 'compile_s',
+                'processes', 'devices', 'global_batch', 'host')
+    earlier = {key: f'earlier {key}' for key in measured}
+    path.write_text(json.dumps(dict(earlier, images_this_run=9, num_images=9)))
+    rerun = {key: f'rerun {key}' for key in measured}
+    sample_output.write_summary(self.out, dict(rerun, images_this_run=0, num_images=12))
+    self.assertEqual(json.loads(path.read_text()),
+                     dict(earlier, images_this_run=9, num_images=12))
+
+  def test_conditions_record_the_class_ids_not_their_rows(self):
+    """With classes (3, 7), condition rows 0, 1, 0, 1 are labels 3, 7, 3, 7 (the
+    `label` of metrics.jsonl); prompts (t2i, no classes) record the row."""
+    conditions = sample_model.Conditions('label', classes=np.asarray([3, 7], np.int32))
+    np.testing.assert_array_equal(conditions.values(np.asarray([0, 1, 0, 1])), [3, 7, 3, 7])
+    prompts = sample_model.Conditions('prompt')
+    np.testing.assert_array_equal(prompts.values(np.asarray([0, 1, 0, 1])), [0, 1, 0, 1])
+
   def test_a_run_that_decoded_nothing_and_found_no_summary_writes_null_rates(self):
     """Runs that committed every chunk but stopped before merging leave no summary
     (stop_after_chunks, SIGTERM at the last round): the merging rerun measured no

@@ -4,6 +4,7 @@ import functools
 import itertools
 import json
 import os
+import shutil
 import tempfile
 import time
 import types
@@ -222,6 +223,38 @@ class ResumeConfigTest(absltest.TestCase):
                                   r"fit this run's model or optimizer \(Requested shape"):
         training.fit(_counting_step, other, self.batches, num_steps=8, workdir=workdir,
                      key=jax.random.key(0), config=_run_config())
+
+
+class RunRecordTest(absltest.TestCase):
+  """run_record's comparison on its own: which fields a resume may change."""
+
+  def setUp(self):
+    super().setUp()
+    self.workdir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.workdir)
+
+  def recorded(self, step_folder: str = '4', **config):
+    run_record.record(self.workdir, config, 'test', resumed=False)
+    os.makedirs(os.path.join(run_record.checkpoint_dir(self.workdir), step_folder))
+
+  def test_paths_and_folders_may_move(self):
+    self.recorded(data_dir='/old/data', tokens_path='/old/t.npz', learning_rate=0.1)
+    run_record.check_resume(self.workdir, dict(data_dir='/new/data', tokens_path='/new/t.npz',
+                                               learning_rate=0.1))
+    with self.assertRaisesRegex(cli.ConfigError, 'config.learning_rate=0.2'):
+      run_record.check_resume(self.workdir, dict(data_dir='/old/data', tokens_path='/old/t.npz',
+                                                 learning_rate=0.2))
+
+  def test_a_killed_save_is_not_a_checkpoint(self):
+    self.recorded(step_folder='4.orbax-checkpoint-tmp', learning_rate=0.1)
+    self.assertFalse(run_record.has_checkpoints(self.workdir))
+    run_record.check_resume(self.workdir, dict(learning_rate=0.2))  # nothing to continue
+
+  def test_a_time_budget_may_grow_but_not_become_a_step_schedule(self):
+    self.recorded(train_minutes=5.0, learning_rate=0.1)
+    run_record.check_resume(self.workdir, dict(train_minutes=10.0, learning_rate=0.1))
+    with self.assertRaisesRegex(cli.ConfigError, 'config.train_minutes=0.0'):
+      run_record.check_resume(self.workdir, dict(train_minutes=0.0, learning_rate=0.1))
 
 
 class TimeBudgetTest(absltest.TestCase):
