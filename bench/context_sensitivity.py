@@ -41,7 +41,7 @@ from specdec_jax.app import generate as generate_app  # pylint: disable=g-import
 
 _OUT = flags.DEFINE_string('out', 'bench/results/context_sensitivity', 'Output folder.')
 _IMAGES = flags.DEFINE_integer('images', 200, 'Vanilla images (every class in turn).',
-                               lower_bound=1)
+                               lower_bound=2)  # the standard error is over images
 _POSITIONS = flags.DEFINE_integer('positions', 8, 'Perturbed positions per image.',
                                   lower_bound=1)
 _MAX_OFFSET = flags.DEFINE_integer('max_offset', 32, 'Largest offset j measured.')
@@ -98,9 +98,6 @@ def plot(path: str, offsets, mean, stderr, grid_width: int) -> None:
 
 def main(argv):
   del argv
-  if _IMAGES.value < 2:
-    raise app.UsageError('--images must be at least 2 (the standard error is over images), '
-                         f'got {_IMAGES.value}.')
   generate_app.use_single_thread_xla()
   import numpy as np  # pylint: disable=g-import-not-at-top
   from specdec_jax import logits  # pylint: disable=g-import-not-at-top
@@ -114,9 +111,9 @@ def main(argv):
   if _MAX_OFFSET.value < family.grid[1]:  # the JSON's 'below' fields read offset G
     raise app.UsageError(f'--max_offset must be at least the grid width {family.grid[1]} '
                          f'(the token below), got {_MAX_OFFSET.value}.')
-  positions = family.num_tokens - _MAX_OFFSET.value - 1  # 1..L-max_offset-1 are perturbed
-  if _POSITIONS.value > positions:
-    raise app.UsageError(f'--positions must be at most {positions} (the positions followed '
+  most_positions = family.num_tokens - _MAX_OFFSET.value - 1  # 1..L-max_offset-1 are drawn
+  if _POSITIONS.value > most_positions:
+    raise app.UsageError(f'--positions must be at most {most_positions} (the positions followed '
                          f'by --max_offset={_MAX_OFFSET.value} tokens), got {_POSITIONS.value}.')
   sampling = logits.Sampling(**config.sampling.to_dict())
   vanilla = methods_lib.build_methods(config, family)[0]
@@ -147,7 +144,8 @@ def main(argv):
   mean = distances.mean(0)
   # An image's perturbations share its tokens, so they are not independent: the
   # standard error is over the images' own means (each holds --positions rows).
-  per_image = distances.reshape(len(tokens), _POSITIONS.value, max_offset).mean(1)
+  per_image = np.zeros((len(tokens), max_offset))
+  np.add.at(per_image, images, distances / _POSITIONS.value)
   stderr = per_image.std(0, ddof=1) / np.sqrt(len(per_image))
   grid_width = family.grid[1]
   print('| offset j | TV mean | s.e. |')

@@ -59,7 +59,8 @@ _WIDTHS = flags.DEFINE_list('widths', ['14', '48', '384'],
 _WINDOWS = flags.DEFINE_list('windows', ['4', '8', '16', '32'], 'Jacobi windows W.')
 _METHODS = flags.DEFINE_list('methods', ['sjd', 'scd', 'sjd_pac'], "'sjd' is the reference.")
 _NUM_TOKENS = flags.DEFINE_integer('num_tokens', 384, 'Tokens per image (8 rows of 48).')
-_IMAGES = flags.DEFINE_integer('images', 200, 'Images per (width, window, method).')
+_IMAGES = flags.DEFINE_integer('images', 200, 'Images per (width, window, method).',
+                               lower_bound=2)  # a standard error needs two
 _VOCAB = flags.DEFINE_integer('vocab', 256, 'Image tokens V of the toy.')
 _SCALES = flags.DEFINE_list('scales', ['0.3', '0.75', '2.0'],
                             'Standard deviations of the table logits (one table each).')

@@ -40,6 +40,7 @@ import numpy as np
 
 from pareto_knobs import CSD_LAMS, DELTAS, LANTERN_LAMS  # bench/pareto_knobs.py
 import plotting  # bench/plotting.py
+from specdec_jax import jacobi_drafts
 
 # The 2026 methods' relaxed variants (their *_rule hyperparameter): EAGLE-2's
 # tree with COOL-SD, SCD's and SJD-PAC's Jacobi drafts with CSD.
@@ -50,6 +51,7 @@ SCD_CHAIN_RULE_DELTAS = (2.0,)
 SCD_LANTERN_LAMS = (3.0,)
 JACOBI_WINDOW = 8  # the committed sweep's (the main command's default is now 4)
 JACOBI_INIT = 'spatial'  # fresh Jacobi drafts: the main command's (the first sweep ran 'random')
+JACOBI_METHODS = ('sjd', 'scd', 'sjd_pac', 'gsd', 'csd')  # those reading the two settings above
 
 
 def sweep_points() -> list[tuple]:
@@ -88,7 +90,8 @@ def sweep_points() -> list[tuple]:
 def sampler_settings(point: tuple, num_images: int, jacobi_init: str = JACOBI_INIT) -> dict:
   """The sampler config fields (dotted names) a point sets: those its images depend on."""
   _, _, _, method, hparams, seed = point
-  hparams = {'jacobi_window': JACOBI_WINDOW, 'jacobi_init': jacobi_init, **hparams}
+  if method in JACOBI_METHODS:  # other methods' images do not depend on them
+    hparams = {'jacobi_window': JACOBI_WINDOW, 'jacobi_init': jacobi_init, **hparams}
   return {'method': method, 'num_images': num_images, 'seed': seed,
           **{f'hparams.{key}': value for key, value in hparams.items()}}
 
@@ -215,7 +218,7 @@ def select_points(points: list[tuple], names: str) -> list[tuple]:
   """The points named in the comma-separated `names` ('' = all), in sweep order; vanilla
   must be among them (the drift reference). SystemExit names unknown points."""
   if names:
-    wanted = names.split(',')
+    wanted = [name.strip() for name in names.split(',')]
     unknown = [name for name in wanted if name not in {point[0] for point in points}]
     if unknown:
       raise SystemExit(f'--points: unknown point(s) {unknown}; the sweep has '
@@ -234,7 +237,7 @@ def main(argv=None) -> dict:
   parser.add_argument('--num_images', type=int, default=2000)
   parser.add_argument('--batch', type=int, default=50, help='Images per decode call.')
   parser.add_argument('--points', default='', help='Comma-separated point names (default all).')
-  parser.add_argument('--jacobi_init', default=JACOBI_INIT, choices=('random', 'spatial'),
+  parser.add_argument('--jacobi_init', default=JACOBI_INIT, choices=jacobi_drafts.INITS,
                       help="Fresh Jacobi drafts (the first sweep ran 'random').")
   args = parser.parse_args(argv)
   points = select_points(sweep_points(), args.points)

@@ -485,10 +485,13 @@ class GenerateTest(absltest.TestCase):
       self.assertFalse(family_lib.bundle_available(tmp))  # one part of five
       for part in family_lib.PARTS[1:]:
         os.symlink(family_lib.BUNDLE_DIR / part, os.path.join(tmp, part))
-      self.assertTrue(family_lib.bundle_available(tmp))
+      self.assertFalse(family_lib.bundle_available(tmp))  # no reference features
       with self.assertRaisesRegex(FileNotFoundError, r'not a complete model bundle \(missing: '
                                   r'reference_features.npz\)'):
         family_lib.load(tmp)
+      os.symlink(family_lib.BUNDLE_DIR / 'reference_features.npz',
+                 os.path.join(tmp, 'reference_features.npz'))
+      self.assertTrue(family_lib.bundle_available(tmp))
 
   def test_toy_demo_lossless_methods_match_target_law(self):
     config = generate_config.get_config()

@@ -47,7 +47,6 @@ class SweepPointsTest(absltest.TestCase):
       built = methods_lib.build_methods(config, family)
       self.assertEqual(built[-1].name, method, name)
 
-
   def test_points_are_selected_by_name_and_unknown_names_refused(self):
     points = pareto_sampled.sweep_points()
     chosen = pareto_sampled.select_points(points, 'coolsd_2,vanilla')
@@ -64,6 +63,8 @@ class SweepPointsTest(absltest.TestCase):
                      pareto_sampled.JACOBI_INIT)
     self.assertEqual(pareto_sampled.sampler_settings(point, 8, 'random')['hparams.jacobi_init'],
                      'random')
+    self.assertNotIn('hparams.jacobi_init', pareto_sampled.sampler_settings(
+        pareto_sampled.sweep_points()[0], 8))  # vanilla does not read it
 
 
 class ReusedSetsTest(absltest.TestCase):

@@ -292,14 +292,17 @@ class OutputTest(absltest.TestCase):
     with self.assertRaisesRegex(sample_folder.FolderMismatchError, 'seed: 0'):  # and another change
       sample_folder.check_folder(self.out, dict(fingerprint, num_images=10, seed=1), record=True)
     self.assertEqual(json.loads(path.read_text())['fingerprint'], fingerprint)
-    verbosity = absl_logging.get_verbosity()
+    # The absl logger's own level is restored, not set_verbosity(get_verbosity()), which
+    # turns an unset level into WARNING for every later test in the process.
+    absl_logger = absl_logging.get_absl_logger()
+    level = absl_logger.level
     absl_logging.set_verbosity(absl_logging.INFO)  # another test may have raised it
     try:
       with self.assertLogs(level='INFO') as logged:
         self.assertTrue(sample_folder.check_folder(self.out, dict(fingerprint, num_images=10),
                                                    record=True))
     finally:
-      absl_logging.set_verbosity(verbosity)
+      absl_logger.setLevel(level)
     self.assertIn('extending the set (num_images: 6 -> 10)', logged.output[0])
     stored = json.loads(path.read_text())
     self.assertEqual(stored['fingerprint'], dict(fingerprint, num_images=10))
@@ -363,9 +366,16 @@ class OutputTest(absltest.TestCase):
     init = root / 'specdec_jax' / '__init__.py'
     init.parent.mkdir()
     init.write_text('')
+    if shutil.which('git') is None:
+      self.skipTest('git is not installed')
+    # A clean git: no repository or index named by the environment (a hook's), no user
+    # config (signing, hooks).
+    env = {k: v for k, v in os.environ.items() if not k.startswith('GIT_')}
+    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM='1')
     git = lambda *args: subprocess.run(
-        ['git', '-C', str(root), '-c', 'user.name=t', '-c', 'user.email=t@t', *args],
-        check=True, capture_output=True, text=True).stdout.strip()
+        ['git', '-C', str(root), '-c', 'user.name=t', '-c', 'user.email=t@t',
+         '-c', 'commit.gpgsign=false', *args],
+        check=True, capture_output=True, text=True, env=env).stdout.strip()
     git('init', '-q')
     git('add', '.')
     git('commit', '-qm', 'x')

@@ -70,8 +70,7 @@ class ReuseTest(absltest.TestCase):
         ('num_images', 300, 'num_images: 300 (folder) -> 200 (this sweep)'),
         ('seed', 3, 'seed: 3 (folder) -> 0 (this sweep)'),
         ('method', 'uniform', "method: 'uniform' (folder) -> 'coolsd' (this sweep)"),
-        ('hparams.coolsd_delta', 4.0, 'hparams.coolsd_delta: 4.0 (folder) -> 2.0'),
-        ('hparams.jacobi_window', 4, 'hparams.jacobi_window: 4 (folder) -> 8')):
+        ('hparams.coolsd_delta', 4.0, 'hparams.coolsd_delta: 4.0 (folder) -> 2.0')):
       with self.subTest(name):
         folder = os.path.join(self.root, 'coolsd_2')
         shutil.rmtree(folder, ignore_errors=True)
@@ -112,17 +111,31 @@ class ReuseTest(absltest.TestCase):
     folder, run = self.draw(num_images=120)
     command = run.call_args.args[0]
     for flag in ('--config.method=coolsd', '--config.num_images=120', '--config.seed=0',
-                 '--config.hparams.coolsd_delta=2.0', '--config.hparams.jacobi_window=8',
-                 f'--config.out_dir={folder}'):
+                 '--config.hparams.coolsd_delta=2.0', f'--config.out_dir={folder}'):
       self.assertIn(flag, command)
+    self.assertEmpty([flag for flag in command if 'jacobi' in flag])  # a chain method
 
-  def test_the_jacobi_init_asked_for_reaches_the_sampler_and_the_reuse_check(self):
+  def test_the_jacobi_settings_reach_the_sampler_and_the_reuse_check_of_jacobi_points(self):
+    """A Jacobi point's set is its window's and fresh drafts'; a chain point's set is
+    reused whatever --jacobi_init says (its images do not depend on it)."""
+    sjd = ('sjd', 'lossless', None, 'sjd', {}, 0)
     with mock.patch.object(pareto_sampled.subprocess, 'run') as run:
-      pareto_sampled.draw(POINT, self.root, 120, batch=50, jacobi_init='random')
+      pareto_sampled.draw(sjd, self.root, 120, batch=50, jacobi_init='random')
     self.assertIn('--config.hparams.jacobi_init=random', run.call_args.args[0])
-    write_finished_set(os.path.join(self.root, 'coolsd_2'))  # drawn with JACOBI_INIT
+    self.assertIn('--config.hparams.jacobi_window=8', run.call_args.args[0])
+    write_finished_set(os.path.join(self.root, 'sjd'), method='sjd')  # JACOBI_INIT, window 8
     with self.assertRaisesRegex(ValueError, "hparams.jacobi_init: 'spatial' \\(folder\\)"):
-      pareto_sampled.draw(POINT, self.root, 200, batch=50, jacobi_init='random')
+      pareto_sampled.draw(sjd, self.root, 200, batch=50, jacobi_init='random')
+    shutil.rmtree(os.path.join(self.root, 'sjd'))
+    write_finished_set(os.path.join(self.root, 'sjd'), method='sjd',
+                       **{'hparams.jacobi_window': 4})
+    with self.assertRaisesRegex(ValueError, 'hparams.jacobi_window: 4 \\(folder\\) -> 8'):
+      pareto_sampled.draw(sjd, self.root, 200, batch=50)
+    write_finished_set(os.path.join(self.root, 'coolsd_2'))
+    for init in (pareto_sampled.JACOBI_INIT, 'random'):  # reused under either
+      with mock.patch.object(pareto_sampled.subprocess, 'run') as run:
+        pareto_sampled.draw(POINT, self.root, 200, batch=50, jacobi_init=init)
+      run.assert_not_called()
 
 
 if __name__ == '__main__':

@@ -191,7 +191,8 @@ def write_bundle(directory, *, tokenizer, tokenizer_params, target, target_param
 
 def bundle_available(directory: str | pathlib.Path | None = None) -> bool:
   root = pathlib.Path(directory) if directory else BUNDLE_DIR
-  return all((root / p / common.META_FILENAME).exists() for p in PARTS)
+  return (all((root / p / common.META_FILENAME).exists() for p in PARTS)
+          and (root / 'reference_features.npz').exists())  # what `load` reads
 
 
 def load(directory: str | pathlib.Path | None = None) -> Family:
