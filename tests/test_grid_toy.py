@@ -8,12 +8,14 @@ the whole ancestor path of the tree mask, where MarkovToy's checks one edge.
 Modes: SJD, SCD and SJD-PAC (Jacobi), EAGLE-2's per-image trees, a static
 tree and a chain, the trees three drafts deep.
 
-Chi-square of 2**14 images over the V**n = 3**6 = 729 sequences of a 2 x 3
+Chi-square of 2**16 images over the V**n = 3**6 = 729 sequences of a 2 x 3
 grid (sequences with expected count under 5 merged into groups of similar
-probability, `testing.chi_square_pvalue`), p > 1e-4, as tests/decode_support.py:
-a law whose chi-square divergence from the target over those bins is >= 0.012
-(noncentrality 2**14 x 0.012 = 197 over the 173-275 degrees of freedom) is
-rejected with probability >= 0.99 (0.998 at 275).
+probability, `testing.chi_square_pvalue`), p > 1e-4 as tests/decode_support.py,
+but 4x its images: the grid has more bins (about 200-410 degrees of freedom
+after merging), and at 2**14 a law at total variation 0.04 spread over them
+was rejected with probability 0.15-0.3 only (simulated). At 2**16 any law at
+TV >= 0.04 (chi-square divergence >= 4 TV^2 = 0.0064, noncentrality 419) is
+rejected with probability > 0.999.
 Negative controls that must fail: the same tokens against the law with the
 upper neighbour ignored (the toy's second read is visible in the test: total
 variation 0.75), and
@@ -45,10 +47,10 @@ from specdec_jax import verify
 from specdec_jax.app import toy
 from specdec_jax.models import tiny
 from tests.decode_support import _chi_square_pvalue
-from tests.decode_support import NUM_SAMPLES
 from tests.decode_support import P_THRESHOLD
 
-VOCAB, CLASSES, WIDTH, NUM_TOKENS = 3, 2, 3, 6  # NUM_SAMPLES, P_THRESHOLD: the Markov tests'
+VOCAB, CLASSES, WIDTH, NUM_TOKENS = 3, 2, 3, 6  # P_THRESHOLD: the Markov tests'
+NUM_SAMPLES = 2 ** 16  # images per law (module docstring: the power at 729 sequences)
 GRID = toy.GridToy(VOCAB, CLASSES, WIDTH)
 PARAMS = GRID.init_params(jax.random.key(0))
 MARKOV = toy.MarkovToy(VOCAB, CLASSES)  # the same table shape: it runs on PARAMS too

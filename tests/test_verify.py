@@ -34,6 +34,23 @@ class TargetAsResidual(rules.Lossless):
     return target_probs
 
 
+def next_token_reports(rule, draft_probs, target_probs, num_accepted, next_token) -> list:
+  """`testing.bins_match` of the token after each stop n = 0..k against its law under
+  `rule`: position n+1's residual mixture after a rejection there, the bonus law at k."""
+  k, vocab = draft_probs.shape
+  reports = []
+  for stop in range(k + 1):
+    if stop == k:
+      law = target_probs[k]
+    else:  # rejected at position stop+1: law of the residual mixture
+      d, t = draft_probs[stop], target_probs[stop]
+      accept = rule.accept_prob(d, t, stop + 1)
+      law = (verify.output_law(rule, d, t, stop + 1) - d * accept) / (1 - jnp.sum(d * accept))
+    reports.append(testing.bins_match(testing.histogram(next_token[num_accepted == stop], vocab),
+                                      law))
+  return reports
+
+
 def sample_chain(rule, draft_probs, target_probs, seed=0, num_samples=NUM_SAMPLES):
   """Runs verify_chain on num_samples independent drafts; returns
   (draft_tokens [n, k], num_accepted [n], next_token [n])."""
@@ -100,16 +117,22 @@ class ChainMonteCarloTest(parameterized.TestCase):
     report = testing.bins_match(testing.histogram(num_accepted, k + 1), length_law)
     self.assertTrue(report.ok, report.message)
 
-    for stop in range(k + 1):
-      rows = num_accepted == stop
-      if stop == k:
-        law = target_probs[k]
-      else:  # rejected at position stop+1: law of the residual mixture
-        d, t = draft_probs[stop], target_probs[stop]
-        accept = rule.accept_prob(d, t, stop + 1)
-        law = (verify.output_law(rule, d, t, stop + 1) - d * accept) / (1 - jnp.sum(d * accept))
-      report = testing.bins_match(testing.histogram(next_token[rows], vocab), law)
+    for stop, report in enumerate(next_token_reports(rule, draft_probs, target_probs,
+                                                     num_accepted, next_token)):
       self.assertTrue(report.ok, f'stop {stop}: {report.message}')
+
+  def test_conditional_next_token_negative_control(self):
+    """Resampling from the target instead of the residual keeps the accepted-length law
+    (the same acceptance) but moves the token after a rejection: some stop must fail."""
+    vocab, k = 16, 4
+    pairs = [dirichlet_pair(20 + i, vocab, concentration=1.0) for i in range(k + 1)]
+    draft_probs = jnp.stack([d for d, _ in pairs[:k]])
+    target_probs = jnp.stack([t for _, t in pairs])
+    _, num_accepted, next_token = sample_chain(TargetAsResidual(), draft_probs, target_probs,
+                                               seed=3)
+    reports = next_token_reports(rules.Lossless(), draft_probs, target_probs, num_accepted,
+                                 next_token)
+    self.assertFalse(all(report.ok for report in reports), [r.message for r in reports])
 
   def test_accepted_length_negative_control(self):
     vocab, k = 16, 3

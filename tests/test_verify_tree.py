@@ -20,9 +20,11 @@ from tests.verify_support import NUM_SAMPLES
 from tests.verify_support import AcceptEverything
 
 
-def sample_tree(rule, tree, draft_probs, target_probs, seed=0, num_samples=NUM_SAMPLES):
+def sample_tree(rule, tree, draft_probs, target_probs, seed=0, num_samples=NUM_SAMPLES,
+                uniforms_map=None):
   """Drafts each node's children without replacement (Gumbel top-k) from the
-  node's draft distribution, then verifies; returns (node_tokens, path, next)."""
+  node's draft distribution, then verifies; returns (node_tokens, path, next).
+  uniforms_map (negative controls): changes each sample's verify uniforms."""
   children = tree.children
   key_draft, key_verify = jax.random.split(jax.random.key(seed))
 
@@ -40,8 +42,14 @@ def sample_tree(rule, tree, draft_probs, target_probs, seed=0, num_samples=NUM_S
     return tokens
 
   node_tokens = jax.vmap(draft_tree)(jax.random.split(key_draft, num_samples))
-  run = jax.jit(jax.vmap(lambda k, toks: verify.verify_tree(
-      rule, k, tree, toks, draft_probs, target_probs)))
+  def verify_one(key, toks):
+    if uniforms_map is None:
+      return verify.verify_tree(rule, key, tree, toks, draft_probs, target_probs)
+    uniforms = uniforms_map(jax.random.uniform(key, (verify.tree_uniforms(tree),)))
+    return verify.verify_tree_with_uniforms(rule, uniforms, tree, toks, draft_probs,
+                                            target_probs)
+
+  run = jax.jit(jax.vmap(verify_one))
   path, num_accepted, next_token = run(jax.random.split(key_verify, num_samples), node_tokens)
   return np.asarray(node_tokens), np.asarray(path), np.asarray(num_accepted), np.asarray(next_token)
 
@@ -414,17 +422,26 @@ class RelaxedTreeMonteCarloTest(parameterized.TestCase):
 
 class SiblingUniformsTest(absltest.TestCase):
 
-  def test_tree_siblings_use_independent_uniforms(self):
-    """Two root siblings, Lossless: the first emitted token must follow p.
-    Reusing sibling 0's uniform for sibling 1 moves P(token 0) from .5 to .467 (and
-    token 2 up by .033): 2200 counts at n = 2^16, against a 6-sigma bound of ~770."""
+  def _first_token_report(self, uniforms_map=None):
     tree = verify.StaticTree.from_paths([(0,), (1,)])
     q, p = jnp.array([.4, .4, .2], jnp.float32), jnp.array([.5, .1, .4], jnp.float32)
-    out = sample_tree(rules.Lossless(), tree, jnp.stack([q] * 3), jnp.stack([p] * 3), seed=4)
+    out = sample_tree(rules.Lossless(), tree, jnp.stack([q] * 3), jnp.stack([p] * 3), seed=4,
+                      uniforms_map=uniforms_map)
     tokens, path, n, nxt = out
     first = np.where(n > 0, tokens[np.arange(len(n)), np.maximum(path[:, 1], 0)], nxt)
-    report = testing.bins_match(testing.histogram(first, 3), p)
+    return testing.bins_match(testing.histogram(first, 3), p)
+
+  def test_tree_siblings_use_independent_uniforms(self):
+    """Two root siblings, Lossless: the first emitted token must follow p."""
+    report = self._first_token_report()
     self.assertTrue(report.ok, report.message)
+
+  def test_negative_control_sibling_reusing_its_elder_uniform_fails(self):
+    """Sibling 1 tested with sibling 0's uniform (entries [s0, s1, next]) moves
+    P(token 0) from .5 to .467 and token 2 up by .033: about 2200 counts at n = 2^16,
+    against a 6-sigma bound of about 770."""
+    report = self._first_token_report(lambda u: u.at[1].set(u[0]))
+    self.assertFalse(report.ok, f'a shared sibling uniform went unnoticed: {report.message}')
 
 
 if __name__ == '__main__':
