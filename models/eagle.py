@@ -34,6 +34,7 @@ which deeper draft steps feed back as `target_hidden`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -254,7 +255,7 @@ class EagleDrafter:
     c = self.config
     tokens = jnp.zeros((1, 1), jnp.int32)
     hidden = jnp.zeros((1, 1, c.hidden_size), c.compute_dtype)
-    return jax.jit(self.module.init)(rng, tokens, hidden, self.init_cache(1, 1))['params']
+    return _init_params(self, rng, tokens, hidden, self.init_cache(1, 1))
 
   def _check(self, tokens, target_hidden, cache, what):
     want = tuple(tokens.shape) + (self.config.hidden_size,)
@@ -339,8 +340,10 @@ class EagleDrafter:
       tokens: int32[B, T], token t + 1 for each feature t.
       target_hidden: [B, T, E] target features (or the drafter's own
         predicted features for deeper draft steps).
-      window_mask: bool[T, T] tree visibility (default causal).
-      depths: int32[T] offsets from the row length (default arange(T)).
+      window_mask: bool[T, W] or, a tree per row, bool[B, T, W] (W >= T; the first
+        W - T columns are the slots just before the row length): tree visibility,
+        default causal; the forms of `protocol.DecodeModel.forward`.
+      depths: int32[T] or int32[B, T] offsets from the row length (default arange(T)).
       logits_at: int32[B] (optional): the head runs only at this position of
         each row (the catch-up needs one; the head is the largest matmul).
     Returns:
@@ -352,3 +355,9 @@ class EagleDrafter:
     logits, hidden, cache = self.module.apply(
         {'params': params}, tokens, target_hidden, cache, window_mask, depths, logits_at)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(drafter: EagleDrafter, rng, tokens, hidden, cache) -> Any:
+  """`EagleDrafter.init_params`, compiled once per drafter config."""
+  return drafter.module.init(rng, tokens, hidden, cache)['params']

@@ -137,8 +137,7 @@ class LlamaGenGPT:
       cond = jnp.zeros((1,), jnp.int32)
     else:
       cond = jnp.zeros((1, c.cls_token_num, c.caption_dim), jnp.float32)
-    init = functools.partial(self.module.init, method=GPTModule.init_all)
-    return jax.jit(init)(rng, tokens, cond, cache)['params']  # jit: eager init is slow
+    return _init_params(self, rng, tokens, cond, cache)
 
   def null_cond(self, params: Any, batch_size: int) -> Any:
     """The unconditional condition for CFG rows (null class / uncond caption)."""
@@ -150,7 +149,9 @@ class LlamaGenGPT:
                        mask=None)
 
   def cfg_cond(self, params: Any, cond: Any) -> Any:
-    """[cond; uncond] rows for CFG, as LlamaGen's generate() builds them.
+    """[cond; uncond] rows for CFG, as LlamaGen's generate() builds them: c2i class
+    ids int32[B] -> int32[2B] (second half the null class `num_classes`); t2i a
+    CaptionCond of B rows -> one of 2B rows (second half the null caption).
 
     t2i: the unconditional rows reuse the conditional rows' mask (as the
     original does with `emb_masks`).
@@ -266,3 +267,10 @@ def forward_logits(params: Any, config: GPTConfig, cond: Any, tokens: jax.Array)
     return prefix.logits[:, -1:]
   rest = model.forward(params, prefix.cache, tokens)
   return jnp.concatenate([prefix.logits[:, -1:], rest.logits], axis=1)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(model: LlamaGenGPT, rng, tokens, cond, cache) -> Any:
+  """`LlamaGenGPT.init_params`, compiled once per model config (eager init is slow; a
+  jit built per call would trace again on every call)."""
+  return model.module.init(rng, tokens, cond, cache, method=GPTModule.init_all)['params']

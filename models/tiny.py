@@ -10,6 +10,7 @@ and in the Markov toys of `specdec_jax.app.toy`, which share `check_class_ids`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -37,7 +38,8 @@ def check_class_ids(cond, num_classes: int, what: str, allow_null: bool) -> None
 
 
 def cfg_class_rows(class_ids, num_classes: int) -> jax.Array:
-  """[cond; uncond] class-id rows for CFG: the null class is `num_classes`."""
+  """[cond; uncond] class-id rows for CFG, int[B] -> int32[2B]: the null class is
+  `num_classes`."""
   class_ids = jnp.asarray(class_ids, jnp.int32)
   return jnp.concatenate([class_ids, jnp.full_like(class_ids, num_classes)])
 
@@ -107,10 +109,7 @@ class TinyTransformer:
 
   def init_params(self, key) -> Any:
     """Random parameters (one jitted init: eager Flax init compiles op by op)."""
-    def init(key):
-      cache = self.init_cache(1, 2)
-      return _TinyLM(self.config).init(key, jnp.zeros((1, 1), jnp.int32), cache)['params']
-    return jax.jit(init)(key)
+    return _init_params(self, key)
 
   def prefix_length(self, cond) -> int:
     del cond
@@ -136,3 +135,10 @@ class TinyTransformer:
     logits, hidden, cache = _TinyLM(self.config).apply(
         {'params': params}, tokens.astype(jnp.int32), cache, window_mask, depths)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(model: TinyTransformer, key) -> Any:
+  """`TinyTransformer.init_params`, compiled once per model config."""
+  cache = model.init_cache(1, 2)
+  return _TinyLM(model.config).init(key, jnp.zeros((1, 1), jnp.int32), cache)['params']

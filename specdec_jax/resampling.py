@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 
 def normalize_or(mass: jax.Array, fallback: jax.Array) -> jax.Array:
-  """mass / sum(mass), or `fallback` when the mass is (numerically) zero.
+  """mass / sum(mass), or `fallback` when the mass is (numerically) zero; mass and
+  fallback f32[..., V] (fallback broadcast to mass), normalised over the last axis.
 
   The zero case only arises when the residual is never sampled (acceptance
   probability one), e.g. identical draft and target; returning a valid

@@ -107,7 +107,8 @@ class Rule:
     return resampling.optimal_residual(draft_probs, target_probs, accept)
 
   def acceptance_rate(self, draft_probs, target_probs, position=1) -> jax.Array:
-    """beta = sum_x d(x) f(x): probability the draft at this position is accepted."""
+    """beta = sum_x d(x) f(x): probability the draft at this position is accepted
+    (draft_probs, target_probs f32[..., V] -> f32[...])."""
     return jnp.sum(draft_probs * self.accept_prob(draft_probs, target_probs, position), -1)
 
   def for_window(self, window: int) -> 'Rule':

@@ -68,7 +68,8 @@ def _top_k_active(top_k: int, vocab: int) -> bool:
 
 def top_k_mask(logits: jax.Array, top_k: int, method: str = 'exact',
                recall: float = 0.95, blocks: int = 1) -> jax.Array:
-  """Drops logits below the k-th largest (ties with it are kept, as LlamaGen).
+  """Drops logits below the k-th largest (ties with it are kept, as LlamaGen):
+  logits f32[..., V] -> f32[..., V] with the dropped entries at -inf.
 
   method 'exact' finds the k-th value with `kth_largest` (bisection; a sort
   of V and `lax.top_k` cost about 100x more on one CPU core, and XLA's
@@ -240,6 +241,7 @@ def top_p_mask(logits: jax.Array, top_p) -> jax.Array:
   """Nucleus filtering as Hugging Face: keep the smallest prefix (by
   descending probability) whose mass reaches top_p; the first token is always
   kept. A concrete top_p >= 1 returns the logits; top_p may be traced.
+  logits f32[..., V] -> f32[..., V], the dropped entries at -inf.
   """
   if isinstance(top_p, (int, float)) and top_p >= 1.0:
     return logits

@@ -65,7 +65,10 @@ def tv_distance(p, q) -> jax.Array:
 
 
 def excess_acceptance(rule, draft_probs, target_probs, position=1) -> jax.Array:
-  """sum_x [d(x) f(x) - t(x)]_+: TV(out, t) under G*, and a lower bound for any G."""
+  """sum_x [d(x) f(x) - t(x)]_+: TV(out, t) under G*, and a lower bound for any G.
+
+  draft_probs, target_probs: f32[..., V], one shape; returns f32[...].
+  """
   check_probs('draft_probs', draft_probs)
   check_probs('target_probs', target_probs, jnp.shape(draft_probs)[-1])
   if jnp.shape(draft_probs) != jnp.shape(target_probs):

@@ -27,7 +27,8 @@ def frechet_distance(mean1, cov1, mean2, cov2) -> float:
   """||m1 - m2||^2 + tr(C1 + C2 - 2 (C1^1/2 C2 C1^1/2)^1/2), the FID formula.
 
   Uses the symmetric form, so the square roots are of positive semidefinite
-  matrices (eigendecomposition, no complex parts).
+  matrices (eigendecomposition, no complex parts). mean1, mean2: [F];
+  cov1, cov2: [F, F] (`feature_statistics`).
   """
   mean1, mean2 = np.asarray(mean1, np.float64), np.asarray(mean2, np.float64)
   cov1, cov2 = np.asarray(cov1, np.float64), np.asarray(cov2, np.float64)
@@ -46,7 +47,8 @@ def features_frechet(features_a, features_b) -> float:
 
 
 def class_accuracy(predicted_logits, labels) -> float:
-  """Fraction of images whose argmax class equals the requested label."""
+  """Fraction of images whose argmax class equals the requested label
+  (predicted_logits [N, C], labels int[N])."""
   predicted = np.argmax(np.asarray(predicted_logits), axis=-1)
   labels = np.asarray(labels)
   if predicted.shape != labels.shape:
