@@ -138,6 +138,7 @@ class PatchTokenizer:
     return patches_to_image(patches, grid, self.config.patch_size, self.config.in_channels)
 
   def to_uint8(self, images: jax.Array) -> jax.Array:
+    """Decoded float images [..., H, W, C] -> uint8 of the same shape (`vq.to_uint8`)."""
     return vq_lib.to_uint8(images, self.config.uint8_style)
 
 

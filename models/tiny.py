@@ -120,11 +120,15 @@ class TinyTransformer:
     check_class_ids(cond, self.config.num_classes, 'generate: cond', allow_null=True)
 
   def init_cache(self, batch_size: int, capacity: int) -> kv.KVCache:
+    """An empty cache of `batch_size` rows and `capacity` slots (`kv.init_cache`)."""
     c = self.config
     return kv.init_cache(num_layers=c.num_layers, batch_size=batch_size, capacity=capacity,
                          num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=c.dtype)
 
   def prefill(self, params, cache, cond) -> protocol.ForwardOutput:
+    """Class ids int[B] (null class `num_classes` for CFG rows) -> ForwardOutput:
+    logits f32[B, 1, V] for the first image token, hidden [B, 1, E], cache advanced
+    by the prefix (`protocol.DecodeModel.prefill`)."""
     check_class_ids(cond, self.config.num_classes, 'TinyTransformer.prefill',
                      allow_null=True)
     logits, hidden, cache = _TinyLM(self.config).apply(
@@ -132,6 +136,9 @@ class TinyTransformer:
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)
 
   def forward(self, params, cache, tokens, window_mask=None, depths=None):
+    """Tokens int[B, T] at each row's length -> logits f32[B, T, V], hidden
+    [B, T, E], cache advanced by T; window_mask and depths take the forms of
+    `protocol.DecodeModel.forward` (default a causal chain)."""
     logits, hidden, cache = _TinyLM(self.config).apply(
         {'params': params}, tokens.astype(jnp.int32), cache, window_mask, depths)
     return protocol.ForwardOutput(logits=logits, hidden=hidden, cache=cache)

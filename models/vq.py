@@ -288,7 +288,8 @@ class VQTokenizer:
     return _decode(self.config, params, tokens, grid)
 
   def to_uint8(self, images: jax.Array) -> jax.Array:
-    """Decoded float images -> uint8, as the original repository does it."""
+    """Decoded float images [..., H, W, C] -> uint8 of the same shape, as the original
+    repository does it (`to_uint8`)."""
     return to_uint8(images, self.config.uint8_style)
 
 

@@ -32,7 +32,8 @@ _is_concrete = verify_inputs.is_concrete
 
 def output_law(rule, draft_probs, target_probs, position=1) -> jax.Array:
   """The exact law of the token one verification step emits, f32[V] (f64 for f64
-  inputs), computed in that precision whatever the inputs' dtype.
+  inputs), computed in that precision whatever the inputs' dtype, from one
+  position's draft_probs and target_probs f[V].
 
   out(y) = d(y) f(y) + sum_x d(x) (1 - f(x)) G_x(y); for rules whose residual
   does not depend on the rejected token x this is d f + (1 - beta) G.
