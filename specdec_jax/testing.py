@@ -15,8 +15,10 @@ Two criteria, each with a stated power (README "How correctness is tested"):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
+import jax
 import jax.scipy.special as jsp
 import numpy as np
 
@@ -145,3 +147,29 @@ def sequence_index(sequences, vocab_size: int) -> np.ndarray:
   weights = vocab_size ** np.arange(sequences.shape[-1] - 1, -1, -1, dtype=np.int64)
   return sequences @ weights
 
+
+_TRACE_EVENT = '/jax/core/compile/jaxpr_trace_duration'
+
+
+@contextlib.contextmanager
+def jaxpr_traces():
+  """Records JAX's traces (one entry per jaxpr built, from `jax.monitoring`) while
+  the block runs: a repeated call with the same shapes and static arguments should
+  record none ("compile once").
+
+    with testing.jaxpr_traces() as traces:
+      f(x)
+    assert not traces
+  """
+  traces = []
+
+  def listener(event, duration, **kwargs):
+    del duration, kwargs
+    if event == _TRACE_EVENT:
+      traces.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield traces
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)

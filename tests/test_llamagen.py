@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import testing
 from specdec_jax.converters import llamagen as convert
 from specdec_jax.models import eagle
 from specdec_jax.models import llamagen
@@ -76,21 +77,14 @@ class InitParamsTest(absltest.TestCase):
   def test_init_params_compiles_once_per_config(self):
     """Same-shape init_params calls (another key, another but equal model object) trace
     nothing new: LlamaGen, its EAGLE drafter and the tiny transformer."""
-    traces = []
-    def listener(event, duration, **kwargs):
-      del duration, kwargs
-      if event == '/jax/core/compile/jaxpr_trace_duration':
-        traces.append(event)
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    self.addCleanup(jax.monitoring.unregister_event_duration_listener, listener)
     config = tiny_config()
     for name, make in (('llamagen', lambda: llamagen.LlamaGenGPT(tiny_config())),
                        ('eagle', lambda: eagle.EagleDrafter(eagle.llamagen_drafter_config(config))),
                        ('tiny', tiny.TinyTransformer)):
       first = make().init_params(jax.random.key(0))
-      traced = len(traces)
-      second = make().init_params(jax.random.key(1))
-      self.assertLen(traces, traced, f'{name}: init_params traced again')
+      with testing.jaxpr_traces() as traces:
+        second = make().init_params(jax.random.key(1))
+      self.assertEmpty(traces, f'{name}: init_params traced again')
       chex.assert_trees_all_equal_shapes(first, second)
       self.assertFalse(all(np.array_equal(a, b) for a, b in zip(
           jax.tree.leaves(first), jax.tree.leaves(second))), name)  # the key counts

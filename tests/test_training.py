@@ -23,8 +23,10 @@ from specdec_jax.app import cli
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import run_record
 from specdec_jax.app import training
+from specdec_jax import testing
 from specdec_jax.app.train import classifier as train_classifier
 from specdec_jax.configs import classifier as classifier_config
+from specdec_jax.models import classifier as classifier_model
 
 
 def synthetic_split(num, seed):
@@ -39,6 +41,18 @@ def synthetic_split(num, seed):
 
 
 class ClassifierTrainingTest(absltest.TestCase):
+
+  def test_predict_is_the_model_in_batches_compiled_once(self):
+    model = classifier_model.Classifier()
+    images = np.random.default_rng(0).integers(0, 256, (7, 28, 28, 1), dtype=np.uint8)
+    params = model.init(jax.random.key(0), images[:1])
+    logits, features = train_classifier.predict(model, params, images, batch_size=3)
+    want_logits, want_features = model.apply(params, images)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(features, want_features, rtol=1e-5, atol=1e-5)
+    with testing.jaxpr_traces() as traces:
+      train_classifier.predict(model, params, images, batch_size=3)  # batches of 3, 3, 1
+    self.assertEmpty(traces)  # the first call's two programs are reused
 
   def test_learns_and_resumes(self):
     config = ml_collections.ConfigDict(dict(

@@ -53,10 +53,17 @@ def make_step(model, optimizer):
   return step
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _apply(model, params, images):
+  """model.apply compiled once per (module, shapes): params are an argument, not
+  constants baked into a program built per call."""
+  return model.apply(params, images)
+
+
 def predict(model, params, images, batch_size=500):
-  """(logits [N, 10], features [N, F]) in batches."""
-  apply = jax.jit(functools.partial(model.apply, params))
-  outs = [apply(images[i:i + batch_size]) for i in range(0, len(images), batch_size)]
+  """(logits [N, 10], features [N, F]) of images uint8[N, H, W, 1], in batches."""
+  outs = [_apply(model, params, images[i:i + batch_size])
+          for i in range(0, len(images), batch_size)]
   return (np.concatenate([np.asarray(o[0]) for o in outs]),
           np.concatenate([np.asarray(o[1]) for o in outs]))
 
