@@ -6,6 +6,7 @@ when that pool's expected count stayed below 5)."""
 from __future__ import annotations
 
 from absl.testing import absltest
+import jax
 import numpy as np
 
 from specdec_jax import testing
@@ -92,6 +93,24 @@ class SequenceIndexTest(absltest.TestCase):
         testing.sequence_index(tokens, 4)
     with self.assertRaisesRegex(ValueError, 'sequences must hold ints'):
       testing.sequence_index([[0.5, 1.0]], 4)
+
+
+class JaxprTracesTest(absltest.TestCase):
+
+  def test_records_a_trace_per_new_shape_and_none_for_a_repeat(self):
+    f = jax.jit(lambda x: x * 2 + 1)
+    three, other_three, four, five = (np.ones(n, np.float32) for n in (3, 3, 4, 5))
+    with testing.jaxpr_traces() as traces:
+      f(three)
+    self.assertLen(traces, 1)
+    with testing.jaxpr_traces() as traces:
+      f(other_three)  # same shape: compiled once
+    self.assertEmpty(traces)
+    with testing.jaxpr_traces() as traces:
+      f(four)  # a new shape traces again
+    self.assertLen(traces, 1)
+    f(five)  # outside a block: nothing is recorded (the listener is gone)
+    self.assertLen(traces, 1)
 
 
 if __name__ == '__main__':
