@@ -351,6 +351,11 @@ def main(argv):
     configs = [c for c in configs if re.search(_ONLY.value, c.name)]
   if _EXCLUDE.value:
     configs = [c for c in configs if not re.search(_EXCLUDE.value, c.name)]
+  if not configs:
+    raise app.UsageError(f'no configuration matches --only={_ONLY.value!r} and '
+                         f'--exclude={_EXCLUDE.value!r} (--quick={_QUICK.value}); the names '
+                         'are those of docs/tpu.md\'s tables, such as "xl-c2i-384 B=1 vanilla '
+                         'v5e:2x2".')
   header = {'label': _LABEL.value, 'scan_layers': _SCAN.value,
             'per_row_cache_writes': _PER_ROW_WRITES.value, 'bench_commit': _commit(),
             'jax': jax.__version__, 'libtpu': lib.libtpu_version(),
@@ -370,9 +375,11 @@ def main(argv):
   good = [r for r in results if 'error' not in r]
   table = markdown(good)
   print(table)
-  for r in results:
-    if 'error' in r:
-      print(f"{r['name']}: FAILED {r['error'][:300]}")
+  failed = [r for r in results if 'error' in r]
+  for r in failed:
+    print(f"{r['name']}: FAILED {r['error'][:300]}")
+  if failed:
+    sys.exit(f'{len(failed)} of {len(results)} configurations failed (above).')
   if _MARKDOWN.value:
     with open(_MARKDOWN.value, 'w') as f:
       f.write(table)

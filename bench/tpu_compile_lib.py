@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.metadata
+import math
 import os
 import time
 from typing import Any
@@ -102,7 +103,7 @@ def per_device_bytes(tree) -> int:
   total = 0
   for x in jax.tree.leaves(tree):
     shard = x.sharding.shard_shape(x.shape) if getattr(x, 'sharding', None) else x.shape
-    total += int(jnp.prod(jnp.array(shard))) * jnp.dtype(x.dtype).itemsize
+    total += math.prod(shard) * jnp.dtype(x.dtype).itemsize  # Python ints: no int32 overflow
   return total
 
 
@@ -218,5 +219,8 @@ def kv_bytes(cache) -> int:
 
 
 def layer_kv_bytes(cache: kv.KVCache) -> int:
-  """Global bytes of one layer's key buffer [R, K, D, S]."""
+  """Global bytes of one layer's key buffer [R, K, D, S] (one slice of a stacked
+  cache's [N, R, K, D, S])."""
+  if cache.stacked:
+    return nbytes(cache.keys) // cache.keys.shape[0]
   return nbytes(cache.keys[0])

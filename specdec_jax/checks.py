@@ -17,7 +17,7 @@ Models may declare two optional hooks (`protocol.DecodeModel`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 import inspect
 import re
 import warnings
@@ -173,11 +173,14 @@ def check_key(key, num_images: int) -> None:
       f'got {type(key).__name__} of shape {shape} and dtype {dtype}.')
 
 
-def check_mesh(mesh, target_rules=None, draft_rules=None) -> None:
+def check_mesh(mesh, target_rules=None, draft_rules=None) -> tuple:
   """Raises unless mesh is None or a ('data', 'model') Mesh, with partition rules
-  (None: not checked)."""
+  (None: not checked). Returns (target_rules, draft_rules), a one-shot iterable
+  (a generator) read into a tuple, as the rules are read more than once."""
+  target_rules, draft_rules = (tuple(rules) if isinstance(rules, Iterator) else rules
+                               for rules in (target_rules, draft_rules))
   if mesh is None:
-    return
+    return target_rules, draft_rules
   if not isinstance(mesh, Mesh):
     raise ValueError(f'generate: mesh must be a jax.sharding.Mesh with axes (data, model) '
                      f'(sharding.make_mesh(data, model)) or None, got {mesh!r}.')
@@ -196,6 +199,7 @@ def check_mesh(mesh, target_rules=None, draft_rules=None) -> None:
   for name, rules in (('target_rules', target_rules), ('draft_rules', draft_rules)):
     if rules is not None:
       check_partition_rules(name, rules, mesh)
+  return target_rules, draft_rules
 
 
 def check_partition_rules(name: str, rules, mesh: Mesh) -> None:

@@ -366,7 +366,7 @@ def generate(target, target_params, cond, *, num_tokens: int, key, mode=Vanilla(
   """
   num_tokens = checks.check_num_tokens(num_tokens)  # before it keys the cache
   options = checks.compiler_options_key(compiler_options)
-  checks.check_mesh(mesh, target_rules, draft_rules)
+  target_rules, draft_rules = checks.check_mesh(mesh, target_rules, draft_rules)
   if isinstance(sampling, logits_lib.Sampling):  # static: in the signature
     sampling = vocab_parallel_sampling(sampling, target, mesh)
   rule = checks.float_hyperparameters(rule)  # delta=2 then delta=2.5: one program

@@ -20,6 +20,7 @@ the decode loop pins with `with_sharding_constraint` every iteration.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Sequence
 
@@ -57,12 +58,24 @@ def make_mesh(data: int, model: int, devices: Sequence[Any] | None = None) -> Me
 
 
 def fit_spec(shape: Sequence[int], spec: P, mesh: Mesh) -> P:
-  """Drops mesh axes from dims they do not divide (those dims are replicated)."""
+  """Drops mesh axes from dims they do not divide (those dims are replicated).
+
+  An entry may name one axis or a tuple of axes (the dim is split over their
+  product, e.g. `P(('data', 'model'), None)`). Raises ValueError for an axis the
+  mesh does not have.
+  """
   entries = list(spec) + [None] * (len(shape) - len(spec))
   fitted = []
   for size, axis in zip(shape, entries[:len(shape)]):
-    if axis is not None and size % mesh.shape[axis] != 0:
-      axis = None
+    if axis is not None:
+      names = axis if isinstance(axis, tuple) else (axis,)
+      unknown = [name for name in names if name not in mesh.shape]
+      if unknown:
+        raise ValueError(f'PartitionSpec {spec} names mesh axes {unknown} that the mesh '
+                         f'(axes {tuple(mesh.axis_names)}) does not have; name only '
+                         'its axes (docs/sharding.md).')
+      if size % math.prod(mesh.shape[name] for name in names) != 0:
+        axis = None
     fitted.append(axis)
   return P(*fitted)
 

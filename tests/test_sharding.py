@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import textwrap
+import types
 
 import jax
 from absl.testing import absltest
 from jax.sharding import PartitionSpec as P
 
+from specdec_jax import checks
 from specdec_jax import kv_cache as kv
 from specdec_jax import sharding
 from specdec_jax.models import janus
@@ -56,6 +58,10 @@ _SHARDED_RUN = textwrap.dedent("""
     np.testing.assert_array_equal(np.asarray(single.tokens), np.asarray(other.tokens))
     again = decode.generate(target, target_params, cond, mesh=mesh, **kwargs)
     assert again.compile_seconds == 0, 'the first rules lost their program'
+    # Rules from a generator are read once into a tuple: the same rules, the same program.
+    from_generator = decode.generate(target, target_params, cond, mesh=mesh,
+                                     target_rules=(r for r in sharding.LLAMA_RULES), **kwargs)
+    assert from_generator.compile_seconds == 0, 'validation used up the generator of rules'
     # The 2026 modes: SCD's two couplings, SJD-PAC and EAGLE-2 (per-image trees);
     # GSD (a lax.top_k inside the rule) and COOL-SD on chains, GSD on Jacobi drafts:
     # verified per 'data' shard (sharding.vmap_per_image).
@@ -138,6 +144,28 @@ class PartitionRulesTest(absltest.TestCase):
   def test_fit_spec_replicates_dims_the_axis_does_not_divide(self):
     mesh = sharding.make_mesh(1, 1)
     self.assertEqual(sharding.fit_spec((3, 8), P('data', 'model'), mesh), P('data', 'model'))
+
+  def test_fit_spec_splits_a_dim_over_a_tuple_of_axes_by_their_product(self):
+    mesh = types.SimpleNamespace(shape={'data': 2, 'model': 4}, axis_names=('data', 'model'))
+    spec = P(('data', 'model'), None)
+    self.assertEqual(sharding.fit_spec((16, 3), spec, mesh), spec)
+    self.assertEqual(sharding.fit_spec((12, 3), spec, mesh), P(None, None))  # 8 does not divide
+    self.assertEqual(sharding.fit_spec((12, 8), P('model', 'model'), mesh), P('model', 'model'))
+
+  def test_fit_spec_names_an_axis_the_mesh_lacks(self):
+    mesh = sharding.make_mesh(1, 1)
+    with self.assertRaisesRegex(ValueError, r"axes \['tensor'\].*axes \('data', 'model'\)"):
+      sharding.fit_spec((4, 4), P(None, 'tensor'), mesh)
+    with self.assertRaisesRegex(ValueError, r"\['tensor'\]"):
+      sharding.fit_spec((4, 4), P(('data', 'tensor'), None), mesh)
+
+  def test_check_mesh_reads_generator_rules_once_into_a_tuple(self):
+    mesh = sharding.make_mesh(1, 1)
+    target_rules, draft_rules = checks.check_mesh(
+        mesh, (rule for rule in sharding.LLAMA_RULES), sharding.LLAMA_RULES)
+    self.assertEqual(target_rules, tuple(sharding.LLAMA_RULES))
+    self.assertIs(draft_rules, sharding.LLAMA_RULES)
+    self.assertEqual(checks.check_mesh(None, iter(()), None), ((), None))
 
   def test_make_mesh_rejects_too_many_devices(self):
     with self.assertRaisesRegex(ValueError, 'needs 64 devices'):

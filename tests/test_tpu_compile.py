@@ -12,6 +12,7 @@ runs everywhere.
 
 import importlib.util
 import os
+import subprocess
 import sys
 
 from absl.testing import absltest
@@ -20,8 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'bench'))
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench')
+sys.path.insert(0, _BENCH)
 
 import tpu_compile_hlo as hlo  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tpu_compile_lib as lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -181,6 +182,39 @@ class HloReaderTest(absltest.TestCase):
     # The layer's slice, the row read and written (not the [2, 64] buffer) and
     # the s32 index each fusion reads.
     self.assertEqual(report.hbm_bytes, layer + 2 * row + 2 * 4)
+
+
+class BenchHelpersTest(absltest.TestCase):
+  """bench/tpu_compile's byte counts and exit status: no libtpu needed but for one case."""
+
+  def test_per_device_bytes_count_past_int32(self):
+    big = jax.ShapeDtypeStruct((50_000, 50_000), jnp.bfloat16)
+    self.assertEqual(lib.per_device_bytes(big), 5_000_000_000)
+
+  def test_one_layer_of_a_stacked_cache_is_one_slice(self):
+    from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
+    from specdec_jax.models import tiny  # pylint: disable=g-import-not-at-top
+    cache = tiny.TinyTransformer(tiny.TinyConfig(num_layers=3)).init_cache(2, 8)
+    one_layer = cache.keys[0].size * cache.keys[0].dtype.itemsize
+    self.assertEqual(lib.layer_kv_bytes(cache), one_layer)
+    self.assertEqual(lib.layer_kv_bytes(kv.stack_layers(cache)), one_layer)
+
+  def test_no_matching_configuration_and_a_failed_one_exit_non_zero(self):
+    script = os.path.join(_BENCH, 'tpu_compile.py')
+    runs = {'none': ['--only=no such configuration'],
+            'failed': ['--only=xl-c2i-384 B=1 vanilla v5e:2x2', '--topk_blocks=3']}
+    if importlib.util.find_spec('libtpu') is None:
+      del runs['failed']
+    jobs = {name: subprocess.Popen([sys.executable, script, *flags], text=True,
+                                   env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for name, flags in runs.items()}
+    outputs = {name: job.communicate(timeout=600)[0] for name, job in jobs.items()}
+    self.assertEqual(jobs['none'].returncode, 1, outputs['none'][-2000:])
+    self.assertIn("no configuration matches --only='no such configuration'", outputs['none'])
+    if 'failed' in jobs:
+      self.assertEqual(jobs['failed'].returncode, 1, outputs['failed'][-2000:])
+      self.assertIn('1 of 1 configurations failed', outputs['failed'])
 
 
 class TpuCompileTest(parameterized.TestCase):
