@@ -194,10 +194,14 @@ class BenchHelpersTest(absltest.TestCase):
   def test_one_layer_of_a_stacked_cache_is_one_slice(self):
     from specdec_jax import kv_cache as kv  # pylint: disable=g-import-not-at-top
     from specdec_jax.models import tiny  # pylint: disable=g-import-not-at-top
-    cache = tiny.TinyTransformer(tiny.TinyConfig(num_layers=3)).init_cache(2, 8)
+    model = tiny.TinyTransformer(tiny.TinyConfig(num_layers=3))
+    cache = model.init_cache(2, 8)
     one_layer = cache.keys[0].size * cache.keys[0].dtype.itemsize
     self.assertEqual(lib.layer_kv_bytes(cache), one_layer)
-    self.assertEqual(lib.layer_kv_bytes(kv.stack_layers(cache)), one_layer)
+    # Abstract, as the bench builds them (a ShapeDtypeStruct cannot be indexed).
+    for abstract in (jax.eval_shape(lambda: model.init_cache(2, 8)),
+                     jax.eval_shape(lambda: kv.stack_layers(model.init_cache(2, 8)))):
+      self.assertEqual(lib.layer_kv_bytes(abstract), one_layer)
 
   def test_no_matching_configuration_and_a_failed_one_exit_non_zero(self):
     script = os.path.join(_BENCH, 'tpu_compile.py')
