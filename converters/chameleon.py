@@ -221,6 +221,14 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
     raise ValueError(f'{str(path)!r}: {e}') from e
 
 
+def tied_head(hf_config: Mapping[str, Any] | None, shapes: Mapping[str, Any]) -> bool:
+  """Whether the LM head is the embedding: config.json sets tie_word_embeddings
+  (transformers' PreTrainedModel field) and the checkpoint stores no lm_head.weight
+  (a checkpoint that does store one keeps it, as transformers loads it)."""
+  return (bool((hf_config or {}).get('tie_word_embeddings', False))
+          and 'lm_head.weight' not in shapes and 'model.embed_tokens.weight' in shapes)
+
+
 def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
             config: str | None = None, dtype: str | None = common.STORED,
             overwrite: bool = False, sharding=None) -> pathlib.Path:
@@ -244,7 +252,13 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
   ckpt = hf_streaming.open_checkpoint(input_dir)
   logging.info('%s; config %s (%s)', ckpt.describe(), config_source,
                config_summary(model_config))
-  validate_checkpoint(ckpt.shapes(), model_config, config_source=config_source)
+  shapes = ckpt.shapes()
+  tied = tied_head(hf_config, shapes)
+  if tied:  # the head is the embedding matrix, stored once
+    logging.info('config.json sets tie_word_embeddings and the checkpoint has no '
+                 'lm_head.weight: the LM head is model.embed_tokens.weight.')
+    shapes['lm_head.weight'] = shapes['model.embed_tokens.weight']
+  validate_checkpoint(shapes, model_config, config_source=config_source)
   extra = {'model': 'chameleon', 'config_source': config_source}
   if hf_config is not None and 'vocabulary_map' in hf_config:  # checked by resolve_config
     extra['image_token_offset'] = lumina_layout.FIRST_IMAGE_TOKEN
@@ -254,6 +268,10 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
   rules = conversion_rules(model_config)
   params_dtype = common.output_dtype(dtype, hf_streaming.stored_dtypes(ckpt, rules))
   params = hf_streaming.assemble_params(ckpt, rules, dtype=params_dtype, sharding=sharding)
+  if tied:
+    kernel = params['embed_tokens']['embedding'].T  # [E, V] of the [V, E] embedding
+    params['lm_head'] = {'kernel': jax.device_put(
+        kernel, sharding(('lm_head', 'kernel'), kernel.shape) if sharding else kernel.sharding)}
   model_config = dataclasses.replace(model_config, dtype=jnp.dtype(params_dtype),
                                      param_dtype=jnp.dtype(params_dtype))
   config_path = config_file(config, input_dir, chameleon.CONFIGS)  # the one read, if any

@@ -34,6 +34,9 @@ SAFETENSORS_SUFFIXES = ('.safetensors',)
 WRAPPER_KEYS = ('model', 'module', 'state_dict')
 # Prefixes left by DDP (`module.`) and torch.compile (`_orig_mod.`).
 WRAPPER_PREFIXES = ('module.', '_orig_mod.')
+# Buffers beside the weights that are no weights: torch.optim.swa_utils.AveragedModel
+# (an EMA) keeps its update count with its `module.*` weights.
+NON_WEIGHT_KEYS = ('n_averaged',)
 
 
 class CheckpointReadError(ValueError):
@@ -157,9 +160,12 @@ def unwrap_checkpoint(
   """Finds the flat weight dict inside a training checkpoint.
 
   Handles LlamaGen DDP dicts (`model`, optional `ema`, `optimizer`, `args`,
-  `steps`), deepspeed (`module`), `state_dict` wrappers and raw (FSDP) state
-  dicts that are already flat `{name: tensor}` mappings. `module.` and
-  `_orig_mod.` prefixes shared by every key are stripped.
+  `steps`), deepspeed (`module`), `state_dict` wrappers (also nested, such as
+  `{'state_dict': {'model': ...}}`; a wrapper key holding no tensor, such as a
+  config under `model`, is passed over) and raw (FSDP) state dicts that are
+  already flat `{name: tensor}` mappings. `module.` and `_orig_mod.` prefixes
+  shared by every key are stripped, in any order and repeatedly
+  (`_orig_mod.module.`), and an AveragedModel's `n_averaged` count is dropped.
 
   Args:
     obj: what `load_raw_checkpoint` returned.
@@ -168,7 +174,8 @@ def unwrap_checkpoint(
   Returns:
     A flat `{name: tensor}` dict.
   Raises:
-    CheckpointReadError: no weight dict is found, or `use_ema` without `ema`.
+    CheckpointReadError: no weight dict is found, or `use_ema` without `ema` (or
+      an `ema` holding no tensor).
   """
   if not isinstance(obj, Mapping):
     raise CheckpointReadError(
@@ -179,29 +186,61 @@ def unwrap_checkpoint(
           f'use_ema=True but the checkpoint has no "ema" entry (top-level keys: '
           f'{sorted(map(str, obj))[:10]}). Convert without --use_ema.')
     state = obj['ema']
+    if not _holds_tensors(state):
+      raise CheckpointReadError(
+          f'The checkpoint\'s "ema" entry holds no tensors ({type(state).__name__}'
+          f'{_key_list(state)}); convert without --use_ema.')
   else:
     state = None
-    for key in tuple(prefer) + WRAPPER_KEYS:
-      if key in obj and isinstance(obj[key], Mapping):
-        state = obj[key]
-        if isinstance(obj.get('ema'), Mapping):
-          logging.info('converting the %r weights; the checkpoint also holds "ema" weights '
-                       '(use_ema=True converts those).', key)
-        break
+    found = _find_wrapped(obj, tuple(prefer) + WRAPPER_KEYS)
+    if found is not None:
+      where, state = found
+      if isinstance(obj.get('ema'), Mapping):
+        logging.info('converting the %r weights; the checkpoint also holds "ema" weights '
+                     '(use_ema=True converts those).', where)
+    elif obj and all(_is_array(v) for v in obj.values()):
+      state = obj  # raw (FSDP consolidated) state dict
     if state is None:
-      if obj and all(_is_array(v) for v in obj.values()):
-        state = obj  # raw (FSDP consolidated) state dict
-      else:
-        raise CheckpointReadError(
-            f'Could not find the weights in the checkpoint: none of '
-            f'{tuple(prefer) + WRAPPER_KEYS} holds a dict and the top level is '
-            f'not a flat tensor dict (top-level keys: '
-            f'{sorted(map(str, obj))[:10]}).')
-  state = {str(k): v for k, v in state.items()}
-  for prefix in WRAPPER_PREFIXES:
-    if state and all(k.startswith(prefix) for k in state):
-      state = {k[len(prefix):]: v for k, v in state.items()}
+      raise CheckpointReadError(
+          f'Could not find the weights in the checkpoint: none of '
+          f'{tuple(prefer) + WRAPPER_KEYS} (nested up to {_MAX_WRAPPER_DEPTH} deep) holds '
+          f'a dict of tensors and the top level is not a flat tensor dict (top-level keys: '
+          f'{sorted(map(str, obj))[:10]}).')
+  state = {str(k): v for k, v in state.items() if str(k) not in NON_WEIGHT_KEYS}
+  stripped = True
+  while stripped:  # torch.compile(DDP(model)) leaves '_orig_mod.module.'
+    stripped = False
+    for prefix in WRAPPER_PREFIXES:
+      if state and all(k.startswith(prefix) for k in state):
+        state = {k[len(prefix):]: v for k, v in state.items()}
+        stripped = True
   return state
+
+
+_MAX_WRAPPER_DEPTH = 3
+
+
+def _holds_tensors(value: Any) -> bool:
+  """A mapping with a tensor or array among its values (a state dict, not a config)."""
+  return isinstance(value, Mapping) and any(_is_array(v) for v in value.values())
+
+
+def _key_list(value: Any) -> str:
+  return f' with keys {sorted(map(str, value))[:10]}' if isinstance(value, Mapping) else ''
+
+
+def _find_wrapped(obj: Mapping, keys: Sequence[str], depth: int = 1):
+  """('state_dict/model', weights): the first wrapper key, in the order of keys and
+  nested up to _MAX_WRAPPER_DEPTH deep, whose value holds tensors; or None."""
+  for key in keys:
+    value = obj.get(key)
+    if _holds_tensors(value):
+      return key, value
+    if isinstance(value, Mapping) and depth < _MAX_WRAPPER_DEPTH:
+      found = _find_wrapped(value, keys, depth + 1)
+      if found is not None:
+        return f'{key}/{found[0]}', found[1]
+  return None
 
 
 def to_numpy(value: Any, *, upcast_bf16: bool = True) -> np.ndarray:

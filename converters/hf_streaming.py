@@ -116,14 +116,26 @@ def _read_torch_infos(path: pathlib.Path) -> dict[str, TensorInfo]:
 
 
 def _read_index(index_file: pathlib.Path) -> dict[str, str]:
+  """{tensor name: shard file name} of an index, checked: a JSON object whose
+  "weight_map" maps names to plain file names in the index's own folder."""
   try:
     with open(index_file) as f:
       weight_map = json.load(f)['weight_map']
+    if not isinstance(weight_map, Mapping):
+      raise TypeError(f'"weight_map" is a {type(weight_map).__name__}, not an object')
   except (json.JSONDecodeError, KeyError, TypeError) as e:
     raise ShardIndexError(
         f'{str(index_file)!r} is not a valid index: expected JSON with a '
         f'"weight_map" {{tensor name: shard file}}: {type(e).__name__}: {e}') from e
-  return {str(k): str(v) for k, v in weight_map.items()}
+  not_plain = sorted({str(v) for v in weight_map.values()
+                      if not isinstance(v, str) or pathlib.PurePath(v).name != v
+                      or v in ('', '.', '..') or '\\' in v})
+  if not_plain:
+    raise ShardIndexError(
+        f'{str(index_file)!r} names shard files that are not plain file names in its '
+        f'own folder: {_listing(not_plain)}. A Hugging Face index lists files beside '
+        'it; move the shards there and list them by name.')
+  return {str(k): v for k, v in weight_map.items()}
 
 
 def _listing(items: Iterable[str], limit: int = 10) -> str:

@@ -44,7 +44,9 @@ from specdec_jax.converters import common
 from specdec_jax.models import eagle
 
 CONVERTER_NAME = 'specdec_jax.converters.lantern_drafter'
-WEIGHT_FILES = ('pytorch_model.bin', 'model.safetensors')
+# safetensors first, as `hf_streaming.open_checkpoint` (a .bin beside it may be a stale
+# download or a Git LFS pointer).
+WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
 # LANTERN `cnets_llamagen.py` hard-codes the 2D table per input_type:
 # (block_size, cls_token_num).
 LLAMAGEN_INPUT_TYPES = {'c2i': (576, 0), 't2i': (256, 119), 't2i2': (1024, 119)}
@@ -71,9 +73,11 @@ def read_drafter_dir(path: str | os.PathLike) -> tuple[dict[str, Any], pathlib.P
       config_json = json.load(f)
   except json.JSONDecodeError as e:
     raise common.CheckpointReadError(f'{str(config_path)!r} is not valid JSON: {e}') from e
-  for name in WEIGHT_FILES:
-    if (path / name).is_file():
-      return config_json, path / name
+  present = [name for name in WEIGHT_FILES if (path / name).is_file()]
+  if present:
+    if len(present) > 1:
+      logging.info('%s holds %s: reading %s.', path, ' and '.join(present), present[0])
+    return config_json, path / present[0]
   raise common.CheckpointReadError(
       f'{str(path)!r} has no weights: expected one of {WEIGHT_FILES}.')
 

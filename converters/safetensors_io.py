@@ -60,9 +60,12 @@ def read_safetensors_header(path: pathlib.Path) -> dict[str, TensorInfo]:
     raise ShardIndexError(
         f'{str(path)!r} is not a valid safetensors file ({size} bytes; it may be '
         f'truncated or corrupt): {e}') from e
+  if not isinstance(header, dict):
+    raise ShardIndexError(f'{str(path)!r} is not a valid safetensors file: its header is a '
+                          f'JSON {type(header).__name__}, not an object. The file is corrupt.')
   header.pop('__metadata__', None)
   data_bytes = size - 8 - header_len
-  infos = {}
+  infos, spans = {}, []
   for name, entry in header.items():
     start, end, shape, dtype = _header_entry(path, name, entry)
     if end > data_bytes:
@@ -70,6 +73,14 @@ def read_safetensors_header(path: pathlib.Path) -> dict[str, TensorInfo]:
           f'{str(path)!r} is truncated: tensor {name!r} ends at byte {end} of the '
           f'data section but the file holds only {data_bytes}. Download it again.')
     infos[name] = TensorInfo(path.name, shape, dtype, offset=8 + header_len + start)
+    if end > start:  # an empty tensor holds no bytes to share
+      spans.append((start, end, name))
+  spans.sort()
+  for (_, end, name), (start, _, next_name) in zip(spans, spans[1:]):
+    if start < end:
+      raise ShardIndexError(
+          f'{str(path)!r}: tensors {name!r} and {next_name!r} share data bytes (one ends '
+          f'at {end}, the other starts at {start}). The file is corrupt.')
   return infos
 
 

@@ -179,8 +179,8 @@ def read_tokenizer_state(
   Returns:
     ({tokenizer name: tensor}, the prefix stripped ('' if none), the files read).
   Raises:
-    common.CheckpointReadError: unreadable input, or tokenizer keys under two
-      different prefixes.
+    common.CheckpointReadError: unreadable input, tokenizer keys under two
+      different prefixes, or a tokenizer tensor in more than one input.
   """
   sources = []
   for path in paths:
@@ -189,10 +189,21 @@ def read_tokenizer_state(
   prefix = tokenizer_prefix(n for source in sources for n in source.names)
   if prefix:
     logging.info('Tokenizer keys are stored under %r: reading only those.', prefix)
+  selections = [_selected_names(source.names, kind, prefix) for source in sources]
+  seen: dict[str, list[str]] = {}
+  for source, selected in zip(sources, selections):
+    for name in selected.values():
+      seen.setdefault(name, []).append(str(source.path))
+  in_several = {name: where for name, where in seen.items() if len(where) > 1}
+  if in_several:
+    name, where = sorted(in_several.items())[0]
+    raise common.CheckpointReadError(
+        f'{len(in_several)} tokenizer tensor(s) are in more than one input, such as '
+        f'{name!r} in {where}: {sorted(in_several)[:10]}. Pass each tensor once (one '
+        'checkpoint, or the shards of one checkpoint).')
   merged: dict[str, Any] = {}
   files: list[pathlib.Path] = []
-  for source in sources:
-    selected = _selected_names(source.names, kind, prefix)
+  for source, selected in zip(sources, selections):
     skipped = len(source.names) - len(selected)
     if skipped:
       logging.info('%s: reading %d tokenizer tensors, skipping %d others.', source.path,

@@ -319,6 +319,20 @@ class ConverterTest(parameterized.TestCase):
     np.testing.assert_array_equal(q_norm[1], state['model.layers.1.self_attn.q_norm.weight'][0])
     np.testing.assert_array_equal(q_norm[2], state['model.layers.1.self_attn.q_norm.weight'][1])
 
+  def test_a_tied_head_is_the_embedding_and_an_untied_missing_head_is_named(self):
+    """config.json's tie_word_embeddings with no lm_head.weight stored: the head is
+    the embedding matrix (transformers' tying); without the tie, a missing head."""
+    state = random_hf_state(TINY, qk_norm_rows=None)
+    del state['lm_head.weight']
+    _, params = convert_hf(self, dict(TINY, tie_word_embeddings=True), state)
+    np.testing.assert_array_equal(params['lm_head']['kernel'],
+                                  state['model.embed_tokens.weight'].T)
+    src, out_parent = _tempdir(self) / 'hf', _tempdir(self)
+    write_hf_checkpoint(src, state, dict(TINY, tie_word_embeddings=False))
+    with self.assertRaisesRegex(common.CheckpointMismatchError, r'(?s)1 missing.*lm_head\.weight'):
+      converter.convert(src, out_parent / 'jax')
+    self.assertEqual(list(out_parent.iterdir()), [])
+
   def test_qk_norm_rows_that_fit_no_head_split_are_named(self):
     hf = dict(TINY, num_key_value_heads=2)
     state = random_hf_state(hf, qk_norm_rows=2)

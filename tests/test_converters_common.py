@@ -186,6 +186,29 @@ class LoadStateDictTest(absltest.TestCase):
     self.assertRegex(logs.output[-1], r"converting the 'model' weights; .* \"ema\" weights "
                                       r'\(use_ema=True converts those\)')
 
+  def test_wrappers_without_tensors_are_passed_over_and_nested_ones_opened(self):
+    weights = _tiny_state()
+    cases = {'a config under model': {'model': {'name': 'GPT-B', 'vocab': 16384},
+                                      'state_dict': weights},
+             'state_dict/model': {'state_dict': {'model': weights}, 'epoch': 3},
+             'module/module': {'module': {'module': weights}}}
+    for name, checkpoint in cases.items():
+      with self.subTest(name):
+        self.assertEqual(set(common.unwrap_checkpoint(checkpoint)), set(weights))
+    with self.assertRaisesRegex(common.CheckpointReadError, "holds no tensors.*'decay'"):
+      common.unwrap_checkpoint({'model': weights, 'ema': {'decay': 0.999}}, use_ema=True)
+
+  def test_prefixes_are_stripped_in_any_order_and_an_ema_count_is_dropped(self):
+    weights = _tiny_state()
+    for prefix in ('_orig_mod.module.', 'module._orig_mod.', 'module.module.'):
+      with self.subTest(prefix):
+        prefixed = {prefix + k: v for k, v in weights.items()}
+        self.assertEqual(set(common.unwrap_checkpoint(prefixed)), set(weights))
+    # torch.optim.swa_utils.AveragedModel: `module.*` weights and an update count.
+    ema = {'module.' + k: v for k, v in weights.items()} | {'n_averaged': np.array(3)}
+    self.assertEqual(set(common.unwrap_checkpoint({'model': weights, 'ema': ema}, use_ema=True)),
+                     set(weights))
+
   def test_no_weights_found(self):
     with self.assertRaisesRegex(common.CheckpointReadError, 'steps'):
       common.unwrap_checkpoint({'steps': 3, 'args': None})

@@ -364,10 +364,14 @@ class ConverterTest(absltest.TestCase):
   def _assert_only(self, *names):
     self.assertEqual(sorted(p.name for p in self.dir.iterdir()), sorted(names))
 
-  def test_safetensors_fallback_and_meta(self):
+  def test_safetensors_come_first_and_meta(self):
+    """model.safetensors is read even beside a pytorch_model.bin (here a Git LFS
+    pointer, as a clone without LFS leaves), as `hf_streaming.open_checkpoint` does."""
     config, state, head, _, _ = fixture('lumina')
     folder = write_drafter_dir(self.dir / 'drafter', 'lumina', state,
                                weights='model.safetensors')
+    (folder / 'pytorch_model.bin').write_text(
+        'version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n')
     out = convert.convert_dir(folder, self.dir / 'out', dtype='float32')
     model, params = convert.load_drafter(out, head.T)
     chex.assert_trees_all_close(

@@ -189,6 +189,30 @@ class HFStreamingTest(absltest.TestCase):
       path = write(dict(good, a=entry), data)
       with self.assertRaisesRegex(hf_streaming.ShardIndexError, message):
         hf_streaming.read_safetensors_header(path)
+    # Two tensors over the same bytes (each entry right on its own), and a header
+    # that is JSON but no object.
+    overlapping = dict(good, b={'dtype': 'F32', 'shape': [4], 'data_offsets': [8, 24]})
+    with self.assertRaisesRegex(hf_streaming.ShardIndexError,
+                                r"tensors 'a' and 'b' share data bytes \(one ends at 16, "
+                                r'the other starts at 8\)'):
+      hf_streaming.read_safetensors_header(write(overlapping, data))
+    empty = dict(good, e={'dtype': 'F32', 'shape': [0], 'data_offsets': [8, 8]})
+    self.assertLen(hf_streaming.read_safetensors_header(write(empty, data)), 3)
+    with self.assertRaisesRegex(hf_streaming.ShardIndexError, 'its header is a JSON list'):
+      hf_streaming.read_safetensors_header(write([], data))
+
+  def test_an_index_that_is_no_map_of_plain_file_names_is_named(self):
+    shards = self._write()
+    for weight_map, message in (
+        (['a.weight'], r'"weight_map" is a list, not an object'),
+        ({'a.weight': f'sub/{shards[0].name}'}, r'not plain file names in its own folder: sub/'),
+        ({'a.weight': f'../{shards[0].name}'}, r'not plain file names.*: \.\./'),
+        ({'a.weight': 3}, r'not plain file names.*: 3')):
+      with self.subTest(weight_map=weight_map):
+        with open(self.dir / hf_streaming.SAFETENSORS_INDEX, 'w') as f:
+          json.dump({'weight_map': weight_map}, f)
+        with self.assertRaisesRegex(hf_streaming.ShardIndexError, message):
+          hf_streaming.open_checkpoint(self.dir)
 
   def test_no_checkpoint_in_folder(self):
     with self.assertRaisesRegex(hf_streaming.ShardIndexError, 'No checkpoint'):

@@ -124,6 +124,22 @@ class PrefixedTokenizerTest(parameterized.TestCase):
       vq_converter.convert(path, self.tmp / 'out', 'llamagen_vq16', config_overrides=TINY_VQ16)
     self.assertFalse((self.tmp / 'out').exists())
 
+  def test_a_tensor_in_two_inputs_is_named_not_overwritten(self):
+    """The same tokenizer tensor in two input files (a re-download beside the old
+    shard): refused before any read, as `hf_streaming.open_checkpoint` refuses it."""
+    _, state = self._llm_with_tokenizer('gen_vision_model.', 'llamagen_vq16', TINY_VQ16)
+    names = sorted(state)
+    twice = 'gen_vision_model.quantize.embedding.weight'
+    paths = [self.tmp / 'first.safetensors', self.tmp / 'second.safetensors']
+    for path, group in zip(paths, (names[::2], names[1::2])):
+      group = set(group) | {twice}
+      hf_streaming.write_safetensors(path, {n: state[n] for n in group})
+    with self.assertRaisesRegex(common.CheckpointReadError,
+                                r"1 tokenizer tensor\(s\) are in more than one input, such as "
+                                r"'quantize.embedding.weight' in \[.*first.*second"):
+      vq_converter.convert(paths, self.tmp / 'out', 'llamagen_vq16', config_overrides=TINY_VQ16)
+    self.assertFalse((self.tmp / 'out').exists())
+
   def test_encoder_only_vqmodel_gets_a_hint(self):
     # Hugging Face Chameleon / Lumina-mGPT keep only the VQ encoder.
     _, state = self._llm_with_tokenizer('model.vqmodel.', 'chameleon_vqgan', TINY_CHAMELEON)
