@@ -378,11 +378,11 @@ def main(argv):
   failed = [r for r in results if 'error' in r]
   for r in failed:
     print(f"{r['name']}: FAILED {r['error'][:300]}")
-  if failed:
-    sys.exit(f'{len(failed)} of {len(results)} configurations failed (above).')
-  if _MARKDOWN.value:
+  if _MARKDOWN.value:  # the configurations that compiled, also when others failed
     with open(_MARKDOWN.value, 'w') as f:
       f.write(table)
+  if failed:
+    sys.exit(f'{len(failed)} of {len(results)} configurations failed (above).')
 
 
 if __name__ == '__main__':

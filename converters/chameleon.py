@@ -125,13 +125,17 @@ def conversion_rules(config: chameleon.ChameleonConfig) -> dict[str, hf_streamin
 
 
 def validate_checkpoint(found: Mapping[str, tuple[int, ...]],
-                        config: chameleon.ChameleonConfig, *, config_source: str) -> None:
-  """Raises CheckpointMismatchError unless `found` is exactly `config`'s key set.
+                        config: chameleon.ChameleonConfig, *, config_source: str,
+                        tied: bool = False) -> None:
+  """Raises CheckpointMismatchError unless `found` is exactly `config`'s key set
+  (without lm_head.weight when `tied`: the head is the embedding, `tied_head`).
 
   q/k norm tensors may have 1, model_parallel_size or `heads` rows (any row
   count dividing the head count; see `expand_norm_rows`).
   """
   expected = expected_shapes(config)
+  if tied:
+    del expected['lm_head.weight']
   bad_rows = []
   for name, shape in expected.items():
     if not re.search(r'\.[qk]_norm\.', name) or name not in found:
@@ -153,7 +157,8 @@ def validate_checkpoint(found: Mapping[str, tuple[int, ...]],
             'over the rows, and (heads, D); if the rows are right, the head counts '
             'in the config are not. ' + hint)
   common.validate_keys(
-      found, expected, what=f'Chameleon config from {config_source}: {config_summary(config)}',
+      found, expected, what=(f'Chameleon config from {config_source}: {config_summary(config)}'
+                             + (', LM head tied to the embedding' if tied else '')),
       hint=hint)
 
 
@@ -223,10 +228,16 @@ def resolve_config(config_arg: str | None, input_dir: pathlib.Path
 
 def tied_head(hf_config: Mapping[str, Any] | None, shapes: Mapping[str, Any]) -> bool:
   """Whether the LM head is the embedding: config.json sets tie_word_embeddings
-  (transformers' PreTrainedModel field) and the checkpoint stores no lm_head.weight
-  (a checkpoint that does store one keeps it, as transformers loads it)."""
-  return (bool((hf_config or {}).get('tie_word_embeddings', False))
-          and 'lm_head.weight' not in shapes and 'model.embed_tokens.weight' in shapes)
+  (transformers' PreTrainedModel field) and the checkpoint stores no lm_head.weight.
+  A stored lm_head.weight is converted as stored (with a warning when the config
+  says tied: transformers would replace it with the embedding)."""
+  if not (hf_config or {}).get('tie_word_embeddings', False):
+    return False
+  if 'lm_head.weight' in shapes:
+    logging.warning('config.json sets tie_word_embeddings but the checkpoint stores '
+                    'lm_head.weight: converting the stored head.')
+    return False
+  return 'model.embed_tokens.weight' in shapes
 
 
 def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
@@ -252,13 +263,11 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
   ckpt = hf_streaming.open_checkpoint(input_dir)
   logging.info('%s; config %s (%s)', ckpt.describe(), config_source,
                config_summary(model_config))
-  shapes = ckpt.shapes()
-  tied = tied_head(hf_config, shapes)
+  tied = tied_head(hf_config, ckpt.shapes())
   if tied:  # the head is the embedding matrix, stored once
     logging.info('config.json sets tie_word_embeddings and the checkpoint has no '
                  'lm_head.weight: the LM head is model.embed_tokens.weight.')
-    shapes['lm_head.weight'] = shapes['model.embed_tokens.weight']
-  validate_checkpoint(shapes, model_config, config_source=config_source)
+  validate_checkpoint(ckpt.shapes(), model_config, config_source=config_source, tied=tied)
   extra = {'model': 'chameleon', 'config_source': config_source}
   if hf_config is not None and 'vocabulary_map' in hf_config:  # checked by resolve_config
     extra['image_token_offset'] = lumina_layout.FIRST_IMAGE_TOKEN
@@ -266,6 +275,8 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
     logging.warning('No vocabulary_map in the config; the image-token table '
                     '(BPE id = code + 4) is assumed, not checked.')
   rules = conversion_rules(model_config)
+  if tied:
+    del rules['lm_head.weight']
   params_dtype = common.output_dtype(dtype, hf_streaming.stored_dtypes(ckpt, rules))
   params = hf_streaming.assemble_params(ckpt, rules, dtype=params_dtype, sharding=sharding)
   if tied:

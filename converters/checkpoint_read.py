@@ -37,6 +37,8 @@ WRAPPER_PREFIXES = ('module.', '_orig_mod.')
 # Buffers beside the weights that are no weights: torch.optim.swa_utils.AveragedModel
 # (an EMA) keeps its update count with its `module.*` weights.
 NON_WEIGHT_KEYS = ('n_averaged',)
+# How deep wrappers may nest ({'state_dict': {'model': {...}}} is 2).
+_MAX_WRAPPER_DEPTH = 3
 
 
 class CheckpointReadError(ValueError):
@@ -217,8 +219,6 @@ def unwrap_checkpoint(
   return state
 
 
-_MAX_WRAPPER_DEPTH = 3
-
 
 def _holds_tensors(value: Any) -> bool:
   """A mapping with a tensor or array among its values (a state dict, not a config)."""
@@ -229,7 +229,8 @@ def _key_list(value: Any) -> str:
   return f' with keys {sorted(map(str, value))[:10]}' if isinstance(value, Mapping) else ''
 
 
-def _find_wrapped(obj: Mapping, keys: Sequence[str], depth: int = 1):
+def _find_wrapped(obj: Mapping, keys: Sequence[str],
+                  depth: int = 1) -> tuple[str, Mapping] | None:
   """('state_dict/model', weights): the first wrapper key, in the order of keys and
   nested up to _MAX_WRAPPER_DEPTH deep, whose value holds tensors; or None."""
   for key in keys:

@@ -127,15 +127,27 @@ def _read_index(index_file: pathlib.Path) -> dict[str, str]:
     raise ShardIndexError(
         f'{str(index_file)!r} is not a valid index: expected JSON with a '
         f'"weight_map" {{tensor name: shard file}}: {type(e).__name__}: {e}') from e
-  not_plain = sorted({str(v) for v in weight_map.values()
-                      if not isinstance(v, str) or pathlib.PurePath(v).name != v
-                      or v in ('', '.', '..') or '\\' in v})
-  if not_plain:
+  not_names = sorted({f'{v!r} ({type(v).__name__})' for v in weight_map.values()
+                      if not isinstance(v, str)})
+  if not_names:
+    raise ShardIndexError(f'{str(index_file)!r}: its "weight_map" values must be shard file '
+                          f'names (strings), got {_listing(not_names)}.')
+  elsewhere = sorted({v for v in weight_map.values() if _shard_name(v) is None})
+  if elsewhere:
     raise ShardIndexError(
-        f'{str(index_file)!r} names shard files that are not plain file names in its '
-        f'own folder: {_listing(not_plain)}. A Hugging Face index lists files beside '
-        'it; move the shards there and list them by name.')
-  return {str(k): v for k, v in weight_map.items()}
+        f'{str(index_file)!r} names shard files outside its own folder: '
+        f'{_listing(elsewhere)}. A Hugging Face index lists files beside it; move the '
+        'shards there and list them by name.')
+  return {str(k): _shard_name(v) for k, v in weight_map.items()}
+
+
+def _shard_name(value: str) -> str | None:
+  """The file name of a weight_map value naming a file in the index's folder ('x' or
+  './x'), else None (a subfolder, '..', an empty name)."""
+  path = pathlib.PurePosixPath(value)
+  if '\\' in value or path.parent != pathlib.PurePosixPath('.') or path.name in ('', '..'):
+    return None
+  return path.name
 
 
 def _listing(items: Iterable[str], limit: int = 10) -> str:

@@ -7,7 +7,8 @@ Usage:
 
 A drafter folder holds `config.json` (the base model's config with
 `num_hidden_layers: 1`, optional `bias`, and for LlamaGen `input_type` in
-c2i/t2i/t2i2) and `pytorch_model.bin` (or `model.safetensors`). The key set is
+c2i/t2i/t2i2) and `pytorch_model.bin` (the released name) or `model.safetensors` (read first
+when both are there). The key set is
 strict (LANTERN loads with strict=True):
 
   embed_tokens.weight                           embed_tokens/embedding
@@ -60,11 +61,11 @@ def read_drafter_dir(path: str | os.PathLike) -> tuple[dict[str, Any], pathlib.P
   if path.is_file():
     raise common.CheckpointReadError(
         f'--input {str(path)!r} is a file; pass the drafter folder holding config.json and '
-        f'pytorch_model.bin (or model.safetensors), e.g. {str(path.parent)!r}.')
+        f'model.safetensors (or pytorch_model.bin), e.g. {str(path.parent)!r}.')
   if not path.is_dir():
     raise common.CheckpointReadError(
         f'Drafter folder {str(path)!r} does not exist. Pass the folder holding '
-        'config.json and pytorch_model.bin (or model.safetensors).')
+        'config.json and model.safetensors (or pytorch_model.bin).')
   config_path = path / 'config.json'
   if not config_path.is_file():
     raise common.CheckpointReadError(f'{str(path)!r} has no config.json.')

@@ -26,11 +26,12 @@ from specdec_jax.app import methods as methods_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(out: str, stages: str | None = None) -> subprocess.CompletedProcess:
+def _run(out: str, stages: str | None = None,
+         python: str = sys.executable) -> subprocess.CompletedProcess:
   # Stacks every 5 s (the device run: 30 s), so each stage prints them while JAX
   # compiles on other threads: `faulthandler.dump_traceback_later`, which read
   # them without the GIL, crashed a stage that way (exit 139).
-  env = dict(os.environ, SMOKE='1', OUT=out, PYTHON=sys.executable, JAX_PLATFORMS='cpu',
+  env = dict(os.environ, SMOKE='1', OUT=out, PYTHON=python, JAX_PLATFORMS='cpu',
              BENCH_TRACEBACK_EVERY_S='5', SMOKE_BUDGET_S='500')  # every method, however slow
   env.pop('STAGES', None)
   if stages is not None:
@@ -67,6 +68,17 @@ class AcceleratorCheckSmokeTest(absltest.TestCase):
       for name, row in ran.items():
         self.assertTrue(math.isfinite(row['speedup']) and row['speedup'] > 0, name)
         self.assertGreaterEqual(row['tokens_per_forward'], 1.0, name)
+
+  def test_without_stages_every_stage_starts(self):
+    """STAGES unset, as on the device: each stage starts (`true` for Python: the stages'
+    scripts themselves run in the test above)."""
+    with tempfile.TemporaryDirectory() as out:
+      result = _run(out, python='true')
+      self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+      with open(os.path.join(out, 'log.txt')) as f:
+        log = f.read()
+      for stage in ('engine-tiny', 'methods-tiny'):
+        self.assertIn(f'== {stage} exit 0 after', log)
 
   def test_stages_runs_only_the_named_stages(self):
     """Names that are not the stages' (near misses: a prefix, a longer name) run none

@@ -332,6 +332,13 @@ class ConverterTest(parameterized.TestCase):
     with self.assertRaisesRegex(common.CheckpointMismatchError, r'(?s)1 missing.*lm_head\.weight'):
       converter.convert(src, out_parent / 'jax')
     self.assertEqual(list(out_parent.iterdir()), [])
+    # A tied checkpoint under a wrong config: its real keys are listed, not a head it lacks.
+    write_hf_checkpoint(src, state, dict(TINY, tie_word_embeddings=True, num_hidden_layers=3))
+    with self.assertRaises(common.CheckpointMismatchError) as ctx:
+      converter.convert(src, out_parent / 'jax')
+    self.assertIn('LM head tied to the embedding', str(ctx.exception))
+    self.assertIn(f'checkpoint has {len(state) - 1} keys', str(ctx.exception))  # - the VQ key
+    self.assertNotIn('lm_head', str(ctx.exception))
 
   def test_qk_norm_rows_that_fit_no_head_split_are_named(self):
     hf = dict(TINY, num_key_value_heads=2)

@@ -201,13 +201,23 @@ class HFStreamingTest(absltest.TestCase):
     with self.assertRaisesRegex(hf_streaming.ShardIndexError, 'its header is a JSON list'):
       hf_streaming.read_safetensors_header(write([], data))
 
+  def test_an_index_naming_shards_as_dot_slash_names_reads_them(self):
+    self._write()
+    index = self._index()
+    index['weight_map'] = {k: f'./{v}' for k, v in index['weight_map'].items()}
+    with open(self.dir / hf_streaming.SAFETENSORS_INDEX, 'w') as f:
+      json.dump(index, f)
+    ckpt = hf_streaming.open_checkpoint(self.dir)
+    got = dict(hf_streaming.iter_tensors(ckpt))
+    np.testing.assert_array_equal(got['a.weight'], self.tensors['a.weight'])
+
   def test_an_index_that_is_no_map_of_plain_file_names_is_named(self):
     shards = self._write()
     for weight_map, message in (
         (['a.weight'], r'"weight_map" is a list, not an object'),
-        ({'a.weight': f'sub/{shards[0].name}'}, r'not plain file names in its own folder: sub/'),
-        ({'a.weight': f'../{shards[0].name}'}, r'not plain file names.*: \.\./'),
-        ({'a.weight': 3}, r'not plain file names.*: 3')):
+        ({'a.weight': f'sub/{shards[0].name}'}, r'shard files outside its own folder: sub/'),
+        ({'a.weight': f'../{shards[0].name}'}, r'outside its own folder: \.\./'),
+        ({'a.weight': 3}, r'values must be shard file names \(strings\), got 3 \(int\)')):
       with self.subTest(weight_map=weight_map):
         with open(self.dir / hf_streaming.SAFETENSORS_INDEX, 'w') as f:
           json.dump({'weight_map': weight_map}, f)

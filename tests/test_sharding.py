@@ -150,7 +150,7 @@ class PartitionRulesTest(absltest.TestCase):
     spec = P(('data', 'model'), None)
     self.assertEqual(sharding.fit_spec((16, 3), spec, mesh), spec)
     self.assertEqual(sharding.fit_spec((12, 3), spec, mesh), P(None, None))  # 8 does not divide
-    self.assertEqual(sharding.fit_spec((12, 8), P('model', 'model'), mesh), P('model', 'model'))
+    self.assertEqual(sharding.fit_spec((12, 6), P('data', 'model'), mesh), P('data', None))
 
   def test_fit_spec_names_an_axis_the_mesh_lacks(self):
     mesh = sharding.make_mesh(1, 1)

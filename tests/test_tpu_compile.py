@@ -14,6 +14,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -205,8 +206,12 @@ class BenchHelpersTest(absltest.TestCase):
 
   def test_no_matching_configuration_and_a_failed_one_exit_non_zero(self):
     script = os.path.join(_BENCH, 'tpu_compile.py')
+    folder = tempfile.TemporaryDirectory()
+    self.addCleanup(folder.cleanup)
+    markdown = os.path.join(folder.name, 'table.md')
     runs = {'none': ['--only=no such configuration'],
-            'failed': ['--only=xl-c2i-384 B=1 vanilla v5e:2x2', '--topk_blocks=3']}
+            'failed': ['--only=xl-c2i-384 B=1 vanilla v5e:2x2', '--topk_blocks=3',
+                       f'--markdown={markdown}']}
     if importlib.util.find_spec('libtpu') is None:
       del runs['failed']
     jobs = {name: subprocess.Popen([sys.executable, script, *flags], text=True,
@@ -219,6 +224,7 @@ class BenchHelpersTest(absltest.TestCase):
     if 'failed' in jobs:
       self.assertEqual(jobs['failed'].returncode, 1, outputs['failed'][-2000:])
       self.assertIn('1 of 1 configurations failed', outputs['failed'])
+      self.assertTrue(os.path.exists(markdown), 'no --markdown table after a failure')
 
 
 class TpuCompileTest(parameterized.TestCase):
