@@ -219,7 +219,6 @@ def unwrap_checkpoint(
   return state
 
 
-
 def _holds_tensors(value: Any) -> bool:
   """A mapping with a tensor or array among its values (a state dict, not a config)."""
   return isinstance(value, Mapping) and any(_is_array(v) for v in value.values())
