@@ -117,7 +117,7 @@ def _read_torch_infos(path: pathlib.Path) -> dict[str, TensorInfo]:
 
 def _read_index(index_file: pathlib.Path) -> dict[str, str]:
   """{tensor name: shard file name} of an index, checked: a JSON object whose
-  "weight_map" maps names to plain file names in the index's own folder."""
+  "weight_map" maps names to files in the index's own folder ('x' or './x')."""
   try:
     with open(index_file) as f:
       weight_map = json.load(f)['weight_map']
