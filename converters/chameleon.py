@@ -263,11 +263,12 @@ def convert(input_dir: str | pathlib.Path, output: str | pathlib.Path, *,
   ckpt = hf_streaming.open_checkpoint(input_dir)
   logging.info('%s; config %s (%s)', ckpt.describe(), config_source,
                config_summary(model_config))
-  tied = tied_head(hf_config, ckpt.shapes())
+  shapes = ckpt.shapes()
+  tied = tied_head(hf_config, shapes)
   if tied:  # the head is the embedding matrix, stored once
     logging.info('config.json sets tie_word_embeddings and the checkpoint has no '
                  'lm_head.weight: the LM head is model.embed_tokens.weight.')
-  validate_checkpoint(ckpt.shapes(), model_config, config_source=config_source, tied=tied)
+  validate_checkpoint(shapes, model_config, config_source=config_source, tied=tied)
   extra = {'model': 'chameleon', 'config_source': config_source}
   if hf_config is not None and 'vocabulary_map' in hf_config:  # checked by resolve_config
     extra['image_token_offset'] = lumina_layout.FIRST_IMAGE_TOKEN

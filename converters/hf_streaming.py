@@ -132,13 +132,14 @@ def _read_index(index_file: pathlib.Path) -> dict[str, str]:
   if not_names:
     raise ShardIndexError(f'{str(index_file)!r}: its "weight_map" values must be shard file '
                           f'names (strings), got {_listing(not_names)}.')
-  elsewhere = sorted({v for v in weight_map.values() if _shard_name(v) is None})
+  shards = {str(k): _shard_name(v) for k, v in weight_map.items()}
+  elsewhere = sorted({weight_map[k] for k, shard in shards.items() if shard is None})
   if elsewhere:
     raise ShardIndexError(
         f'{str(index_file)!r} names shard files outside its own folder: '
         f'{_listing(elsewhere)}. A Hugging Face index lists files beside it; move the '
         'shards there and list them by name.')
-  return {str(k): _shard_name(v) for k, v in weight_map.items()}
+  return shards
 
 
 def _shard_name(value: str) -> str | None:
