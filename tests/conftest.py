@@ -5,13 +5,6 @@ The entry points (main command, sampler) use $XDG_CACHE_HOME/specdec_jax by
 default, or JAX_COMPILATION_CACHE_DIR; the tests that start them as
 subprocesses inherit this environment, so they neither read nor fill the
 user's cache. Runs before any test module imports JAX.
-
-The suite's time is mostly XLA compiling small programs, so it compiles with
-most of XLA's optimisation off (JAX_DISABLE_MOST_OPTIMIZATIONS=1: LLVM level 0,
-no expensive LLVM passes), which about halves it; the programs compute the same
-functions. Subprocesses and the notebook's kernel inherit the setting. Set
-JAX_DISABLE_MOST_OPTIMIZATIONS=0 to test the programs as the entry points
-compile them.
 """
 
 import atexit
@@ -22,5 +15,4 @@ import tempfile
 _CACHE_HOME = tempfile.mkdtemp(prefix='specdec_jax_test_cache_')
 os.environ['XDG_CACHE_HOME'] = _CACHE_HOME
 os.environ.pop('JAX_COMPILATION_CACHE_DIR', None)
-os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 atexit.register(shutil.rmtree, _CACHE_HOME, ignore_errors=True)
