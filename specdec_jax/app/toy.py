@@ -69,7 +69,7 @@ def _write(cache: kv.KVCache, tokens, window_mask, depths):
   return positions, written, slots
 
 
-# One compiled program for every row of a joint law (op by op, a top-k law took 20 s).
+# One compiled program for every row of a joint law (op by op, a top-k law took 22 s).
 _softmax_rows = jax.jit(lambda logits: jax.nn.softmax(logits, axis=-1))
 _sampling_rows = jax.jit(
     lambda sampling, cond, uncond, index: sampling.probs(cond, uncond, token_index=index))
@@ -163,7 +163,6 @@ class _TableToy:
     """
     arrays = {name: np.asarray(value, np.float32) for name, value in params.items()}
     sequences = list(itertools.product(range(self.vocab), repeat=num_tokens))
-    index = np.tile(np.arange(num_tokens, dtype=np.int32), len(sequences))  # [S * n]
 
     def rows(class_token):  # float32[S * n, V]: every sequence's logits at every index
       return np.stack([self.step_logits(arrays, class_token, sequence, i)
@@ -173,8 +172,8 @@ class _TableToy:
     if sampling is None:
       steps = _softmax_rows(cond_logits)
     else:
-      steps = _sampling_rows(sampling, cond_logits,
-                             rows(self.vocab + self.num_classes), index)
+      index = np.tile(np.arange(num_tokens, dtype=np.int32), len(sequences))  # [S * n]
+      steps = _sampling_rows(sampling, cond_logits, rows(self.vocab + self.num_classes), index)
     steps = np.asarray(steps, np.float64).reshape(len(sequences), num_tokens, self.vocab)
     chosen = np.take_along_axis(steps, np.asarray(sequences)[..., None], axis=-1)[..., 0]
     law = np.prod(chosen, axis=-1)  # [S], C order over the sequences
