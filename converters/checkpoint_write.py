@@ -48,10 +48,7 @@ class Progress:
 
   def __init__(self, total: int, what: str = 'tensors', verb: str = 'converting',
                num_logs: int = 10):
-    self.total = total
-    self.what = what
-    self.verb = verb
-    self.count = 0
+    self.total, self.what, self.verb, self.count = total, what, verb, 0
     self._every = max(1, total // max(1, num_logs))
 
   def step(self, name: str = '') -> None:
@@ -172,9 +169,7 @@ def check_output_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> pat
         f'--output {str(out_dir)!r} holds files but no {META_FILENAME}: it is not a converted '
         'checkpoint, and --overwrite replaces only a converted checkpoint or an empty folder. '
         'Choose another --output.')
-  parent = out_dir.parent
-  while not parent.exists():
-    parent = parent.parent
+  parent = next(folder for folder in out_dir.parents if folder.exists())  # '/' exists
   try:
     if not parent.is_dir():
       raise NotADirectoryError(f'{str(parent)!r} is a file')
@@ -206,7 +201,6 @@ def written_by() -> dict:
   """Which code wrote a checkpoint, and how it was called: the specdec_jax and JAX
   versions and the command line (provenance only: not part of the model's
   identity, like the date and the source paths)."""
-  import jax  # pylint: disable=g-import-not-at-top
   import specdec_jax  # pylint: disable=g-import-not-at-top
   return {'specdec_jax': specdec_jax.__version__, 'jax': jax.__version__,
           'command': ' '.join([pathlib.Path(sys.executable).name, *sys.argv])}
@@ -254,8 +248,9 @@ def write_params_atomic(
   Everything is written into a temporary sibling folder
   (`<parent>/.<name>.tmp-<id>`) which is renamed to `out_dir` at the end. On
   any exception the temporary folder is removed once Orbax's background save
-  has ended (a Ctrl-C takes effect once the entry being saved is written), so
-  `out_dir` either holds a complete checkpoint or does not exist.
+  has ended (a Ctrl-C takes effect once the entry being saved is written), and
+  so are the parent folders this call created: `out_dir` either holds a
+  complete checkpoint or does not exist.
 
   Args:
     out_dir: destination folder; must not exist unless `overwrite`.
@@ -278,6 +273,7 @@ def write_params_atomic(
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   out_dir = check_output_dir(out_dir, overwrite)
+  made = [p for p in (out_dir.parent, *out_dir.parent.parents) if not p.exists()]
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   _warn_stale_siblings(out_dir)
   tmp_dir = out_dir.parent / f'.{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}'
@@ -347,6 +343,9 @@ def write_params_atomic(
       logging.warning('closing the checkpointer of a failed write: %s', e)
     finally:
       shutil.rmtree(tmp_dir, ignore_errors=True)
+      for folder in made:  # the parents made above, deepest first, where still empty
+        with contextlib.suppress(OSError):
+          folder.rmdir()
     raise
   logging.info('wrote %s', out_dir)
   return out_dir

@@ -367,6 +367,30 @@ class WriteParamsTest(absltest.TestCase):
                                    source_files=[self.source])
     self.assertEqual(sorted(os.listdir(self.dir)), ['src.bin'])
 
+  def test_failure_removes_the_parent_folders_it_created(self):
+    # --output new/deeper/out: the write creates new/ and new/deeper/; failing, it removes
+    # them again, but not a created folder that something else wrote into meanwhile.
+    (self.dir / 'kept').mkdir()
+    for parents, left in (('new/deeper', ['kept', 'src.bin']),
+                          ('kept/new', ['kept', 'src.bin'])):
+      with mock.patch.object(checkpoint_write.json, 'dump', side_effect=OSError('disk full')):
+        with self.assertRaisesRegex(OSError, 'disk full'):
+          common.write_params_atomic(self.dir / parents / 'out', self.params, config={},
+                                     source_files=[])
+      self.assertEqual(sorted(os.listdir(self.dir)), left, parents)
+    self.assertEqual(os.listdir(self.dir / 'kept'), [])  # an existing parent stays
+
+    def dump_and_write_beside(*unused_args, **unused_kwargs):
+      (self.dir / 'busy' / 'other.txt').write_text('x')  # another process's file
+      raise OSError('disk full')
+
+    with mock.patch.object(checkpoint_write.json, 'dump', side_effect=dump_and_write_beside):
+      with self.assertRaisesRegex(OSError, 'disk full'):
+        common.write_params_atomic(self.dir / 'busy' / 'sub' / 'out', self.params, config={},
+                                   source_files=[])
+    self.assertEqual(sorted(os.listdir(self.dir)), ['busy', 'kept', 'src.bin'])
+    self.assertEqual(os.listdir(self.dir / 'busy'), ['other.txt'])  # sub/ gone, busy/ kept
+
   def test_interrupt_during_a_background_save_leaves_nothing(self):
     """Orbax writes in a background thread that outlives a Ctrl-C in the main one; the
     temporary folder is removed only after that thread has ended (before: removed at
