@@ -202,6 +202,27 @@ def check_mesh(mesh, target_rules=None, draft_rules=None) -> tuple:
   return target_rules, draft_rules
 
 
+def check_devices(mesh, **trees) -> None:
+  """Without a mesh the program runs on one set of devices, so every committed array
+  (placed by jax.device_put) must sit on the same ones; raises naming where each is."""
+  if mesh is not None:
+    return
+  where = {}
+  for name, tree in trees.items():
+    for leaf in jax.tree.leaves(tree):
+      if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) and leaf.committed:
+        ids = tuple(sorted(device.id for device in leaf.sharding.device_set))
+        where.setdefault(ids, []).append(name)
+  if len(where) > 1:
+    listed = '; '.join(f'{", ".join(dict.fromkeys(names))} on device ids {list(ids)}'
+                       for ids, names in where.items())
+    raise ValueError(
+        f'generate: without a mesh every array must be on the same devices, but {listed}. '
+        'Put them on one device (jax.device_put(params, jax.devices()[0])), or pass '
+        'mesh=sharding.make_mesh(data, model) to split images and heads over devices '
+        '(README, "Sharding").')
+
+
 def check_partition_rules(name: str, rules, mesh: Mesh) -> None:
   """Raises unless rules are (regex, PartitionSpec) pairs naming only mesh axes."""
   try:

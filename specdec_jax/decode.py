@@ -290,11 +290,10 @@ def plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule,
 def _prepare(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
              draft_params, draft_cond, capacity, mesh, target_rules, draft_rules,
              options, attention_phases: int = 1) -> tuple:
-  """Validates one call's arguments and compiles (or reuses) its program.
-
-  Returns:
-    (plan, compiled program, this call's traced arguments).
-  """
+  """Validates one call's arguments and compiles (or reuses) its program; returns
+  (plan, compiled program, this call's traced arguments)."""
+  checks.check_devices(mesh, target_params=target_params, draft_params=draft_params,
+                       cond=cond, draft_cond=draft_cond, key=key)
   plan = plan_for(target, target_params, cond, num_tokens, key, mode, sampling, rule, draft,
                   draft_params, draft_cond, capacity, mesh, attention_phases)
   args = _arguments(plan, target_params, cond, key, rule, sampling, draft_params, draft_cond,

@@ -103,6 +103,15 @@ _SHARDED_RUN = textwrap.dedent("""
                  for where in ({}, dict(mesh=mesh)))
     np.testing.assert_array_equal(np.asarray(one.tokens), np.asarray(many.tokens),
                                   err_msg='janus: tokens')
+    # Without a mesh, target and draft on different devices: a clear error, not XLA's.
+    device_0, device_1 = jax.devices()[:2]
+    try:
+      decode.generate(target, jax.device_put(target_params, device_0), cond,
+                      **dict(kwargs, draft_params=jax.device_put(draft_params, device_1)))
+    except ValueError as e:
+      assert 'target_params on device ids [0]; draft_params on device ids [1]' in str(e), e
+    else:
+      raise AssertionError('generate ran with target and draft on different devices')
     print('SHARDED_EQUAL')
 """)
 
