@@ -252,7 +252,7 @@ class ChameleonTest(parameterized.TestCase):
                                     cfg=True)
     prompt_len = prompt.tokens.shape[1]
     hidden = _fast_jit(model.prefill)(params, model.init_cache(4, 32), prompt).hidden
-    prefilled = drafting.Drafter(drafter, drafting.EAGLE).prefill(
+    prefilled = _fast_jit(drafting.Drafter(drafter, drafting.EAGLE).prefill)(
         draft_params, drafter.init_cache(4, 32), prompt, hidden)
     np.testing.assert_array_equal(prefilled.lengths, prompt_len - 1)
     np.testing.assert_array_equal(prefilled.position_offset,

@@ -93,7 +93,7 @@ class EnginePathTest(parameterized.TestCase):
     draft_params = eagle.attach_head(drafter.init_params(jax.random.key(3)),
                                      params['output']['kernel'])
     prefix = jit_prefill(model, params, model.init_cache(2, capacity(config)), cond)
-    drafted = drafting.Drafter(drafter, drafting.EAGLE).prefill(
+    drafted = jax.jit(drafting.Drafter(drafter, drafting.EAGLE).prefill)(  # not op by op
         draft_params, drafter.init_cache(2, 16), cond, prefix.hidden)
     np.testing.assert_array_equal(drafted.lengths, config.cls_token_num - 1)
     greedy = logits.Sampling(temperature=0.0)
