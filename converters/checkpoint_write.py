@@ -273,7 +273,7 @@ def write_params_atomic(
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   out_dir = check_output_dir(out_dir, overwrite)
-  made = [p for p in (out_dir.parent, *out_dir.parent.parents) if not p.exists()]
+  made = [folder for folder in out_dir.parents if not folder.exists()]  # deepest first
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   _warn_stale_siblings(out_dir)
   tmp_dir = out_dir.parent / f'.{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}'
@@ -343,7 +343,7 @@ def write_params_atomic(
       logging.warning('closing the checkpointer of a failed write: %s', e)
     finally:
       shutil.rmtree(tmp_dir, ignore_errors=True)
-      for folder in made:  # the parents made above, deepest first, where still empty
+      for folder in made:  # the parents made above, where still empty
         with contextlib.suppress(OSError):
           folder.rmdir()
     raise
