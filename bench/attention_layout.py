@@ -19,7 +19,6 @@ Prints a table of us per layer and writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -28,6 +27,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
@@ -115,11 +115,10 @@ def main(argv):
             f"| {row['keys_transposed_us']:.1f} "
             f"| {row['slot_major_us'] / row['keys_transposed_us']:.2f}x "
             f"| {row['heads_major_us'] / row['keys_transposed_us']:.2f}x |", flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'rows': ROWS, 'heads': HEADS, 'slots': SLOTS, 'head_dim': HEAD_DIM,
-               'cached': LENGTH, 'backend': jax.default_backend(), 'us_per_layer': results},
-              f, indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'rows': ROWS, 'heads': HEADS, 'slots': SLOTS, 'head_dim': HEAD_DIM,
+       'cached': LENGTH, 'backend': jax.default_backend(), 'us_per_layer': results})
   print('wrote', _OUT.value)
 
 

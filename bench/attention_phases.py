@@ -16,7 +16,6 @@ the one-loop decode's (same keys). Prints a table; writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -25,6 +24,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
@@ -82,11 +82,10 @@ def main(argv):
       rows.append(row)
       print(f"| {batch} | {method} | {phases} | {row['compile_s']:.1f} | "
             f"{row['ms_per_image']:.2f} | {ratio:.2f}x | {row['same_tokens']} |", flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'times_in': 'ms per image, best of interleaved rounds', 'num_tokens': NUM_TOKENS,
-               'host': timing.host(), 'backend': jax.default_backend(), 'rows': rows}, f,
-              indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'times_in': 'ms per image, best of interleaved rounds', 'num_tokens': NUM_TOKENS,
+       'host': timing.host(), 'backend': jax.default_backend(), 'rows': rows})
   print('wrote', _OUT.value)
 
 

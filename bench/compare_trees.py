@@ -21,7 +21,6 @@ writes JSON (with each tree's git commit and whether it had local changes).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 
@@ -30,6 +29,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 import trees as trees_lib  # pylint: disable=g-import-not-at-top  (bench/trees.py)
 
@@ -102,9 +102,7 @@ def main(argv):
       rows.append(row)
       print(f"| {tree} | {name} | {row['tokens_per_forward']:.2f} | {1e3 * seconds:.1f} "
             f"| {row['speedup']:.2f}x |")
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'classes': list(classes), 'rounds': _ROUNDS.value, 'rows': rows}, f, indent=1)
+  resume.write_json(_OUT.value, {'classes': list(classes), 'rounds': _ROUNDS.value, 'rows': rows})
   print('wrote', _OUT.value)
 
 

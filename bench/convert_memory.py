@@ -29,6 +29,7 @@ from absl import app
 from absl import flags
 import torch
 
+import resume  # bench/resume.py
 from specdec_jax.converters import hf_streaming
 
 FLAGS = flags.FLAGS
@@ -160,8 +161,7 @@ def main(argv):
   print(f'{"conversion time (s)":<30} {seconds:>8.1f}')
   print(json.dumps(result, indent=2))
   if FLAGS.json:
-    with open(FLAGS.json, 'w') as f:
-      json.dump(result, f, indent=2)
+    resume.write_json(FLAGS.json, result)
   if not FLAGS.keep:
     shutil.rmtree(root, ignore_errors=True)
 

@@ -32,6 +32,8 @@ import time
 from absl import app
 from absl import flags
 
+import resume  # bench/resume.py
+
 _PRESET = flags.DEFINE_string('preset', 'GPT-XL', 'LlamaGen preset: GPT-B, GPT-L, GPT-XL, ...')
 _IMAGE_SIZE = flags.DEFINE_integer('image_size', 256, 'Sets block_size = (image_size/16)^2.')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Converted dtype.')
@@ -160,8 +162,7 @@ def main(argv):
         f'{result["peak_minus_baseline_over_checkpoint"]:>8.2f}')
   print(f'{"conversion time (s)":<32} {seconds:>8.1f}')
   if _JSON.value:
-    with open(_JSON.value, 'w') as f:
-      json.dump(result, f, indent=2)
+    resume.write_json(_JSON.value, result)
   print(json.dumps(result, indent=2))
 
 

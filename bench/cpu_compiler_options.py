@@ -21,7 +21,6 @@ more than once before reading a few percent into it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -30,6 +29,8 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
@@ -107,11 +108,11 @@ def main(argv):
     ratio = (np.mean([best[('xla_default', method.name, c)] for c in classes])
              / np.mean([best[('cpu_latency_options', method.name, c)] for c in classes]))
     print(f'{method.name}: batch-1 time default / with options = {ratio:.2f}x')
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'classes': list(classes), 'rounds': _ROUNDS.value,
-               'batch_rounds': _BATCH_ROUNDS.value, 'options': variants, 'rows': rows,
-               'backend': jax.default_backend()}, f, indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'classes': list(classes), 'rounds': _ROUNDS.value,
+       'batch_rounds': _BATCH_ROUNDS.value, 'options': variants, 'rows': rows,
+       'backend': jax.default_backend()})
   print('wrote', _OUT.value)
 
 

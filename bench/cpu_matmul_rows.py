@@ -27,7 +27,6 @@ round, the best round reported with all rounds. Prints a table, writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -39,6 +38,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/cpu_matmul_rows.json', 'JSON results.')
@@ -111,13 +111,13 @@ def main(argv):
                     'weight_gb_per_s_rounds': gbps,
                     'gflop_per_s_best': {k: max(v) * rows * 2 / 4 for k, v in gbps.items()}})
     print(f'| {rows} | ' + ' | '.join(f'{max(v):.1f}' for v in gbps.values()) + ' |', flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'weight_bytes': weight_bytes, 'layers': _LAYERS.value, 'width': WIDTH,
-               'ffn': FFN, 'dtype': 'float32', 'options': {k: str(v) for k, v in variants().items()},
-               'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'host': timing.host(),
-               'backend': jax.default_backend(), 'torch': torch_version,
-               'results': results}, f, indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'weight_bytes': weight_bytes, 'layers': _LAYERS.value, 'width': WIDTH,
+       'ffn': FFN, 'dtype': 'float32', 'options': {k: str(v) for k, v in variants().items()},
+       'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'host': timing.host(),
+       'backend': jax.default_backend(), 'torch': torch_version,
+       'results': results})
   print('wrote', _OUT.value)
 
 

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import random_weights  # pylint: disable=g-import-not-at-top  (bench/random_weights.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 
 _OUT = flags.DEFINE_string('out', None, 'JSON results.')
 _MODEL = flags.DEFINE_enum('model', 'GPT-XL', ['GPT-XL', 'GPT-B'], 'LlamaGen GPT size.')
@@ -54,8 +55,7 @@ def main(argv):
 
   def write():
     if _OUT.value:
-      with open(_OUT.value, 'w') as f:
-        json.dump(results, f, indent=1)
+      resume.write_json(_OUT.value, results)
 
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

@@ -17,7 +17,6 @@ command's k).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -28,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/draft_length.json', 'JSON results.')
@@ -90,12 +90,12 @@ def main(argv):
     rows.append(row)
     print(f"| {name} | {k} | {row['tokens_per_forward']:.2f} | {1e3 * seconds:.1f} "
           f"| {row['speedup']:.2f}x |", flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'classes': list(config.latency_classes), 'rounds': _ROUNDS.value,
-               'flags': timing.flag_values(), 'host': timing.host(), 'seed': config.seed,
-               'sampling': config.sampling.to_dict(), 'compiler_options': options,
-               'vanilla_latency_s': vanilla_s, 'rows': rows}, f, indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'classes': list(config.latency_classes), 'rounds': _ROUNDS.value,
+       'flags': timing.flag_values(), 'host': timing.host(), 'seed': config.seed,
+       'sampling': config.sampling.to_dict(), 'compiler_options': options,
+       'vanilla_latency_s': vanilla_s, 'rows': rows})
   print('wrote', _OUT.value)
 
 

@@ -23,7 +23,6 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -46,6 +45,7 @@ from specdec_jax import rules
 from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
 from specdec_jax.models import tiny as toy
 import random_weights  # pylint: disable=g-import-not-at-top  (bench/random_weights.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 
 _PRESET = flags.DEFINE_enum('preset', 'tiny', ['tiny', 'llamagen-xl', 'lumina-7b'],
@@ -172,8 +172,7 @@ def main(argv):
     results['wall_s'] = time.perf_counter() - started
     logging.info('%.1f s: %s', results['wall_s'], values)
     if _OUT.value:
-      with open(_OUT.value, 'w') as f:
-        json.dump(results, f, indent=2)
+      resume.write_json(_OUT.value, results)
 
   record(setup_s=time.perf_counter() - started)
 

@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bundle_pieces  # pylint: disable=g-import-not-at-top  (bench/bundle_pieces.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/forward_instructions.json', 'JSON results.')
 _PIECE = flags.DEFINE_string('piece', None, 'Internal: the piece a child process runs.')
@@ -162,9 +163,7 @@ def main(argv):
                                     / by_name['chain']['work_instructions'])
     print(f"vanilla / chain decode: {result['vanilla_over_chain']:.2f}x work instructions "
           f"({by_name['chain']['verify_steps']} verify steps)")
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump(result, f, indent=1)
+  resume.write_json(_OUT.value, result)
   print('wrote', _OUT.value)
 
 

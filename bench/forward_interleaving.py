@@ -34,7 +34,6 @@ Prints a table and writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -46,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bundle_pieces  # pylint: disable=g-import-not-at-top  (bench/bundle_pieces.py)
 import hlo_kernels  # pylint: disable=g-import-not-at-top  (bench/hlo_kernels.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
@@ -156,13 +156,12 @@ def main(argv):
                f"{row['both_small_between_excess_ms']:.3f} |")
     passes.append(row)
     print(line, flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'times_in': 'ms per step, best of interleaved rounds', 'k': K, 'rows': 2,
-               'iterations': _ITERATIONS.value, 'cpus': sorted(os.sched_getaffinity(0)),
-               'small_kernels': _SMALL.value, 'kernels_per_step': kernels,
-               'backend': jax.default_backend(), 'host': timing.host(), 'passes': passes},
-              f, indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'times_in': 'ms per step, best of interleaved rounds', 'k': K, 'rows': 2,
+       'iterations': _ITERATIONS.value, 'cpus': sorted(os.sched_getaffinity(0)),
+       'small_kernels': _SMALL.value, 'kernels_per_step': kernels,
+       'backend': jax.default_backend(), 'host': timing.host(), 'passes': passes})
   print('wrote', _OUT.value)
 
 

@@ -33,7 +33,6 @@ stretch of time. Each pass prints one table row. Writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -43,6 +42,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bundle_pieces  # pylint: disable=g-import-not-at-top  (bench/bundle_pieces.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
@@ -142,8 +142,7 @@ def main(argv):
             'num_tokens': num_tokens, 'backend': jax.default_backend(), 'host': timing.host(),
             'flags': timing.flag_values(),
             'passes': passes}
-  with open(_OUT.value, 'w') as f:
-    json.dump(result, f, indent=1)
+  resume.write_json(_OUT.value, result)
   print('wrote', _OUT.value)
 
 

@@ -21,7 +21,6 @@ Prints a table and writes JSON.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 
@@ -37,6 +36,7 @@ from specdec_jax import mode_pac  # pylint: disable=g-import-not-at-top
 from specdec_jax import verify  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/jacobi_window.json', 'JSON results.')
@@ -151,10 +151,10 @@ def main(argv):
       rows.append(row)
       print(f"| {init} | {window} | {name} | {row['tokens_per_forward']:.2f} | "
             f"{1e3 * seconds:.1f} | {row['speedup']:.2f}x |", flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'classes': classes, 'rounds': _ROUNDS.value, 'vanilla_s': vanilla_s,
-               'rows': rows}, f, indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'classes': classes, 'rounds': _ROUNDS.value, 'vanilla_s': vanilla_s,
+       'rows': rows})
   print('wrote', _OUT.value)
 
 

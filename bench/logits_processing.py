@@ -23,7 +23,6 @@ and the ratio to the previous implementation. Prints a table and writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -35,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 
 from specdec_jax import logits  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import compile_cache  # pylint: disable=g-import-not-at-top
@@ -111,8 +112,7 @@ def main(argv):
             f'{row["approx_ms"]:>10.3f}{row["exact_over_previous"]:>11.2f}'
             f'{row["approx_over_previous"]:>12.2f}', flush=True)
   if _OUT.value:
-    with open(_OUT.value, 'w') as f:
-      json.dump(results, f, indent=2)
+    resume.write_json(_OUT.value, results)
 
 
 if __name__ == '__main__':

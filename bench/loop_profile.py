@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hlo_kernels  # pylint: disable=g-import-not-at-top  (bench/hlo_kernels.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax import jacobi_drafts  # pylint: disable=g-import-not-at-top
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
@@ -210,14 +211,14 @@ def main(argv):
     row = profile_mode(name, family, options, _REPEATS.value, _TRACE_CALLS.value, _CLASS.value)
     print_mode(row)
     rows.append(row)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    # compiler_options: the main command's; each row has the options its mode compiled with
-    # (`generate.mode_compiler_options`: the tree-verified modes drop them).
-    json.dump({'backend': jax.default_backend(), 'compiler_options': options, 'rows': rows,
-               'flags': timing.flag_values(), 'host': timing.host(),
-               'label': _CLASS.value, 'tree': BUNDLE_TREE, 'jacobi_window': _JACOBI_WINDOW.value,
-               'jacobi_init': _JACOBI_INIT.value}, f, indent=1)
+  # compiler_options: the main command's; each row has the options its mode compiled with
+  # (`generate.mode_compiler_options`: the tree-verified modes drop them).
+  resume.write_json(
+      _OUT.value,
+      {'backend': jax.default_backend(), 'compiler_options': options, 'rows': rows,
+       'flags': timing.flag_values(), 'host': timing.host(),
+       'label': _CLASS.value, 'tree': BUNDLE_TREE, 'jacobi_window': _JACOBI_WINDOW.value,
+       'jacobi_init': _JACOBI_INIT.value})
   print('wrote', _OUT.value)
 
 

@@ -17,7 +17,6 @@ table and writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -26,6 +25,8 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/lossless_nll.json', 'JSON results.')
 _BATCHES = flags.DEFINE_integer('batches', 10, 'Batches of 100 images per method.',
@@ -79,11 +80,11 @@ def main(argv):
     tail = (f"{gap:+.4f} | {gap_se:.4f} | {gap / gap_se:+.2f}" if name != 'vanilla'
             else '- | - | -')
     print(f"| {name} | {values.size} | {row['nll']:.4f} | {se:.4f} | {tail} |", flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'batches': _BATCHES.value, 'images_per_batch': int(labels.size),
-               'sampling': config.sampling.to_dict(), 'draft_length': config.draft_length,
-               'rows': rows}, f, indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'batches': _BATCHES.value, 'images_per_batch': int(labels.size),
+       'sampling': config.sampling.to_dict(), 'draft_length': config.draft_length,
+       'rows': rows})
   print('wrote', _OUT.value)
 
 

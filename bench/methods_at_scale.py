@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import random_weights  # pylint: disable=g-import-not-at-top  (bench/random_weights.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 
 _PRESET = flags.DEFINE_enum('preset', 'llamagen-xl', ['llamagen-xl', 'tiny'],
                             'Shapes: LlamaGen-XL (accelerators) or a tiny GPT (a CPU check).')
@@ -114,9 +115,7 @@ def main(argv):
 
   def write():
     if _OUT.value:
-      os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-      with open(_OUT.value, 'w') as f:
-        json.dump(results, f, indent=1)
+      resume.write_json(_OUT.value, results)
 
   results['setup_s'] = time.perf_counter() - started
   print(f'setup (parameters, neighbour table, methods) {results["setup_s"]:.1f} s', flush=True)

@@ -15,7 +15,6 @@ writes JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
 _OUT = flags.DEFINE_string('out', 'bench/results/parallel_compile.json', 'JSON results.')
@@ -77,10 +77,7 @@ def main(argv):
   print(f'{"round":>5s} {"1 thread s":>11s} {"2 threads s":>12s} {"ratio":>6s}')
   for index, r in enumerate(rounds):
     print(f'{index + 1:5d} {r["threads_1_s"]:11.1f} {r["threads_2_s"]:12.1f} {r["ratio"]:6.2f}')
-  os.makedirs(os.path.dirname(_OUT.value) or '.', exist_ok=True)
-  with open(_OUT.value + '.tmp', 'w') as f:
-    json.dump(out, f, indent=1)
-  os.replace(_OUT.value + '.tmp', _OUT.value)
+  resume.write_json(_OUT.value, out)
   print(f'median ratio {out["median_ratio"]:.2f}; wrote {_OUT.value}')
 
 

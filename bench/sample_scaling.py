@@ -24,6 +24,8 @@ import time
 from absl import app
 from absl import flags
 
+import resume  # bench/resume.py
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 flags.DEFINE_list('processes', ['1', '2'], 'Process counts to measure.')
 flags.DEFINE_integer('devices_per_process', 1, 'CPU devices of each process.')
@@ -103,8 +105,7 @@ def main(argv):
                         'numbers are noisy; the processes of one run share these cores'))
   os.makedirs(FLAGS.out, exist_ok=True)
   path = os.path.join(FLAGS.out, f'{FLAGS.method}_{FLAGS.num_images}.json')
-  with open(path, 'w') as f:
-    json.dump(result, f, indent=1)
+  resume.write_json(path, result)
   print(f'wrote {path}')
 
 

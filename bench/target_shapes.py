@@ -22,7 +22,6 @@ speedup the shape would give at that acceptance. Prints a table, writes JSON.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 
@@ -31,6 +30,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
 
@@ -116,8 +116,7 @@ def main(argv):
   result = {'times_in': 'ms, best of round-robin rounds', 'k': K, 'rows': 2,
             'num_tokens': NUM_TOKENS, 'rounds': _ROUNDS.value,
             'tokens_per_iteration': tokens, 'backend': jax.default_backend(), 'shapes': rows}
-  with open(_OUT.value, 'w') as f:
-    json.dump(result, f, indent=1)
+  resume.write_json(_OUT.value, result)
   print('wrote', _OUT.value)
 
 

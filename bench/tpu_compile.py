@@ -43,6 +43,7 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hlo_kernels  # pylint: disable=g-import-not-at-top
+import resume  # bench/resume.py
 import tpu_compile_hlo as hlo
 import tpu_compile_lib as lib
 from specdec_jax import decode
@@ -370,8 +371,7 @@ def main(argv):
       results.append({'name': config.name, 'error': f'{type(error).__name__}: {error}'[:2000]})
     print(f'{config.name}: {time.perf_counter() - start:.0f} s', flush=True)
     if _OUT.value:
-      with open(_OUT.value, 'w') as f:
-        json.dump({**header, 'results': results}, f, indent=1)
+      resume.write_json(_OUT.value, {**header, 'results': results})
   good = [r for r in results if 'error' not in r]
   table = markdown(good)
   print(table)

@@ -22,7 +22,6 @@ the floor), the gap between their times is this bench's noise.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bundle_pieces  # pylint: disable=g-import-not-at-top  (bench/bundle_pieces.py)
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top  (bench/timing.py)
 
 _OUT = flags.DEFINE_string('out', 'bench/results/transposed_kernels.json', 'JSON results.')
@@ -113,14 +113,14 @@ def main(argv):
             f'{best["floor"]:.2f} | {best["all"]:.2f} | {best["stored"] / best["floor"]:.2f} | '
             f'{best["stored"] / best["all"]:.2f} |' + ('' if same_as['all'] == 'all' else
                                                       ' (floor, all: one program)'), flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, 'w') as f:
-    json.dump({'layers': _LAYERS.value, 'vocab': _VOCAB.value, 'iters': _ITERS.value,
-               'rounds': _ROUNDS.value, 'cache_length': _CACHE_LENGTH.value,
-               'transpose_min_rows': dense_dot.TRANSPOSE_MIN_ROWS,
-               'transpose_min_bytes': dense_dot.TRANSPOSE_MIN_BYTES, 'dtype': 'float32',
-               'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'host': timing.host(),
-               'backend': jax.default_backend(), 'results': results}, f, indent=1)
+  resume.write_json(
+      _OUT.value,
+      {'layers': _LAYERS.value, 'vocab': _VOCAB.value, 'iters': _ITERS.value,
+       'rounds': _ROUNDS.value, 'cache_length': _CACHE_LENGTH.value,
+       'transpose_min_rows': dense_dot.TRANSPOSE_MIN_ROWS,
+       'transpose_min_bytes': dense_dot.TRANSPOSE_MIN_BYTES, 'dtype': 'float32',
+       'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'host': timing.host(),
+       'backend': jax.default_backend(), 'results': results})
   print('wrote', _OUT.value)
 
 

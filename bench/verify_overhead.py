@@ -11,7 +11,6 @@ Prints a table and writes JSON.
 """
 
 import functools
-import json
 import os
 import sys
 
@@ -28,6 +27,7 @@ from specdec_jax.app import compile_cache
 from specdec_jax.models import layers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import resume  # pylint: disable=g-import-not-at-top  (bench/resume.py)
 import timing  # pylint: disable=g-import-not-at-top,wrong-import-position  (bench/timing.py)
 
 FLAGS = flags.DEFINE_string('out', 'bench/results/verify_overhead.json', 'Where to write JSON.')
@@ -104,10 +104,10 @@ def main(argv):
                          forward_params=num_params, backend=jax.default_backend()))
         print(f'{name:18s} k={k} B={batch:2d}  verify {verify_ms:8.3f} ms  '
               f'forward {forward_ms:8.3f} ms  ratio {verify_ms / forward_ms:6.3f}', flush=True)
-  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.value)), exist_ok=True)
-  with open(FLAGS.value, 'w') as f:
-    json.dump(dict(rows=rows, forward_model=dict(layers=NUM_LAYERS, width=WIDTH, heads=HEADS,
-                                                 cached_tokens=CACHED)), f, indent=1)
+  resume.write_json(
+      FLAGS.value,
+      dict(rows=rows, forward_model=dict(layers=NUM_LAYERS, width=WIDTH, heads=HEADS,
+                                         cached_tokens=CACHED)))
   print(f'wrote {FLAGS.value}')
 
 
