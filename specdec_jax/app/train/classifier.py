@@ -12,7 +12,6 @@ distances) and `classifier/` (the exported params, `common.load_params`).
 from __future__ import annotations
 
 import functools
-import json
 import os
 
 from absl import flags
@@ -88,9 +87,10 @@ def train(config, workdir, train_data, test_data):
   logits, features = predict(model, state.params, test_data[0])
   accuracy = evaluation.class_accuracy(logits, test_data[1])
   mean, cov = evaluation.feature_statistics(features)
-  np.savez(os.path.join(workdir, 'test_features.npz'), mean=mean, cov=cov)
-  with open(os.path.join(workdir, 'classifier_eval.json'), 'w') as f:
-    json.dump(dict(test_accuracy=accuracy, steps=int(state.step)), f, indent=1)
+  with files.atomic_file(os.path.join(workdir, 'test_features.npz')) as f:
+    np.savez(f, mean=mean, cov=cov)
+  files.write_atomic(os.path.join(workdir, 'classifier_eval.json'),
+                     files.json_text(dict(test_accuracy=accuracy, steps=int(state.step))).encode())
   common.write_params_atomic(
       os.path.join(workdir, 'classifier'), jax.device_get(state.params),
       config={'model': 'Classifier', 'num_classes': 10, 'feature_dim': 128},

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Any
 
@@ -312,8 +311,8 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
   final = evaluate(target, drafter, target_params, dict(state.params, **frozen), *eval_data,
                    config.eval_batch_size, config)
   metrics = dict(final, initial=initial, steps=int(state.step), eval_examples=num_eval)
-  with open(os.path.join(workdir, 'drafter_eval.json'), 'w') as f:
-    json.dump(metrics, f, indent=1)
+  files.write_atomic(os.path.join(workdir, 'drafter_eval.json'),
+                     files.json_text(metrics).encode())
   logging.info('drafter: held-out loss %.4f -> %.4f, top-1 %.3f -> %.3f, acceptance %.3f -> %.3f',
                initial['loss'], final['loss'], initial['top1'], final['top1'],
                initial['acceptance'], final['acceptance'])

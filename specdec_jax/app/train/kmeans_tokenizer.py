@@ -24,7 +24,6 @@ Legend: M sampled patches, D patch dimension, V codebook size.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -37,7 +36,6 @@ import numpy as np
 from specdec_jax.app import cli
 from specdec_jax.app import fashion_mnist
 from specdec_jax.app import files
-from specdec_jax.app import training
 from specdec_jax.app.train import command
 from specdec_jax.app.train import vq as train_vq
 from specdec_jax.configs import fashion_tokenizer as fashion_tokenizer_config
@@ -174,8 +172,8 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
                                             config.eval_batch_size)
   metrics.update(final_inertia=history[-1]['inertia'], fit_seconds=fit_seconds,
                  total_seconds=time.time() - start)
-  with open(os.path.join(workdir, 'vq_eval.json'), 'w') as f:
-    json.dump(metrics, f, indent=1)
+  files.write_atomic(os.path.join(workdir, 'vq_eval.json'),
+                     files.json_text(metrics).encode())
   logging.info('kmeans: test PSNR %.2f dB, codebook usage %.3f, perplexity %.1f',
                metrics['test_psnr_db'], metrics['codebook_usage'],
                metrics['codebook_perplexity'])
