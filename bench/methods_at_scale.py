@@ -86,7 +86,6 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from specdec_jax import decode, logits  # pylint: disable=g-import-not-at-top
-  from specdec_jax.app import generate as generate_app  # pylint: disable=g-import-not-at-top
   from specdec_jax.app import methods as methods_lib  # pylint: disable=g-import-not-at-top
   from specdec_jax.configs import generate as generate_config  # pylint: disable=g-import-not-at-top
 

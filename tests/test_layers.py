@@ -17,7 +17,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 
 from absl.testing import absltest
 

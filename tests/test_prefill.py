@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import decode
-from specdec_jax import kv_cache as kv
 from specdec_jax import logits as logits_lib
 from specdec_jax import protocol
 from specdec_jax import rules

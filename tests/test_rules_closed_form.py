@@ -141,11 +141,11 @@ class ClosedFormTest(parameterized.TestCase):
     expected = []
     for x in range(vocab):
       bound = rule.delta if name == 'lantern' else (rule.lam - 1) * t[x]
-      mass, m_star = 0.0, 0
+      mass = 0.0
       for m in range(1, rule.k + 1):
         c_m = t[table[x, :m]].sum()
         if c_m <= bound:
-          mass, m_star = c_m, m
+          mass = c_m
       if name == 'lantern':
         self.assertLessEqual(mass, rule.delta + 1e-12)  # the TV budget
       expected.append(min(1.0, (t[x] + mass) / float(draft[x])))

@@ -9,7 +9,6 @@ import tempfile
 from absl.testing import absltest
 import numpy as np
 
-from specdec_jax.app import files
 from specdec_jax.app import sample_folder
 from specdec_jax.app import sample_output
 

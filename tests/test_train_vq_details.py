@@ -3,8 +3,6 @@ restarted after every dead_code_every-th step (steps k, 2k, ... counted from 1,
 not before the first update), and test PSNR is 10 log10(255^2 / MSE) of the uint8
 reconstructions."""
 
-from types import SimpleNamespace
-
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp

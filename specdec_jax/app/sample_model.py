@@ -28,7 +28,6 @@ from specdec_jax import mode_base
 from specdec_jax.app import cli
 from specdec_jax.app import config_checks
 from specdec_jax.app import family as family_lib
-from specdec_jax.app import generate
 from specdec_jax.app import methods as methods_lib
 from specdec_jax.converters import common
 from specdec_jax.converters import lantern_drafter

@@ -32,16 +32,12 @@ import hashlib
 import io
 import json
 import pathlib
-import subprocess
 import zipfile
 from typing import Iterable
 
 from absl import logging
-import jax
 import numpy as np
 
-import specdec_jax
-from specdec_jax.app import cli
 from specdec_jax.app import files
 from specdec_jax.app import images as images_lib
 

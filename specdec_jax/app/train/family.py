@@ -240,8 +240,8 @@ def assemble_bundle(config, workdir: str, bundle_dir: str) -> str:
 
 def directory_megabytes(path) -> float:
   total = 0
-  for root, _, files in os.walk(path):
-    total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+  for root, _, names in os.walk(path):
+    total += sum(os.path.getsize(os.path.join(root, name)) for name in names)
   return total / 1e6
 
 
