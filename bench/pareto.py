@@ -168,7 +168,7 @@ def main(argv=None) -> dict:
                     frechet=[r['frechet'] for r in rows if r['family'].startswith('vanilla')],
                     nll_gap=[r['nll_gap'] for r in rows if r['family'].startswith('vanilla')]),
                 wall_seconds=time.time() - began)
-  files.write_atomic(os.path.join(args.out, 'pareto.json'), files.json_text(output).encode())
+  files.write_json(os.path.join(args.out, 'pareto.json'), output)
   plot(rows, os.path.join(args.out, 'pareto.png'))
   print('\nCOOL-SD against lossless EAGLE and LANTERN++ (G*) at equal tokens per forward:')
   print(f'{"delta":>6s} {"tok/fwd":>8s} {"x lossless":>10s} {"frechet":>8s} '

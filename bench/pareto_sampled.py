@@ -274,7 +274,7 @@ def main(argv=None) -> dict:
                 jacobi_window=JACOBI_WINDOW, jacobi_init=args.jacobi_init,
                 command=' '.join(sys.argv),
                 wall_seconds=time.time() - started)
-  files.write_atomic(os.path.join(args.out, 'pareto.json'), files.json_text(output).encode())
+  files.write_json(os.path.join(args.out, 'pareto.json'), output)
   if floor is not None:
     plot(rows, floor, os.path.join(args.out, 'pareto.png'))
   print(f'{"point":20s} {"tok/fwd":>8s} {"fd target":>10s} {"fd data":>8s} {"accuracy":>9s}')

@@ -22,7 +22,6 @@ def saved_rows(json_path: str, same_settings: Callable[[dict], bool],
   return {key(row): row for row in saved['rows']} if same_settings(saved) else {}
 
 
-def write_json(json_path: str, value) -> None:
-  """Writes `value` as JSON (`files.json_text`: null for a non-finite float) through a
-  temporary file and a rename, so a run killed mid-write keeps the last whole file."""
-  files.write_atomic(json_path, files.json_text(value).encode())
+# Strict JSON through a temporary file and a rename: a run killed mid-write keeps the
+# last whole file (`specdec_jax.app.files.write_json`).
+write_json = files.write_json

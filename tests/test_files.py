@@ -43,6 +43,14 @@ class FilesTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'Infinity'):
       strict_loads(json.dumps({'nll': float('inf')}))
 
+  def test_write_json_writes_the_strict_text_into_a_new_folder_and_leaves_no_temporary(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      path = pathlib.Path(tmp, 'new', 'result.json')
+      files.write_json(path, {'x': np.float32(np.nan), 'rows': [1.5]})
+      self.assertEqual(path.read_text(), files.json_text({'x': None, 'rows': [1.5]}))
+      self.assertEqual(strict_loads(path.read_text()), {'x': None, 'rows': [1.5]})
+      self.assertEqual(os.listdir(path.parent), ['result.json'])
+
   def test_sha256_of_a_file_spanning_several_blocks(self):
     data = os.urandom((5 << 19) + 7)  # 2.5 MiB + 7 bytes: three 1 MiB blocks, the last partial
     with tempfile.TemporaryDirectory() as tmp:

@@ -155,7 +155,7 @@ def evaluate(config, out_dir: str) -> dict:
                 num_images=int(labels.shape[0]), tokens_per_image=NUM_TOKENS,
                 vocab=VOCAB, backend=jax.default_backend())
   path = os.path.join(out_dir, 'results.json')
-  files.write_atomic(path, files.json_text(output).encode())
+  files.write_json(path, output)
   header = f'{"method":14s} {"tokens/fwd":>10s} {"speedup":>8s} {"nll_gap":>9s}'
   print('\n'.join([header, '-' * len(header)] + [
       f'{name:14s} {row["tokens_per_forward"]:10.2f} {row["speedup"]:7.2f}x '

@@ -150,6 +150,12 @@ def json_text(value, *, indent: int | None = 1, sort_keys: bool = False) -> str:
                     allow_nan=False, default=str)
 
 
+def write_json(path: str | os.PathLike, value) -> None:
+  """Writes `value` as strict JSON (`json_text`: null for a non-finite float) through
+  `write_atomic`, so a run killed mid-write keeps the last whole file."""
+  write_atomic(path, json_text(value).encode())
+
+
 def dotted_fields(nested, prefix: str = '') -> dict:
   """{'a.b.c': leaf} of nested mappings (dicts, ConfigDicts: anything with `items`)."""
   flat = {}

@@ -338,7 +338,7 @@ def evaluate(config, family: family_lib.Family, out_dir: str) -> dict:
       host=host_lib.describe(),
       bundle=family.manifest_summary())
   path = os.path.join(out_dir, 'results.json')
-  files.write_atomic(path, files.json_text(output).encode())
+  files.write_json(path, output)
   print(evaluation.format_table(results, family.classifier_test_accuracy))
   print(f'wrote {path}, {len(results)} PNG grids and side_by_side.png to {out_dir}')
   return output

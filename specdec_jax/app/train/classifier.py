@@ -89,8 +89,8 @@ def train(config, workdir, train_data, test_data):
   mean, cov = evaluation.feature_statistics(features)
   with files.atomic_file(os.path.join(workdir, 'test_features.npz')) as f:
     np.savez(f, mean=mean, cov=cov)
-  files.write_atomic(os.path.join(workdir, 'classifier_eval.json'),
-                     files.json_text(dict(test_accuracy=accuracy, steps=int(state.step))).encode())
+  files.write_json(os.path.join(workdir, 'classifier_eval.json'),
+                   dict(test_accuracy=accuracy, steps=int(state.step)))
   common.write_params_atomic(
       os.path.join(workdir, 'classifier'), jax.device_get(state.params),
       config={'model': 'Classifier', 'num_classes': 10, 'feature_dim': 128},

@@ -311,8 +311,7 @@ def train(config, workdir: str, target: llamagen.LlamaGenGPT, target_params: Any
   final = evaluate(target, drafter, target_params, dict(state.params, **frozen), *eval_data,
                    config.eval_batch_size, config)
   metrics = dict(final, initial=initial, steps=int(state.step), eval_examples=num_eval)
-  files.write_atomic(os.path.join(workdir, 'drafter_eval.json'),
-                     files.json_text(metrics).encode())
+  files.write_json(os.path.join(workdir, 'drafter_eval.json'), metrics)
   logging.info('drafter: held-out loss %.4f -> %.4f, top-1 %.3f -> %.3f, acceptance %.3f -> %.3f',
                initial['loss'], final['loss'], initial['top1'], final['top1'],
                initial['acceptance'], final['acceptance'])

@@ -291,8 +291,7 @@ def train(config, workdir: str, data: dict):
   metrics = evaluate_nll(state.params, gpt, data['test_tokens'], data['test_labels'],
                          config.eval_batch_size)
   metrics['steps'] = int(state.step)
-  files.write_atomic(os.path.join(workdir, 'gpt_eval.json'),
-                     files.json_text(metrics).encode())
+  files.write_json(os.path.join(workdir, 'gpt_eval.json'), metrics)
   logging.info('gpt: test NLL %.4f nats/token (uncond %.4f, uniform %.4f)',
                metrics['test_nll'], metrics['test_nll_uncond'], metrics['uniform_nll'])
   tokens_file = data.get('data_info', {}).get('tokens_file')

@@ -172,8 +172,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
                                             config.eval_batch_size)
   metrics.update(final_inertia=history[-1]['inertia'], fit_seconds=fit_seconds,
                  total_seconds=time.time() - start)
-  files.write_atomic(os.path.join(workdir, 'vq_eval.json'),
-                     files.json_text(metrics).encode())
+  files.write_json(os.path.join(workdir, 'vq_eval.json'), metrics)
   logging.info('kmeans: test PSNR %.2f dB, codebook usage %.3f, perplexity %.1f',
                metrics['test_psnr_db'], metrics['codebook_usage'],
                metrics['codebook_perplexity'])

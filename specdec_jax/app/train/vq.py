@@ -292,8 +292,7 @@ def train(config, workdir: str, train_data: tuple, test_data: tuple,
   metrics['train_codebook_usage'] = float(
       np.mean(np.bincount(train_tokens.reshape(-1), minlength=tokenizer.vocab_size) > 0))
   metrics['steps'] = int(state.step)
-  files.write_atomic(os.path.join(workdir, 'vq_eval.json'),
-                     files.json_text(metrics).encode())
+  files.write_json(os.path.join(workdir, 'vq_eval.json'), metrics)
   logging.info('vq: test MSE %.4f, PSNR %.2f dB, codebook usage %.3f',
                metrics['test_mse'], metrics['test_psnr_db'], metrics['codebook_usage'])
 
